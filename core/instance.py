@@ -1,0 +1,393 @@
+"""Instance files: the cluster, the training workload, the objective, constraints and events.
+
+An instance is a YAML or JSON file validated by the pydantic models below; `instances/schema.json`
+is their JSON Schema (regenerate it with `hetplan schema -o instances/schema.json`).
+Units are in the field names: `_GBps` = 1e9 bytes per second, `_s` = seconds, `_usd` = US dollars.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hetplan.catalog import GpuSpec, LinkSpec, ModelArch, gpu_catalog, model_presets
+from hetplan.errors import InstanceError
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeGroup(BaseModel):
+    """`count` identical nodes, each with `gpus_per_node` GPUs of one type, in one zone."""
+
+    model_config = _STRICT
+    name: str = Field(min_length=1)
+    gpu_type: str
+    gpus_per_node: int = Field(gt=0, le=64)
+    count: int = Field(ge=0, description="number of nodes of this kind (its quota)")
+    zone: str = Field(min_length=1)
+    region: str | None = Field(default=None, description="defaults to the zone without its last '-x' part")
+    price_per_gpu_hour_usd: float = Field(ge=0)
+    intra_node: LinkSpec | None = Field(default=None, description="defaults to the catalogue's link")
+
+    @property
+    def region_name(self) -> str:
+        return self.region or region_of(self.zone)
+
+
+def region_of(zone: str) -> str:
+    """Cloud convention: zone 'us-central1-a' lies in region 'us-central1'."""
+    head, sep, _ = zone.rpartition("-")
+    return head if sep and head else zone
+
+
+class ZonePairLink(BaseModel):
+    """Bandwidth between two specific zones (overrides the inter-zone / inter-region class)."""
+
+    model_config = _STRICT
+    zones: tuple[str, str]
+    bandwidth_GBps: float = Field(gt=0)
+    latency_s: float = Field(ge=0, default=0.0)
+
+
+class EgressPrice(BaseModel):
+    model_config = _STRICT
+    zones: tuple[str, str]
+    usd_per_GB: float = Field(ge=0)
+
+
+class Egress(BaseModel):
+    """Price per GB leaving a zone (Sailor's C_comm); traffic inside a zone is free."""
+
+    model_config = _STRICT
+    inter_zone_usd_per_GB: float = Field(ge=0, default=0.01)
+    inter_region_usd_per_GB: float = Field(ge=0, default=0.02)
+    pairs: list[EgressPrice] = Field(default_factory=list)
+
+
+class Channel(BaseModel):
+    """One physical channel of a multi-edge link (e.g. NVLink and PCIe between the same GPUs)."""
+
+    model_config = _STRICT
+    name: str
+    bandwidth_GBps: float = Field(gt=0)
+    latency_s: float = Field(ge=0, default=0.0)
+    concurrent: bool = Field(default=True, description="may carry traffic while its siblings do")
+
+
+class MultiEdgeLink(BaseModel):
+    """Several channels between two devices, named 'NODE_ID:GPU_INDEX' (or node ids for all GPUs)."""
+
+    model_config = _STRICT
+    endpoints: tuple[str, str]
+    channels: list[Channel] = Field(min_length=1)
+
+
+class Network(BaseModel):
+    model_config = _STRICT
+    inter_node: LinkSpec = LinkSpec(kind="ethernet", bandwidth_GBps=12.5, latency_s=2e-5)
+    inter_zone: LinkSpec = LinkSpec(kind="ethernet", bandwidth_GBps=5.0, latency_s=5e-4)
+    inter_region: LinkSpec = LinkSpec(kind="wan", bandwidth_GBps=1.0, latency_s=2e-2)
+    zone_pairs: list[ZonePairLink] = Field(default_factory=list)
+    egress: Egress = Egress()
+    multi_edge: list[MultiEdgeLink] = Field(default_factory=list)
+
+
+class Cluster(BaseModel):
+    model_config = _STRICT
+    node_groups: list[NodeGroup] = Field(min_length=1)
+    network: Network = Network()
+    gpu_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per GPU type, catalogue fields to replace; a new name adds a GPU type"
+    )
+
+    @model_validator(mode="after")
+    def _unique_group_names(self) -> "Cluster":
+        names = [g.name for g in self.node_groups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node group names must be unique, repeated: {dupes}")
+        return self
+
+
+class ProfileRef(BaseModel):
+    """Measured per-layer times for one GPU type, read by the profile time estimator."""
+
+    model_config = _STRICT
+    gpu_type: str
+    path: str = Field(description="relative to the instance file")
+    format: Literal["sailor", "metis", "hetplan"] = "hetplan"
+
+
+class ModelRef(BaseModel):
+    """A preset name plus optional overrides, or a complete architecture (preset omitted)."""
+
+    model_config = _STRICT
+    preset: str | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    arch: ModelArch | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelRef":
+        if (self.preset is None) == (self.arch is None):
+            raise ValueError("give exactly one of 'preset' or 'arch'")
+        if self.preset is not None and self.preset not in model_presets():
+            raise ValueError(f"unknown model preset {self.preset!r}; known: {sorted(model_presets())}")
+        return self
+
+    def resolve(self) -> ModelArch:
+        if self.arch is not None:
+            return self.arch
+        base = model_presets()[self.preset]
+        return ModelArch(**{**base.model_dump(), **self.overrides})
+
+
+class Workload(BaseModel):
+    model_config = _STRICT
+    model: ModelRef
+    global_batch_size: int = Field(gt=0, description="sequences per iteration; never changed by the planner")
+    precision: Literal["fp16", "bf16", "fp32"] = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    recompute: Literal["none", "selective", "full"] = "none"
+    flash_attention: bool = Field(default=False, description="if true, no s^2 attention activations are kept")
+    profiles: list[ProfileRef] = Field(default_factory=list)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _preset_shorthand(cls, value: Any) -> Any:
+        return {"preset": value} if isinstance(value, str) else value
+
+
+class Objective(BaseModel):
+    model_config = _STRICT
+    kind: Literal["max_throughput", "min_cost"] = "max_throughput"
+
+
+class Constraints(BaseModel):
+    model_config = _STRICT
+    max_cost_per_iteration_usd: float | None = Field(default=None, gt=0)
+    min_throughput_iters_per_s: float | None = Field(default=None, gt=0)
+    max_gpus: int | None = Field(default=None, gt=0)
+    allowed_gpu_types: list[str] | None = None
+    allowed_zones: list[str] | None = None
+
+
+class AvailabilityEvent(BaseModel):
+    model_config = _STRICT
+    time_s: float = Field(ge=0)
+    zone: str
+    gpu_type: str
+    available_gpus: int = Field(ge=0)
+
+
+class BandwidthEvent(BaseModel):
+    """A link class (intra_node, inter_node, inter_zone, inter_region) or a zone pair changes bandwidth."""
+
+    model_config = _STRICT
+    time_s: float = Field(ge=0)
+    link: Literal["intra_node", "inter_node", "inter_zone", "inter_region", "zone_pair"]
+    zones: tuple[str, str] | None = None
+    bandwidth_GBps: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _zones_for_pairs(self) -> "BandwidthEvent":
+        if (self.link == "zone_pair") != (self.zones is not None):
+            raise ValueError("'zones' is required for link 'zone_pair' and only there")
+        return self
+
+
+class Events(BaseModel):
+    model_config = _STRICT
+    availability: list[AvailabilityEvent] = Field(default_factory=list)
+    bandwidth: list[BandwidthEvent] = Field(default_factory=list)
+    trace_csv: str | None = Field(default=None, description="Sailor-format availability trace, relative path")
+
+
+class EstimatorChoice(BaseModel):
+    """Estimator plug-ins by name (see `hetplan.estimators.registry`), with their options."""
+
+    model_config = _STRICT
+    time: str = "analytic"
+    memory: str = "analytic"
+    comm: str = "alpha_beta"
+    cost: str = "cloud"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class Instance(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    description: str = ""
+    cluster: Cluster
+    workload: Workload
+    objective: Objective = Objective()
+    constraints: Constraints = Constraints()
+    events: Events = Events()
+    estimators: EstimatorChoice = EstimatorChoice()
+    base_dir: str | None = Field(default=None, exclude=True, description="set by the loader")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Instance":
+        known = set(gpu_catalog()) | set(self.cluster.gpu_overrides)
+        for i, group in enumerate(self.cluster.node_groups):
+            if group.gpu_type not in known:
+                raise ValueError(
+                    f"cluster.node_groups[{i}].gpu_type: unknown GPU type {group.gpu_type!r}; "
+                    f"known: {sorted(known)} (or define it under cluster.gpu_overrides)"
+                )
+        for name, fields in self.cluster.gpu_overrides.items():
+            base = gpu_catalog().get(name)
+            merged = {**(base.model_dump() if base else {"name": name}), **fields}
+            try:
+                GpuSpec(**merged)
+            except ValidationError as exc:
+                raise ValueError(f"cluster.gpu_overrides.{name}: {_first_error(exc)}") from None
+        zones = {g.zone for g in self.cluster.node_groups}
+        types = {g.gpu_type for g in self.cluster.node_groups}
+        self._check_subset(self.constraints.allowed_gpu_types, types, "constraints.allowed_gpu_types")
+        self._check_subset(self.constraints.allowed_zones, zones, "constraints.allowed_zones")
+        for i, ev in enumerate(self.events.availability):
+            self._check_subset([ev.zone], zones, f"events.availability[{i}].zone")
+            self._check_subset([ev.gpu_type], types, f"events.availability[{i}].gpu_type")
+        arch = self.workload.model.resolve()
+        if arch.hidden_size % arch.num_heads:
+            raise ValueError("workload.model: hidden_size must be divisible by num_heads")
+        if self.workload.precision == "bf16":
+            no_bf16 = sorted(t for t in types if self._gpu_spec(t).peak_bf16_tflops is None)
+            if no_bf16:
+                raise ValueError(
+                    f"workload.precision: bf16 is not supported by {no_bf16}; use fp16 for this cluster"
+                )
+        return self
+
+    @staticmethod
+    def _check_subset(values: list[str] | None, known: set[str], field: str) -> None:
+        unknown = sorted(set(values or []) - known)
+        if unknown:
+            raise ValueError(f"{field}: {unknown} not in the cluster (has {sorted(known)})")
+
+    def _gpu_spec(self, gpu_type: str) -> GpuSpec:
+        base = gpu_catalog().get(gpu_type)
+        fields = {**(base.model_dump() if base else {"name": gpu_type}), **self.cluster.gpu_overrides.get(gpu_type, {})}
+        return GpuSpec(**fields)
+
+    # ---- resolved views used downstream -------------------------------------------------------
+    def gpu(self, gpu_type: str) -> GpuSpec:
+        """The catalogue entry of a GPU type with this instance's overrides applied."""
+        return self._gpu_specs[gpu_type]
+
+    @cached_property
+    def _gpu_specs(self) -> dict[str, GpuSpec]:
+        return {g.gpu_type: self._gpu_spec(g.gpu_type) for g in self.cluster.node_groups}
+
+    @cached_property
+    def model_arch(self) -> ModelArch:
+        return self.workload.model.resolve()
+
+    @cached_property
+    def nodes(self) -> tuple["Node", ...]:
+        """Every node of the cluster, ids '<group>-<index>' in file order."""
+        out = []
+        for group in self.cluster.node_groups:
+            link = group.intra_node or self.gpu(group.gpu_type).intra_node
+            for k in range(group.count):
+                out.append(Node(f"{group.name}-{k}", group.name, group.gpu_type, group.gpus_per_node,
+                                group.zone, group.region_name, group.price_per_gpu_hour_usd, link))
+        return tuple(out)
+
+    @cached_property
+    def node_by_id(self) -> dict[str, "Node"]:
+        return {n.node_id: n for n in self.nodes}
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({g.gpu_type for g in self.cluster.node_groups})
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.cluster.node_groups)
+
+    def resolve_path(self, relative: str) -> Path:
+        return Path(self.base_dir or ".") / relative
+
+
+@dataclass(frozen=True)
+class Node:
+    """One physical node, as expanded from a node group."""
+
+    node_id: str
+    group: str
+    gpu_type: str
+    num_gpus: int
+    zone: str
+    region: str
+    price_per_gpu_hour_usd: float
+    intra_node: LinkSpec
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem, each naming the field by its dotted path."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def read_structured(path: Path) -> Any:
+    """Parse a YAML or JSON file, turning syntax errors into InstanceError with the position."""
+    if not path.exists():
+        raise InstanceError(f"file not found: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise InstanceError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", str(path)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InstanceError(f"invalid YAML{where}: {problem}", str(path)) from None
+
+
+def instance_from_dict(data: Any, base_dir: str | None = None) -> Instance:
+    if not isinstance(data, dict):
+        raise InstanceError("an instance must be a mapping with keys name, cluster, workload, ...")
+    try:
+        return Instance(**data, base_dir=base_dir)
+    except ValidationError as exc:
+        raise InstanceError(format_validation_error(exc)) from None
+    except TypeError as exc:  # e.g. a duplicated keyword
+        raise InstanceError(str(exc)) from None
+
+
+def load_instance(path: str | Path) -> Instance:
+    """Load and validate an instance file; a bundled instance may be named without its path."""
+    path = Path(path)
+    if not path.exists():
+        from hetplan.bundled import bundled_instance_path
+
+        path = bundled_instance_path(str(path))
+    return instance_from_dict(read_structured(path), base_dir=str(path.parent.resolve()))
+
+
+def instance_json_schema() -> dict[str, Any]:
+    schema = Instance.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "hetplan instance"
+    return schema

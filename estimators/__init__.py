@@ -1,0 +1,1 @@
+"""estimators of hetplan."""

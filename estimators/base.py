@@ -1,0 +1,117 @@
+"""Estimator protocols: the four small interfaces every plug-in implements.
+
+The planner (formulations) and the simulator both see the cluster only through these, so a plan's
+promised figures and its simulated figures come from the same numbers.
+
+Layer units follow the plan: 0 = embedding, 1..L = transformer blocks, L + 1 = head.
+`microbatch` is the number of sequences one replica processes per pipeline step (its share).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from hetplan.catalog import LinkSpec
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds for one layer unit, one microbatch, on one GPU of a TP group (TP comm included)."""
+
+    fwd_s: float
+    bwd_s: float  # includes the recomputed forward when recomputation is on
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak bytes of one worker (one GPU), by source (Sailor sec. 4.3: M_peak = M_model + M_activation)."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    overhead_bytes: float
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.overhead_bytes
+
+    @property
+    def oom(self) -> bool:
+        return self.total_bytes > self.capacity_bytes
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a GPU (or a TP group) sits, as the communication estimator needs it."""
+
+    zone: str
+    region: str
+    node_id: str | None = None  # equal, non-None node ids mean the same node
+    intra_node: LinkSpec | None = None
+
+
+@runtime_checkable
+class TimeEstimator(Protocol):
+    name: str
+
+    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:
+        """Forward and backward time of one layer unit for one microbatch on one TP-group member."""
+        ...
+
+    def update_time_s(self, gpu_type: str, units: range, tp: int, dp: int) -> float:
+        """Optimizer step of the parameters of `units` held by one worker (ZeRO shards over dp)."""
+        ...
+
+
+@runtime_checkable
+class MemoryEstimator(Protocol):
+    name: str
+
+    def worker_memory(self, gpu_type: str, units: range, tp: int, microbatch: int, dp: int,
+                      in_flight: int) -> MemoryBreakdown:
+        """Peak memory of one worker holding `units` with TP degree tp, `in_flight` microbatches of
+        activations alive at once (1F1B: min(P - stage_index, m); GPipe: m), ZeRO shards over dp."""
+        ...
+
+
+@runtime_checkable
+class CommEstimator(Protocol):
+    name: str
+
+    def link(self, a: Endpoint, b: Endpoint) -> LinkSpec:
+        """The link class between two endpoints (intra-node, inter-node, inter-zone, inter-region)."""
+        ...
+
+    def p2p_time_s(self, a: Endpoint, b: Endpoint, nbytes: float) -> float:
+        """alpha-beta time to send nbytes from a to b."""
+        ...
+
+    def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
+        """All-reduce of nbytes held by each member (ring over the members; slowest link bounds it)."""
+        ...
+
+
+@runtime_checkable
+class CostEstimator(Protocol):
+    name: str
+
+    def compute_usd(self, price_per_gpu_hour_usd: float, num_gpus: int, time_s: float) -> float:
+        ...
+
+    def egress_usd(self, a: Endpoint, b: Endpoint, nbytes: float) -> float:
+        ...
+
+
+@dataclass(frozen=True)
+class EstimatorSet:
+    time: TimeEstimator
+    memory: MemoryEstimator
+    comm: CommEstimator
+    cost: CostEstimator
+    notes: dict[str, str] = field(default_factory=dict)

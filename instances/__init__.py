@@ -1,0 +1,1 @@
+"""Bundled instance files (YAML), example plans (plans/*.json) and the exported JSON Schema."""

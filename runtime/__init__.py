@@ -1,0 +1,1 @@
+"""runtime of hetplan."""

@@ -1,0 +1,1 @@
+"""solvers of hetplan."""
