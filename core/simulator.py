@@ -1,0 +1,313 @@
+"""Score any plan: iteration time, throughput, cost per iteration and per-rank peak memory.
+
+Iteration model (Sailor sec. 4.3: T_iter = max_i T_pp_i + T_sync + T_update), with the plan's batch
+semantics (core/plan.py): every pipeline step moves one global microbatch through all stages; stage s
+splits it over its replicas, which run in parallel, so the stage's step time is its slowest replica
+(straggler). With f_s, b_s the stage's forward/backward step times, cf_s, cb_s the activation and
+gradient transfer times over boundary s -> s+1, and m = num_microbatches:
+
+  1F1B:  T_pipe = sum_s (f_s + b_s) + sum_s (cf_s + cb_s) + (m - 1) * max(max_s (f_s + b_s), max_s max(cf_s, cb_s))
+         (warm-up and cool-down = one full pass through the pipeline; the steady state is bounded by the
+         straggler stage, or by a link slower than every stage; links are full duplex).
+  GPipe: T_pipe = [sum_s f_s + sum_s cf_s + (m - 1) * max(max_s f_s, max_s cf_s)]
+                + [sum_s b_s + sum_s cb_s + (m - 1) * max(max_s b_s, max_s cb_s)]
+
+Transfers between stages follow `redistribution` (contiguous sample ranges); a receiving replica takes
+its pieces one after another, pieces to different receivers move in parallel.
+T_sync = max over stages of the all-reduce of the stage's gradients across its replicas (each replica
+contributes its TP-sharded gradient bytes; replicas with different TP are bounded by the smallest TP),
+plus the tied-embedding all-reduce between the first and last stage. ZeRO-3 adds the parameter
+all-gathers (1.5x the all-reduce volume, Rajbhandari et al. SC'20 sec. 7).
+T_update = max over workers of their optimizer step.
+
+Memory per worker on stage i: 1F1B keeps min(P - i, m) microbatches of activations alive, GPipe m.
+Cost per iteration = GPU price x T_iter for every used GPU + egress bytes x price per GB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetplan.estimators import Endpoint, EstimatorSet, MemoryBreakdown, build_estimators
+from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.estimators.network import ring_order
+from hetplan.instance import Instance
+from hetplan.plan import Plan, Replica, redistribution, validate_plan
+
+
+@dataclass(frozen=True)
+class StageReport:
+    index: int
+    layer_start: int
+    layer_end: int
+    num_replicas: int
+    fwd_s: float  # straggler replica, one pipeline step
+    bwd_s: float
+    send_fwd_s: float  # activations to the next stage, one step (0 on the last stage)
+    send_bwd_s: float  # gradients from the next stage, one step
+    sync_s: float
+    update_s: float
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    rank: int
+    stage: int
+    replica: int
+    tp_rank: int
+    node_id: str
+    gpu_type: str
+    memory: MemoryBreakdown
+
+    @property
+    def oom(self) -> bool:
+        return self.memory.oom
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    plan: Plan  # placed
+    iteration_time_s: float
+    pipeline_s: float
+    sync_s: float
+    update_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    iters_per_s: float
+    compute_cost_usd: float
+    egress_cost_usd: float
+    egress_bytes: float
+    stages: list[StageReport]
+    ranks: list[RankMemory]
+    num_gpus: int
+    gpus_by_type_zone: dict[str, int]
+    constraint_violations: list[str] = field(default_factory=list)
+
+    @property
+    def cost_per_iteration_usd(self) -> float:
+        return self.compute_cost_usd + self.egress_cost_usd
+
+    @property
+    def oom_ranks(self) -> list[RankMemory]:
+        return [r for r in self.ranks if r.oom]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.oom_ranks and not self.constraint_violations
+
+    def peak_memory_by_stage(self) -> list[tuple[float, float]]:
+        """(highest peak bytes, its capacity) per stage: the worst ratio of the stage's workers."""
+        out = []
+        for s in range(len(self.stages)):
+            worst = max((r for r in self.ranks if r.stage == s),
+                        key=lambda r: r.memory.total_bytes / r.memory.capacity_bytes)
+            out.append((worst.memory.total_bytes, worst.memory.capacity_bytes))
+        return out
+
+    def summary(self) -> dict:
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "pipeline_s": self.pipeline_s,
+            "sync_s": self.sync_s,
+            "update_s": self.update_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "iters_per_s": self.iters_per_s,
+            "cost_per_iteration_usd": self.cost_per_iteration_usd,
+            "compute_cost_usd": self.compute_cost_usd,
+            "egress_cost_usd": self.egress_cost_usd,
+            "egress_bytes": self.egress_bytes,
+            "num_gpus": self.num_gpus,
+            "gpus_by_type_zone": self.gpus_by_type_zone,
+            "oom_ranks": [r.rank for r in self.oom_ranks],
+            "constraint_violations": self.constraint_violations,
+            "stages": [s.__dict__ for s in self.stages],
+            "ranks": [{"rank": r.rank, "stage": r.stage, "replica": r.replica, "tp_rank": r.tp_rank,
+                       "node": r.node_id, "gpu_type": r.gpu_type, "peak_bytes": r.memory.total_bytes,
+                       "capacity_bytes": r.memory.capacity_bytes, "oom": r.oom,
+                       "params_bytes": r.memory.params_bytes, "grads_bytes": r.memory.grads_bytes,
+                       "optimizer_bytes": r.memory.optimizer_bytes,
+                       "activations_bytes": r.memory.activations_bytes,
+                       "overhead_bytes": r.memory.overhead_bytes} for r in self.ranks],
+        }
+
+
+def endpoint(instance: Instance, rep: Replica) -> Endpoint:
+    node = instance.node_by_id[rep.node]
+    return Endpoint(zone=node.zone, region=node.region, node_id=node.node_id, intra_node=node.intra_node)
+
+
+def in_flight_microbatches(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
+    """Activations alive at the peak: 1F1B warms up with P - i microbatches on stage i, GPipe keeps all."""
+    if schedule == "GPipe":
+        return num_microbatches
+    return min(num_stages - stage_index, num_microbatches)
+
+
+def simulate(instance: Instance, plan: Plan, estimators: EstimatorSet | None = None) -> SimulationReport:
+    """Simulate one training iteration of `plan` on `instance` (see the module docstring)."""
+    est = estimators or build_estimators(instance)
+    plan = validate_plan(instance, plan)
+    sim = _Sim(instance, plan, est)
+    return sim.run()
+
+
+class _Sim:
+    def __init__(self, instance: Instance, plan: Plan, est: EstimatorSet):
+        self.inst, self.plan, self.est = instance, plan, est
+        self.arch = instance.model_arch
+        self.wl = instance.workload
+        self.m = plan.num_microbatches
+        self.P = len(plan.stages)
+
+    # -- per-stage compute -------------------------------------------------------------------------
+    def _replica_times(self, s: int, r: int) -> tuple[float, float]:
+        stage, rep = self.plan.stages[s], self.plan.stages[s].replicas[r]
+        share = self.plan.share(s, r)
+        fwd = bwd = 0.0
+        for u in range(stage.layer_start, stage.layer_end):
+            lt = self.est.time.layer_time(rep.gpu_type, u, share, rep.tp)
+            fwd, bwd = fwd + lt.fwd_s, bwd + lt.bwd_s
+        return fwd, bwd
+
+    def _boundary(self, s: int) -> tuple[float, float, float]:
+        """(forward step time, backward step time, egress USD per step) of boundary s -> s + 1."""
+        src, dst = self.plan.stages[s], self.plan.stages[s + 1]
+        per_seq = boundary_activation_bytes(self.arch, 1, self.wl.precision)
+        into: dict[int, float] = {}
+        back_into: dict[int, float] = {}
+        egress_usd = egress_bytes = 0.0
+        for i, j, n in redistribution(self.plan.shares(s), self.plan.shares(s + 1)):
+            a, b = endpoint(self.inst, src.replicas[i]), endpoint(self.inst, dst.replicas[j])
+            t = self.est.comm.p2p_time_s(a, b, n * per_seq)
+            into[j] = into.get(j, 0.0) + t
+            back_into[i] = back_into.get(i, 0.0) + self.est.comm.p2p_time_s(b, a, n * per_seq)
+            # activation forward + gradient backward, both cross the same zone boundary
+            egress_usd += 2 * self.est.cost.egress_usd(a, b, n * per_seq)
+            egress_bytes += 2 * n * per_seq if a.zone != b.zone else 0.0
+        self._egress_usd += egress_usd * self.m
+        self._egress_bytes += egress_bytes * self.m
+        return max(into.values()), max(back_into.values()), egress_usd
+
+    # -- gradient synchronisation ------------------------------------------------------------------
+    def _grad_bytes(self, units: range) -> float:
+        grad = 4 if self.wl.precision == "fp32" else DTYPE_BYTES[self.wl.precision]
+        return sum(unit_params(self.arch, u).total for u in units) * grad
+
+    def _allreduce(self, reps: list[Replica], nbytes_full: float) -> float:
+        if len(reps) <= 1:
+            return 0.0
+        min_tp = min(r.tp for r in reps)
+        factor = 1.5 if self.wl.zero_stage >= 3 else 1.0
+        members = [endpoint(self.inst, r) for r in reps]
+        t = self.est.comm.allreduce_time_s(members, factor * nbytes_full / min_tp)
+        self._ring_egress(members, factor * nbytes_full)
+        return t
+
+    def _ring_egress(self, members: list[Endpoint], nbytes: float) -> None:
+        """Every ring edge carries 2 (k-1)/k x nbytes (all TP shards together) per iteration."""
+        ring = ring_order(members)
+        k = len(ring)
+        per_edge = 2 * (k - 1) / k * nbytes
+        for i in range(k):
+            a, b = ring[i], ring[(i + 1) % k]
+            self._egress_usd += self.est.cost.egress_usd(a, b, per_edge)
+            self._egress_bytes += per_edge if a.zone != b.zone else 0.0
+
+    def _sync_times(self) -> list[float]:
+        out = []
+        for stage in self.plan.stages:
+            units = range(stage.layer_start, stage.layer_end)
+            out.append(self._allreduce(list(stage.replicas), self._grad_bytes(units)))
+        if self.arch.tied_embeddings and self.P > 1:
+            # first and last stage hold copies of the tied embedding; their gradients are summed
+            tied = self.arch.vocab_size * self.arch.hidden_size * (4 if self.wl.precision == "fp32" else 2)
+            reps = list(self.plan.stages[0].replicas) + list(self.plan.stages[-1].replicas)
+            t = self._allreduce(reps, tied)
+            out[0], out[-1] = out[0] + t, out[-1] + t
+        return out
+
+    # -- memory ------------------------------------------------------------------------------------
+    def _ranks(self) -> list[RankMemory]:
+        out = []
+        for s, stage in enumerate(self.plan.stages):
+            units = range(stage.layer_start, stage.layer_end)
+            k = in_flight_microbatches(self.plan.schedule, s, self.P, self.m)
+            dp = len(stage.replicas)
+            for r, rep in enumerate(stage.replicas):
+                mem = self.est.memory.worker_memory(rep.gpu_type, units, rep.tp, self.plan.share(s, r), dp, k)
+                for t in range(rep.tp):
+                    out.append(RankMemory(len(out), s, r, t, rep.node, rep.gpu_type, mem))
+        return out
+
+    # -- whole iteration ---------------------------------------------------------------------------
+    def run(self) -> SimulationReport:
+        self._egress_usd = self._egress_bytes = 0.0
+        f, b, upd = [], [], []
+        for s, stage in enumerate(self.plan.stages):
+            times = [self._replica_times(s, r) for r in range(len(stage.replicas))]
+            f.append(max(t[0] for t in times))
+            b.append(max(t[1] for t in times))
+            units = range(stage.layer_start, stage.layer_end)
+            upd.append(max(self.est.time.update_time_s(rep.gpu_type, units, rep.tp, len(stage.replicas))
+                           for rep in stage.replicas))
+        cf, cb = [], []
+        for s in range(self.P - 1):
+            tf, tb, _ = self._boundary(s)
+            cf.append(tf)
+            cb.append(tb)
+        pipeline_s = self._pipeline_time(f, b, cf, cb)
+        sync = self._sync_times()
+        sync_s, update_s = max(sync), max(upd)
+        t_iter = pipeline_s + sync_s + update_s
+        stages = [StageReport(s, st.layer_start, st.layer_end, len(st.replicas), f[s], b[s],
+                              cf[s] if s < self.P - 1 else 0.0, cb[s] if s < self.P - 1 else 0.0,
+                              sync[s], upd[s], in_flight_microbatches(self.plan.schedule, s, self.P, self.m))
+                  for s, st in enumerate(self.plan.stages)]
+        return self._report(t_iter, pipeline_s, sync_s, update_s, stages)
+
+    def _pipeline_time(self, f: list[float], b: list[float], cf: list[float], cb: list[float]) -> float:
+        m = self.m
+        if self.plan.schedule == "GPipe":
+            fwd = sum(f) + sum(cf) + (m - 1) * max(f + cf)
+            bwd = sum(b) + sum(cb) + (m - 1) * max(b + cb)
+            return fwd + bwd
+        step = [fs + bs for fs, bs in zip(f, b)]
+        links = [max(x, y) for x, y in zip(cf, cb)]
+        return sum(step) + sum(cf) + sum(cb) + (m - 1) * max(step + links)
+
+    def _report(self, t_iter: float, pipeline_s: float, sync_s: float, update_s: float,
+                stages: list[StageReport]) -> SimulationReport:
+        gpus: dict[str, int] = {}
+        compute_usd = 0.0
+        for stage in self.plan.stages:
+            for rep in stage.replicas:
+                node = self.inst.node_by_id[rep.node]
+                key = f"{rep.gpu_type}@{node.zone}"
+                gpus[key] = gpus.get(key, 0) + rep.tp
+                compute_usd += self.est.cost.compute_usd(node.price_per_gpu_hour_usd, rep.tp, t_iter)
+        batch = self.wl.global_batch_size
+        report = SimulationReport(
+            plan=self.plan, iteration_time_s=t_iter, pipeline_s=pipeline_s, sync_s=sync_s, update_s=update_s,
+            samples_per_s=batch / t_iter, tokens_per_s=batch * self.arch.seq_len / t_iter, iters_per_s=1 / t_iter,
+            compute_cost_usd=compute_usd, egress_cost_usd=self._egress_usd, egress_bytes=self._egress_bytes,
+            stages=stages, ranks=self._ranks(), num_gpus=self.plan.num_gpus, gpus_by_type_zone=gpus,
+        )
+        return _with_violations(self.inst, report)
+
+
+def _with_violations(instance: Instance, report: SimulationReport) -> SimulationReport:
+    c, out = instance.constraints, []
+    if c.max_cost_per_iteration_usd is not None and report.cost_per_iteration_usd > c.max_cost_per_iteration_usd * (1 + 1e-9):
+        out.append(f"cost per iteration {report.cost_per_iteration_usd:.4g} USD > max {c.max_cost_per_iteration_usd:.4g}")
+    if c.min_throughput_iters_per_s is not None and report.iters_per_s < c.min_throughput_iters_per_s * (1 - 1e-9):
+        out.append(f"throughput {report.iters_per_s:.4g} it/s < min {c.min_throughput_iters_per_s:.4g}")
+    if c.max_gpus is not None and report.num_gpus > c.max_gpus:
+        out.append(f"{report.num_gpus} GPUs > max_gpus {c.max_gpus}")
+    used_types = {r.gpu_type for r in report.ranks}
+    if c.allowed_gpu_types is not None and used_types - set(c.allowed_gpu_types):
+        out.append(f"GPU types {sorted(used_types - set(c.allowed_gpu_types))} not in allowed_gpu_types")
+    used_zones = {instance.node_by_id[r.node_id].zone for r in report.ranks}
+    if c.allowed_zones is not None and used_zones - set(c.allowed_zones):
+        out.append(f"zones {sorted(used_zones - set(c.allowed_zones))} not in allowed_zones")
+    return SimulationReport(**{**report.__dict__, "constraint_violations": out})

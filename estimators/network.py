@@ -1,0 +1,83 @@
+"""Alpha-beta communication estimator (name "alpha_beta").
+
+A transfer of n bytes over a link costs latency_s + n / bandwidth (Hockney's alpha-beta model).
+The link between two endpoints is the slowest class they cross: the node's intra-node link (NVLink
+or PCIe), the inter-node network inside a zone, the inter-zone network inside a region, or the
+inter-region WAN; a `zone_pairs` entry of the instance overrides the class for that pair.
+
+All-reduce of n bytes held by each of k members:
+- ring (Patarasuk and Yuan, JPDC 2009): 2 (k-1)/k n / B_min + 2 (k-1) alpha_max, where the ring
+  visits members sorted by (region, zone, node) so it crosses each slow boundary as few times as
+  possible, and the slowest link on that ring (B_min) bounds it;
+- hierarchical: reduce-scatter and all-gather inside each node, ring all-reduce of n bytes between
+  node leaders; option `allreduce` = ring | hierarchical | best (default best: the faster).
+"""
+from __future__ import annotations
+
+from itertools import groupby
+
+from hetplan.catalog import LinkSpec
+from hetplan.estimators.base import Endpoint
+from hetplan.instance import Instance, Network
+
+
+def ring_order(members: list[Endpoint]) -> list[Endpoint]:
+    return sorted(members, key=lambda e: (e.region, e.zone, e.node_id or ""))
+
+
+class AlphaBetaComm:
+    name = "alpha_beta"
+
+    def __init__(self, network: Network, allreduce: str = "best"):
+        if allreduce not in ("ring", "hierarchical", "best"):
+            raise ValueError(f"allreduce must be ring, hierarchical or best, not {allreduce!r}")
+        self.network, self.allreduce = network, allreduce
+        self._pairs = {frozenset(p.zones): LinkSpec(kind="other", bandwidth_GBps=p.bandwidth_GBps,
+                                                    latency_s=p.latency_s) for p in network.zone_pairs}
+
+    @classmethod
+    def from_instance(cls, instance: Instance, options: dict) -> "AlphaBetaComm":
+        return cls(instance.cluster.network, options.get("allreduce", "best"))
+
+    def link(self, a: Endpoint, b: Endpoint) -> LinkSpec:
+        if a.node_id is not None and a.node_id == b.node_id:
+            if a.intra_node is None:
+                raise ValueError(f"endpoint on node {a.node_id} has no intra-node link")
+            return a.intra_node
+        if a.zone == b.zone:
+            return self.network.inter_node
+        override = self._pairs.get(frozenset((a.zone, b.zone)))
+        if override is not None:
+            return override
+        return self.network.inter_zone if a.region == b.region else self.network.inter_region
+
+    def p2p_time_s(self, a: Endpoint, b: Endpoint, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        link = self.link(a, b)
+        return link.latency_s + nbytes / (link.bandwidth_GBps * 1e9)
+
+    def ring_time_s(self, members: list[Endpoint], nbytes: float) -> float:
+        k = len(members)
+        if k <= 1 or nbytes <= 0:
+            return 0.0
+        ring = ring_order(members)
+        links = [self.link(ring[i], ring[(i + 1) % k]) for i in range(k)]
+        bw = min(link.bandwidth_GBps for link in links) * 1e9
+        alpha = max(link.latency_s for link in links)
+        return 2 * (k - 1) / k * nbytes / bw + 2 * (k - 1) * alpha
+
+    def hierarchical_time_s(self, members: list[Endpoint], nbytes: float) -> float:
+        ring = ring_order(members)
+        by_node = [list(g) for _, g in groupby(ring, key=lambda e: (e.region, e.zone, e.node_id))]
+        intra = max(self.ring_time_s(g, nbytes) for g in by_node) if by_node else 0.0
+        leaders = [g[0] for g in by_node]
+        # reduce-scatter + all-gather inside nodes cost one intra-node all-reduce in total
+        return intra + self.ring_time_s(leaders, nbytes)
+
+    def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
+        if self.allreduce == "ring":
+            return self.ring_time_s(members, nbytes)
+        if self.allreduce == "hierarchical":
+            return self.hierarchical_time_s(members, nbytes)
+        return min(self.ring_time_s(members, nbytes), self.hierarchical_time_s(members, nbytes))
