@@ -84,6 +84,13 @@ def unit_params(arch: ModelArch, unit: int) -> UnitParams:
     return UnitParams(sharded=sharded, replicated=replicated)
 
 
+def block_matmul_weights(arch: ModelArch) -> int:
+    """Weights of a block's matrix multiplications (QKV, attention output, MLP), biases excluded."""
+    h = arch.hidden_size
+    mlp = (3 if arch.mlp == "swiglu" else 2) * h * arch.ffn_hidden_size
+    return h * (h + 2 * _kv_dim(arch)) + h * h + mlp
+
+
 def total_params(arch: ModelArch) -> int:
     """Parameter count of the model (a tied LM head counted once)."""
     n = sum(unit_params(arch, u).total for u in range(arch.num_units))
@@ -98,9 +105,8 @@ def unit_flops_fwd(arch: ModelArch, unit: int, seqs: int) -> float:
         return 0.0  # a lookup: memory-bound, handled by the roofline's bytes term
     if is_head(arch, unit):
         return 2.0 * seqs * s * h * arch.vocab_size
-    matmul_params = unit_params(arch, unit).sharded  # biases add negligibly
     attention = 4.0 * s * s * h  # Q K^T and (softmax) V
-    return seqs * (2.0 * s * matmul_params + attention)
+    return seqs * (2.0 * s * block_matmul_weights(arch) + attention)
 
 
 def unit_attention_flops_fwd(arch: ModelArch, unit: int, seqs: int) -> float:

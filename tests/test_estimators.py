@@ -1,0 +1,151 @@
+"""Estimators against hand-computed values and published figures."""
+import math
+
+import pytest
+
+from hetplan.catalog import LinkSpec, ModelArch, model_presets
+from hetplan.estimators.analytic import AnalyticMemory, ring_allreduce_s, state_bytes, zero_divisors
+from hetplan.estimators.base import Endpoint
+from hetplan.estimators.cost import CloudCost
+from hetplan.estimators.model_stats import (
+    megatron_block_activation_bytes,
+    total_params,
+    unit_activation_bytes,
+    unit_flops_fwd,
+    unit_params,
+)
+from hetplan.estimators.network import AlphaBetaComm
+from hetplan.instance import Egress, EgressPrice, Network, ZonePairLink
+
+OPT = model_presets()["OPT-350M"]
+LLAMA7 = model_presets()["Llama-7B"]
+
+
+def test_gpt_block_params_match_12h2_plus_13h():
+    # GPT-2-style block: 12 h^2 + 13 h parameters; for OPT-350M (h = 1024) this is also the
+    # params_floats Sailor measured for layer 1 (llm_info.json: 12596224).
+    h = OPT.hidden_size
+    assert unit_params(OPT, 1).total == 12 * h * h + 13 * h == 12_596_224
+
+
+def test_llama7b_parameter_count_is_the_published_one():
+    # Llama-7B has 6,738,415,616 parameters (the count of the released checkpoint).
+    assert total_params(LLAMA7) == 6_738_415_616
+
+
+def test_opt350m_parameter_count_by_hand():
+    h, v, s, L = 1024, 50272, 2048, 24
+    expected = v * h + s * h + L * (12 * h * h + 13 * h) + 2 * h  # tied head: only its final norm
+    assert total_params(OPT) == expected == 355_887_104
+
+
+def test_adam_mixed_precision_is_16_bytes_per_param():
+    sb = state_bytes("fp16", "adam")
+    assert (sb.param, sb.grad, sb.optimizer) == (2, 2, 12)
+    # ZeRO paper, Figure 1: Psi = 7.5B, K = 12, N_d = 64 -> 120 GB baseline, 31.4 GB with P_os.
+    psi = 7.5e9
+    assert psi * (sb.param + sb.grad + sb.optimizer) / 1e9 == pytest.approx(120.0)
+    dp, dg, do = zero_divisors(1, 64)
+    assert psi * (sb.param / dp + sb.grad / dg + sb.optimizer / do) / 1e9 == pytest.approx(31.4, abs=0.05)
+    dp, dg, do = zero_divisors(2, 64)
+    assert psi * (sb.param / dp + sb.grad / dg + sb.optimizer / do) / 1e9 == pytest.approx(16.6, abs=0.05)
+    dp, dg, do = zero_divisors(3, 64)
+    assert psi * (sb.param / dp + sb.grad / dg + sb.optimizer / do) / 1e9 == pytest.approx(1.88, abs=0.01)
+
+
+def test_worker_memory_of_whole_llama7b_is_16_bytes_per_param_plus_overhead():
+    gpus = {"A100-80": __import__("hetplan.catalog", fromlist=["gpu_catalog"]).gpu_catalog()["A100-80"]}
+    mem = AnalyticMemory(LLAMA7, gpus, precision="bf16", optimizer="adam", zero_stage=0, recompute="none",
+                         flash_attention=True, overhead_gib=0.0)
+    m = mem.worker_memory("A100-80", range(LLAMA7.num_units), tp=1, microbatch=1, dp=1, in_flight=0)
+    assert m.params_bytes + m.grads_bytes + m.optimizer_bytes == 16 * 6_738_415_616
+    assert m.oom  # 107.8 GB of model states cannot fit 80 GiB
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_block_activations_match_megatron_formula(tp):
+    # Korthikanti et al. 2022: s b h (10 + 24/t + 5 a s / (h t)) bytes per block, no sequence parallelism.
+    s, b, h, a = OPT.seq_len, 2, OPT.hidden_size, OPT.num_heads
+    got = unit_activation_bytes(OPT, 1, b, tp, precision="fp16")
+    assert got == pytest.approx(megatron_block_activation_bytes(s, b, h, a, tp))
+    assert megatron_block_activation_bytes(2048, 1, 1024, 16, 1) == 2048 * 1024 * (34 + 160)
+
+
+def test_recomputation_variants():
+    s, h = OPT.seq_len, OPT.hidden_size
+    assert unit_activation_bytes(OPT, 1, 1, 1, recompute="selective") == pytest.approx(34 * s * h)
+    assert unit_activation_bytes(OPT, 1, 1, 1, flash_attention=True) == pytest.approx(34 * s * h)
+    assert unit_activation_bytes(OPT, 1, 1, 4, recompute="full") == pytest.approx(2 * s * h)
+
+
+def test_block_flops_match_24sh2_plus_4s2h():
+    s, h = OPT.seq_len, OPT.hidden_size
+    assert unit_flops_fwd(OPT, 1, 3) == pytest.approx(3 * (24 * s * h * h + 4 * s * s * h))
+    assert unit_flops_fwd(OPT, 0, 3) == 0
+    assert unit_flops_fwd(OPT, OPT.num_units - 1, 1) == 2 * s * h * OPT.vocab_size
+
+
+def test_ring_allreduce_by_hand():
+    link = LinkSpec(kind="nvlink", bandwidth_GBps=300, latency_s=5e-6)
+    # 4 members, 1 GB each: 2 * 3/4 * 1e9 / 300e9 + 6 * 5e-6
+    assert ring_allreduce_s(1e9, 4, link) == pytest.approx(0.005 + 3e-5)
+    assert ring_allreduce_s(1e9, 1, link) == 0.0
+
+
+def _net():
+    return Network(
+        inter_node=LinkSpec(bandwidth_GBps=10, latency_s=1e-5),
+        inter_zone=LinkSpec(bandwidth_GBps=4, latency_s=1e-3),
+        inter_region=LinkSpec(bandwidth_GBps=1, latency_s=3e-2),
+        zone_pairs=[ZonePairLink(zones=("r1-a", "r1-c"), bandwidth_GBps=2, latency_s=2e-3)],
+    )
+
+
+NVL = LinkSpec(kind="nvlink", bandwidth_GBps=100, latency_s=1e-6)
+
+
+def test_link_classes_and_p2p():
+    comm = AlphaBetaComm(_net(), "ring")
+    a = Endpoint("r1-a", "r1", "n0", NVL)
+    assert comm.link(a, Endpoint("r1-a", "r1", "n0", NVL)) == NVL
+    assert comm.link(a, Endpoint("r1-a", "r1", "n1", NVL)).bandwidth_GBps == 10
+    assert comm.link(a, Endpoint("r1-b", "r1", "n2", NVL)).bandwidth_GBps == 4
+    assert comm.link(a, Endpoint("r1-c", "r1", "n3", NVL)).bandwidth_GBps == 2  # zone-pair override
+    assert comm.link(a, Endpoint("r2-a", "r2", "n4", NVL)).bandwidth_GBps == 1
+    assert comm.p2p_time_s(a, Endpoint("r2-a", "r2", "n4", NVL), 2e9) == pytest.approx(3e-2 + 2.0)
+
+
+def test_ring_is_bounded_by_slowest_link_and_hierarchical_helps():
+    members = [Endpoint("r1-a", "r1", "n0", NVL)] * 4 + [Endpoint("r1-a", "r1", "n1", NVL)] * 4
+    ring = AlphaBetaComm(_net(), "ring").allreduce_time_s(members, 1e9)
+    assert ring == pytest.approx(2 * 7 / 8 * 1e9 / 10e9 + 14 * 1e-5)
+    hier = AlphaBetaComm(_net(), "hierarchical").allreduce_time_s(members, 1e9)
+    intra = 2 * 3 / 4 * 1e9 / 100e9 + 6 * 1e-6
+    inter = 2 * 1 / 2 * 1e9 / 10e9 + 2 * 1e-5
+    assert hier == pytest.approx(intra + inter)
+    assert AlphaBetaComm(_net(), "best").allreduce_time_s(members, 1e9) == pytest.approx(min(ring, hier))
+
+
+def test_egress_prices():
+    cost = CloudCost(Egress(inter_zone_usd_per_GB=0.01, inter_region_usd_per_GB=0.02,
+                            pairs=[EgressPrice(zones=("r1-a", "r1-c"), usd_per_GB=0.05)]))
+    a = Endpoint("r1-a", "r1")
+    assert cost.egress_usd(a, Endpoint("r1-a", "r1"), 1e9) == 0
+    assert cost.egress_usd(a, Endpoint("r1-b", "r1"), 2e9) == pytest.approx(0.02)
+    assert cost.egress_usd(a, Endpoint("r1-c", "r1"), 1e9) == pytest.approx(0.05)
+    assert cost.egress_usd(a, Endpoint("r2-a", "r2"), 1e9) == pytest.approx(0.02)
+    assert cost.compute_usd(3.6, 2, 10.0) == pytest.approx(0.02)
+
+
+def test_analytic_time_roofline_and_tp(a100_v100):
+    from hetplan.estimators import build_estimators
+
+    est = build_estimators(a100_v100)
+    gpu = a100_v100.gpu("A100-40")
+    lt = est.time.layer_time("A100-40", 1, 4, 1)
+    flops = unit_flops_fwd(a100_v100.model_arch, 1, 4)
+    assert lt.fwd_s == pytest.approx(flops / (gpu.peak_fp16_tflops * 1e12 * gpu.default_mfu))
+    assert lt.bwd_s == pytest.approx(2 * lt.fwd_s)
+    lt2 = est.time.layer_time("A100-40", 1, 4, 2)
+    assert lt2.fwd_s > lt.fwd_s / 2  # halved compute plus the TP all-reduces
+    assert math.isclose(est.time.layer_time("A100-40", 1, 4, 1).fwd_s, lt.fwd_s)  # cached, stable
