@@ -13,12 +13,14 @@ from hetplan.instance import Instance
 REGISTRY: dict[str, dict[str, str]] = {
     "time": {
         "analytic": "hetplan.estimators.analytic:AnalyticTime",
+        "profile": "hetplan.estimators.profile_time:ProfileTimeEstimator",
     },
     "memory": {
         "analytic": "hetplan.estimators.analytic:AnalyticMemory",
     },
     "comm": {
         "alpha_beta": "hetplan.estimators.network:AlphaBetaComm",
+        "sailor_poly": "hetplan.estimators.sailor_network:SailorNetworkComm",
     },
     "cost": {
         "cloud": "hetplan.estimators.cost:CloudCost",

@@ -1,0 +1,181 @@
+"""Time estimator from measured per-layer profiles (Sailor / Metis / hetplan files), name "profile".
+
+For a GPU type g, TP degree k and layer unit u, the profile gives fwd/bwd seconds at some measured
+microbatch sizes m_1 < ... < m_n. For a microbatch b:
+
+* measured (b = m_i): the measurement itself.
+* decomposition="linear" (default): linear interpolation between the two measured sizes around b,
+  linear extrapolation from the two nearest ones beyond [m_1, m_n]; with one measured size m,
+  t(b) = t(m) * b / m. Estimates are floored at 0 (an extrapolation below m_1 can cross zero).
+* decomposition="power_of_two": AutoHet eq. (5) (seed 002, sec. III "Runtime profiling") sums the
+  profiled times of the powers of two in the binary decomposition of a count; Metis' heterogeneous
+  cost model (SamsungLabs/Metis) applies the same decomposition to a DP group's microbatch, which is
+  what is done here: t(b) = sum over the set bits 2^i of b of t(2^i), e.g. t(6) = t(4) + t(2).
+  A power of two that was not measured is itself estimated linearly.
+
+update_time_s: a profile's update_s is the optimizer step of the *whole* model on one GPU at TP
+degree k (averaged over the measured microbatch sizes, it does not depend on them). A worker holding
+`units` gets the share of it that those units' parameters make up, when the profile carries memory
+info with parameter counts (Sailor's llm_info, Metis' parameters_per_layer_bytes; the same TP degree
+if measured, else any, since the shares barely change with TP); otherwise the share is
+len(units) / number of units. With ZeRO stage >= 1 the optimizer state is sharded over the dp
+replicas, so the step is divided by dp.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+from hetplan.errors import EstimatorError
+from hetplan.estimators.base import LayerTime
+from hetplan.profiles import GpuProfile, ProfileSet, UnitTime
+
+Decomposition = Literal["linear", "power_of_two"]
+_DECOMPOSITIONS = ("linear", "power_of_two")
+
+
+def own_options(options: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+    """An estimator's options: `options[name]` when that is a mapping, else the mapping itself."""
+    options = options or {}
+    nested = options.get(name)
+    return nested if isinstance(nested, Mapping) else options
+
+
+class ProfileTimeEstimator:
+    """TimeEstimator backed by a ProfileSet (see the module docstring for the rules)."""
+
+    name = "profile"
+
+    def __init__(self, profiles: ProfileSet, decomposition: Decomposition = "linear", zero_stage: int = 0):
+        if decomposition not in _DECOMPOSITIONS:
+            raise EstimatorError(f"profile estimator: decomposition must be one of {_DECOMPOSITIONS}, "
+                                 f"got {decomposition!r}")
+        if not profiles.profiles:
+            raise EstimatorError("profile estimator: the profile set is empty")
+        self.profiles = profiles
+        self.decomposition = decomposition
+        self.zero_stage = zero_stage
+        self._cache: dict[tuple[str, int, int, int], LayerTime] = {}
+
+    # ---- construction from an instance -----------------------------------------------------------
+    @classmethod
+    def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "ProfileTimeEstimator":
+        """Read `instance.workload.profiles` (paths relative to the instance file).
+
+        options (flat, or nested under "profile"): decomposition ("linear" | "power_of_two"),
+        llm_info (Sailor's llm_info.json, for the parameter shares of sailor-format profiles),
+        sailor_model (Sailor's model name in llm_info; default: the profile's grandparent folder),
+        metis_fwd_fraction (forward share of Metis' combined fwd+bwd time, default 1/3).
+        """
+        from hetplan.importers import load_profiles
+
+        opts = own_options(options, cls.name)
+        refs = instance.workload.profiles
+        if not refs:
+            raise EstimatorError("profile estimator: workload.profiles is empty; add a ProfileRef per GPU type")
+        llm_info = opts.get("llm_info")
+        loaded = ProfileSet()
+        for ref in refs:
+            loaded = loaded.merged(load_profiles(
+                instance.resolve_path(ref.path), ref.format, ref.gpu_type,
+                llm_info=instance.resolve_path(llm_info) if llm_info and ref.format == "sailor" else None,
+                model=opts.get("sailor_model"), metis_fwd_fraction=opts.get("metis_fwd_fraction")))
+        arch = instance.model_arch
+        for profile in loaded.profiles:
+            if profile.num_units != arch.num_units:
+                raise EstimatorError(
+                    f"profile estimator: the profile of {profile.gpu_type} ({profile.source}) has "
+                    f"{profile.num_units} layer units, the model {arch.name} has {arch.num_units} "
+                    f"({arch.num_layers} blocks + embedding + head)")
+        used = set(instance.constraints.allowed_gpu_types or instance.gpu_types)
+        missing = sorted(used - set(loaded.gpu_types))
+        if missing:
+            raise EstimatorError(f"profile estimator: no profile for GPU types {missing} of the cluster; "
+                                 f"workload.profiles covers {loaded.gpu_types}")
+        return cls(loaded, decomposition=opts.get("decomposition", "linear"), zero_stage=instance.workload.zero_stage)
+
+    # ---- lookups with clear errors ---------------------------------------------------------------
+    def _profile(self, gpu_type: str, tp: int) -> GpuProfile:
+        if gpu_type not in self.profiles:
+            raise EstimatorError(f"profile estimator: no profile for GPU type {gpu_type!r}; "
+                                 f"profiles exist for {self.profiles.gpu_types}")
+        profile = self.profiles.get(gpu_type)
+        if tp not in profile.tp_degrees:
+            raise EstimatorError(f"profile estimator: {gpu_type} was not profiled at TP degree {tp}; "
+                                 f"measured TP degrees: {profile.tp_degrees}")
+        return profile
+
+    # ---- TimeEstimator ---------------------------------------------------------------------------
+    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:
+        key = (gpu_type, unit, microbatch, tp)
+        if key not in self._cache:
+            profile = self._profile(gpu_type, tp)
+            if not 0 <= unit < profile.num_units:
+                raise EstimatorError(f"profile estimator: layer unit {unit} out of range 0..{profile.num_units - 1}")
+            if microbatch < 1:
+                raise EstimatorError(f"profile estimator: microbatch must be >= 1, got {microbatch}")
+            self._cache[key] = self._estimate(profile, unit, microbatch, tp)
+        return self._cache[key]
+
+    def _estimate(self, profile: GpuProfile, unit: int, b: int, tp: int) -> LayerTime:
+        measured = profile.time(b, tp)
+        if measured is not None:
+            u = measured.units[unit]
+            return LayerTime(u.fwd_s, u.bwd_s)
+        if self.decomposition == "linear":
+            u = _linear(profile, unit, b, tp)
+            return LayerTime(u.fwd_s, u.bwd_s)
+        parts = [_measured_or_linear(profile, unit, 1 << i, tp) for i in range(b.bit_length()) if b >> i & 1]
+        return LayerTime(sum(p.fwd_s for p in parts), sum(p.bwd_s for p in parts))
+
+    def update_time_s(self, gpu_type: str, units: range, tp: int, dp: int) -> float:
+        profile = self._profile(gpu_type, tp)
+        if dp < 1:
+            raise EstimatorError(f"profile estimator: dp must be >= 1, got {dp}")
+        bad = [u for u in units if not 0 <= u < profile.num_units]
+        if bad:
+            raise EstimatorError(f"profile estimator: layer units {bad} out of range 0..{profile.num_units - 1}")
+        updates = [m.update_s for m in profile.times if m.tp == tp]
+        whole_model_s = sum(updates) / len(updates)
+        shard = dp if self.zero_stage >= 1 else 1
+        return whole_model_s * self.update_share(gpu_type, units, tp) / shard
+
+    def update_share(self, gpu_type: str, units: range, tp: int) -> float:
+        """Fraction of the whole-model update that `units` account for (parameter share, else count share)."""
+        profile = self._profile(gpu_type, tp)
+        weights = _param_weights(profile, tp)
+        if weights is None:
+            return len(units) / profile.num_units
+        return sum(weights[u] for u in units) / sum(weights)
+
+
+def _linear(profile: GpuProfile, unit: int, b: int, tp: int) -> UnitTime:
+    sizes = profile.microbatches(tp)
+    if len(sizes) == 1:
+        u = profile.time(sizes[0], tp).units[unit]
+        return UnitTime(u.fwd_s * b / sizes[0], u.bwd_s * b / sizes[0])
+    if b <= sizes[0]:
+        lo, hi = sizes[0], sizes[1]
+    elif b >= sizes[-1]:
+        lo, hi = sizes[-2], sizes[-1]
+    else:
+        hi = next(m for m in sizes if m > b)
+        lo = sizes[sizes.index(hi) - 1]
+    a, c = profile.time(lo, tp).units[unit], profile.time(hi, tp).units[unit]
+    w = (b - lo) / (hi - lo)
+    return UnitTime(max(0.0, a.fwd_s + w * (c.fwd_s - a.fwd_s)), max(0.0, a.bwd_s + w * (c.bwd_s - a.bwd_s)))
+
+
+def _measured_or_linear(profile: GpuProfile, unit: int, b: int, tp: int) -> UnitTime:
+    measured = profile.time(b, tp)
+    return measured.units[unit] if measured is not None else _linear(profile, unit, b, tp)
+
+
+def _param_weights(profile: GpuProfile, tp: int) -> list[float] | None:
+    """Per-unit parameter amounts (elements, else bytes) from the memory info at tp, else any tp."""
+    candidates = [m for m in profile.memory if m.tp == tp] + [m for m in profile.memory if m.tp != tp]
+    for m in candidates:
+        for column in ("params_per_gpu", "params_bytes"):
+            values = [getattr(u, column) for u in m.units]
+            if all(v is not None for v in values) and sum(values) > 0:
+                return values
+    return None
