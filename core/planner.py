@@ -1,0 +1,333 @@
+"""The joint planner (`hetplan solve`): resource allocation + parallelization with a proven bound.
+
+Decomposition. The outer loop enumerates (P pipeline stages, b microbatch size, D replicas per
+stage) with B % (D b) == 0; TP per stage and GPU type, replica counts per (stage, GPU type, zone)
+and layer ranges are decided inside one MILP per outer choice (`formulations/joint.py`).
+Outer choices are visited best-first by a valid lower bound on their objective
+(`time_lower_bound_s`; for cost, times the cheapest possible cost rate), and a choice whose bound
+cannot beat the incumbent by more than the requested gap is pruned without building a model.
+Each MILP is warm-started from its greedy and given the incumbent as a cutoff.
+
+Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit, the lower
+bounds of choices never solved). This is a proven bound over the modelled space: every plan with
+uniform microbatch shares, the same D on every stage and per-stage DP traffic inside one region.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pyomo.environ as pyo
+
+from hetplan.errors import InfeasibleError, SolverError
+from hetplan.estimators import EstimatorSet, build_estimators
+from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.formulations import joint
+from hetplan.instance import Instance
+from hetplan.plan import Plan
+from hetplan.simulator import SimulationReport, simulate
+
+TP_CHOICES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    backend: str | None = None  # None: HiGHS for the linear model, SCIP when `linearize` is False
+    objective: str | None = None  # override the instance's objective kind
+    max_cost_usd: float | None = None  # override / add constraints
+    min_iters_per_s: float | None = None
+    time_limit_s: float = 60.0  # whole search
+    combo_time_limit_s: float = 5.0  # one outer choice's MILP; its bound enters the reported bound
+    rel_gap: float = 0.01
+    max_stages: int = 16
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    tp_choices: tuple[int, ...] = TP_CHOICES
+    linearize: bool = True  # False keeps rate x T bilinear (SCIP solves it as an MINLP)
+    available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
+
+
+@dataclass(frozen=True)
+class Combo:
+    P: int
+    b: int
+    D: int
+
+
+@dataclass
+class ComboRecord:
+    P: int
+    b: int
+    D: int
+    lower_bound: float
+    status: str  # pruned_bound | no_pools | greedy_only | solved:<status> | infeasible | skipped_time
+    objective: float | None = None
+    bound: float | None = None
+    build_s: float = 0.0
+    solve_s: float = 0.0
+
+
+@dataclass
+class PlannerResult:
+    plan: Plan
+    report: SimulationReport  # the simulator's figures for the plan
+    objective_kind: str
+    model_objective: float  # iteration time (s) or cost (USD) as the model computes it
+    bound: float  # proven bound on the model objective over the modelled space
+    gap: float
+    greedy_objective: float | None
+    greedy_report: SimulationReport | None
+    combos_total: int
+    combos_pruned: int
+    combos_solved: int
+    build_s: float
+    solve_s: float
+    wall_s: float
+    backend: str
+    records: list[ComboRecord] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"objective": self.objective_kind, "model_objective": self.model_objective, "bound": self.bound,
+                "gap": self.gap, "greedy_objective": self.greedy_objective, "combos_total": self.combos_total,
+                "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
+                "build_s": self.build_s, "solve_s": self.solve_s, "wall_s": self.wall_s, "backend": self.backend,
+                "simulated": {k: v for k, v in self.report.summary().items() if k not in ("ranks",)}}
+
+
+# ---- inputs per outer choice ------------------------------------------------------------------------
+class _Tables:
+    """Estimator figures per (gpu type, tp, b) and per layer unit, computed once and reused."""
+
+    def __init__(self, instance: Instance, est: EstimatorSet):
+        self.inst, self.est = instance, est
+        self.arch = instance.model_arch
+        self.U = self.arch.num_units
+        self._step: dict = {}
+        self._mem: dict = {}
+
+    def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
+        key = (g, t, b)
+        if key not in self._step:
+            self._step[key] = tuple(self.est.time.layer_time(g, l, b, t).total_s for l in range(self.U))
+        return self._step[key]
+
+    def upd(self, g: str, t: int, D: int) -> tuple[float, ...]:
+        return tuple(self.est.time.update_time_s(g, range(l, l + 1), t, D) for l in range(self.U))
+
+    def mem(self, g: str, t: int, b: int, D: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+        key = (g, t, b, D)
+        if key not in self._mem:
+            stat, act, over = [], [], 0.0
+            for l in range(self.U):
+                mb = self.est.memory.worker_memory(g, range(l, l + 1), t, b, D, 1)
+                stat.append(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes)
+                act.append(mb.activations_bytes)
+                over, cap = mb.overhead_bytes, mb.capacity_bytes
+            self._mem[key] = (tuple(stat), tuple(act), cap - over)
+        return self._mem[key]
+
+
+def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], tuple[int, int, float, str]]:
+    """(gpu type, zone) -> (available GPUs, GPUs per node, price, region), after allowed types/zones."""
+    c = instance.constraints
+    out: dict[tuple[str, str], tuple[int, int, float, str]] = {}
+    for g in instance.cluster.node_groups:
+        if c.allowed_gpu_types is not None and g.gpu_type not in c.allowed_gpu_types:
+            continue
+        if c.allowed_zones is not None and g.zone not in c.allowed_zones:
+            continue
+        key = (g.gpu_type, g.zone)
+        n, per_node, price, region = out.get(key, (0, g.gpus_per_node, g.price_per_gpu_hour_usd, g.region_name))
+        out[key] = (n + g.count * g.gpus_per_node, min(per_node, g.gpus_per_node), max(price, g.price_per_gpu_hour_usd), region)
+    if opts.available is not None:
+        out = {k: (min(v[0], opts.available.get(k, 0)), *v[1:]) for k, v in out.items()}
+    return {k: v for k, v in out.items() if v[0] > 0}
+
+
+def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
+                 max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> joint.JointInputs | None:
+    """Fill the MILP's numbers for one outer choice; None when no pool can hold even one unit."""
+    wl, net, arch = instance.workload, instance.cluster.network, tables.arch
+    B = wl.global_batch_size
+    m = B // (combo.D * combo.b)
+    pools, step, upd, stat, act, cap = [], [], [], [], [], []
+    for (g, z), (avail, per_node, price, region) in sorted(quotas.items()):
+        for t in tp_choices:
+            if t > per_node or per_node % t or t > avail:
+                continue
+            s_b, a_b, c_b = tables.mem(g, t, combo.b, combo.D)
+            # a pool that cannot hold its lightest unit on the last stage (1 microbatch in flight) is useless
+            if min(s + a for s, a in zip(s_b, a_b)) > c_b:
+                continue
+            pools.append(joint.Pool(g, z, region, t, avail, price))
+            step.append(tables.step(g, t, combo.b))
+            upd.append(tables.upd(g, t, combo.D))
+            stat.append(s_b)
+            act.append(a_b)
+            cap.append(c_b)
+    if not pools:
+        return None
+    grad = 4 if wl.precision == "fp32" else DTYPE_BYTES[wl.precision]
+    grad_bytes = tuple(unit_params(arch, l).total * grad for l in range(arch.num_units))
+    tied = arch.vocab_size * arch.hidden_size * grad if (arch.tied_embeddings and combo.P > 1) else 0.0
+
+    def link(spec) -> joint.LinkCost:
+        return joint.LinkCost(spec.bandwidth_GBps * 1e9, spec.latency_s)
+
+    return joint.JointInputs(
+        P=combo.P, D=combo.D, b=combo.b, m=m, pools=tuple(pools), step_s=tuple(step), upd_s=tuple(upd),
+        stat_bytes=tuple(stat), act_bytes=tuple(act), cap_bytes=tuple(cap), grad_bytes=grad_bytes,
+        tied_grad_bytes=tied, boundary_bytes=boundary_activation_bytes(arch, combo.b, wl.precision),
+        node=link(net.inter_node), zone=link(net.inter_zone), region=link(net.inter_region),
+        egress_zone_usd_per_GB=net.egress.inter_zone_usd_per_GB,
+        egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
+        sync_factor=1.5 if wl.zero_stage >= 3 else 1.0, objective=objective, max_cost_usd=max_cost,
+        min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus)
+
+
+def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> list[Combo]:
+    B = instance.workload.global_batch_size
+    U = instance.model_arch.num_units
+    max_replicas = sum(n // min(opts.tp_choices) for n, *_ in quotas.values())
+    combos = []
+    for P in range(1, min(U, opts.max_stages) + 1):
+        for b in opts.microbatch_sizes:
+            if B % b:
+                continue
+            for D in range(1, B // b + 1):
+                if (B // b) % D == 0 and P * D <= max_replicas:
+                    combos.append(Combo(P, b, D))
+    return combos
+
+
+# ---- the search -------------------------------------------------------------------------------------
+def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: EstimatorSet | None = None,
+         progress: Callable[[int, int, str], None] | None = None) -> PlannerResult:
+    from hetplan.solvers import SolveOptions, solve
+
+    opts = opts or PlannerOptions()
+    t_start = time.perf_counter()
+    est = estimators or build_estimators(instance)
+    objective = opts.objective or instance.objective.kind
+    max_cost = opts.max_cost_usd if opts.max_cost_usd is not None else instance.constraints.max_cost_per_iteration_usd
+    min_its = opts.min_iters_per_s if opts.min_iters_per_s is not None else instance.constraints.min_throughput_iters_per_s
+    quotas = _quotas(instance, opts)
+    if not quotas:
+        raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
+    tables = _Tables(instance, est)
+    combos = enumerate_combos(instance, quotas, opts)
+    linear = opts.linearize or opts.backend not in (None, "scip")
+    backend = opts.backend or ("highs" if linear else "scip")
+
+    # lower bounds need the model's inputs; compute them lazily in bound order of a cheap proxy
+    records: list[ComboRecord] = []
+    prepared = []
+    for combo in combos:
+        inp = joint_inputs(instance, tables, quotas, combo, objective, max_cost, min_its, opts.tp_choices)
+        if inp is None:
+            records.append(ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools"))
+            continue
+        lb = joint.time_lower_bound_s(inp)
+        if objective == "min_cost":
+            lb *= joint.rate_lower_bound_usd_per_s(inp)
+        if min_its is not None and joint.time_lower_bound_s(inp) > 1 / min_its:
+            records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
+            continue
+        prepared.append((lb, combo, inp))
+    prepared.sort(key=lambda x: (x[0], x[1].P, x[1].D))
+
+    best = None  # (objective, solution, inputs)
+    greedy_best = None
+    build_s = solve_s = 0.0
+    solved = pruned = 0
+    open_bounds: list[float] = []
+    for idx, (lb, combo, inp) in enumerate(prepared):
+        rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
+        records.append(rec)
+        if progress:
+            progress(idx, len(prepared), f"P={combo.P} b={combo.b} D={combo.D}")
+        incumbent = best[0] if best else None
+        if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
+            rec.status = "pruned_bound"
+            pruned += 1
+            continue
+        remaining = opts.time_limit_s - (time.perf_counter() - t_start)
+        if remaining <= 0.05:
+            rec.status = "skipped_time"
+            open_bounds.append(lb)
+            continue
+        g = joint.greedy(inp)
+        g_obj = None
+        if g is not None:
+            ev = joint.evaluate(inp, g)
+            g_ok = (max_cost is None or ev["cost"] <= max_cost) and (min_its is None or ev["T"] <= 1 / min_its)
+            g_obj = (ev["cost"] if objective == "min_cost" else ev["T"]) if g_ok else None
+            if g_obj is not None and (greedy_best is None or g_obj < greedy_best[0]):
+                greedy_best = (g_obj, g, inp)
+            if g_obj is not None and (best is None or g_obj < best[0]):
+                best = (g_obj, g, inp)
+        t0 = time.perf_counter()
+        cutoff = best[0] if best else None
+        model = joint.build(inp, linearize=linear,
+                            time_cutoff_s=cutoff if (cutoff is not None and objective != "min_cost") else None)
+        if cutoff is not None and objective == "min_cost":
+            model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
+        start = joint.warm_start(model, inp, g) if (g is not None and g_obj is not None and g_obj <= (cutoff or g_obj)) else None
+        rec.build_s = time.perf_counter() - t0
+        build_s += rec.build_s
+        res = solve(model, backend=backend, options=SolveOptions(time_limit_s=max(min(remaining, opts.combo_time_limit_s), 0.1), rel_gap=opts.rel_gap / 2,
+                                                   diagnose_infeasible=False),  # a cutoff makes infeasible normal
+                    warm_start=start)
+        rec.solve_s = res.solve_s
+        solve_s += res.solve_s
+        solved += 1
+        rec.status = f"solved:{res.status.value}"
+        if res.status.has_solution:
+            sol = joint.decode(model, inp)
+            ev = joint.evaluate(inp, sol)
+            obj = ev["cost"] if objective == "min_cost" else ev["T"]
+            rec.objective, rec.bound = obj, res.bound
+            if best is None or obj < best[0]:
+                best = (obj, sol, inp)
+            if res.status.value != "optimal" and res.bound is not None:
+                scale = joint.COST_SCALE if objective == "min_cost" else 1.0
+                open_bounds.append(max(res.bound / scale, lb))
+        elif res.status.value == "infeasible":
+            rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
+        elif res.status.value == "time_limit_no_solution":
+            open_bounds.append(lb)
+        else:
+            raise SolverError(f"{backend} failed on P={combo.P} b={combo.b} D={combo.D}: {res.status.value} {res.message}")
+    if best is None:
+        raise InfeasibleError(_why_infeasible(records, max_cost, min_its))
+    obj, sol, inp = best
+    bound = min([obj] + open_bounds)
+    plan_out = joint.to_plan(sol, inp, name=f"{instance.name}-hetplan").model_copy(
+        update={"instance": instance.name,
+                "metadata": {"objective": objective, "model_objective": obj, "bound": bound,
+                             "gap": (obj - bound) / max(abs(obj), 1e-12), "P": inp.P, "D": inp.D, "b": inp.b}})
+    report = simulate(instance, plan_out, est)
+    if report.oom_ranks:  # the model's memory rows use the simulator's estimator: this is a bug if it fires
+        raise SolverError(f"internal error: planned ranks {[r.rank for r in report.oom_ranks]} are OOM in simulation")
+    greedy_report = None
+    if greedy_best is not None:
+        greedy_report = simulate(instance, joint.to_plan(greedy_best[1], greedy_best[2], name="greedy"), est)
+    return PlannerResult(
+        plan=plan_out, report=report, objective_kind=objective, model_objective=obj, bound=bound,
+        gap=(obj - bound) / max(abs(obj), 1e-12), greedy_objective=greedy_best[0] if greedy_best else None,
+        greedy_report=greedy_report, combos_total=len(combos), combos_pruned=pruned, combos_solved=solved,
+        build_s=build_s, solve_s=solve_s, wall_s=time.perf_counter() - t_start, backend=backend, records=records)
+
+
+def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its: float | None) -> str:
+    kinds = {r.status for r in records}
+    if kinds <= {"no_pools"}:
+        return ("no plan fits in memory: no GPU type can hold even one layer unit with any TP degree "
+                "and microbatch size tried (memory constraint group)")
+    parts = []
+    if min_its is not None:
+        parts.append(f"min_throughput_iters_per_s={min_its}")
+    if max_cost is not None:
+        parts.append(f"max_cost_per_iteration_usd={max_cost}")
+    limits = " and ".join(parts) if parts else "the memory and quota constraints"
+    return f"no plan satisfies {limits} over {len(records)} outer choices (P, b, D)"

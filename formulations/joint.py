@@ -1,0 +1,568 @@
+"""Joint resource allocation + parallelization for one outer choice (P, D, b, TP per GPU type).
+
+The planner (`hetplan.planner`) enumerates the few discrete outer choices, Sailor-style (seed 000,
+sec. 4.2: pipeline depth P, data-parallel degree D, microbatch size b, TP per GPU type, H1-H2),
+and solves this MILP for each. Inside, the model chooses how many replicas of every GPU pool
+(GPU type x zone, with its TP) each stage gets, which contiguous layer units each stage holds,
+and which zones/regions stages sit in: the work Sailor's dynamic program (Listing 1) does with
+uniform layer splits and greedy DP, here exact over the modelled space.
+
+Sets
+  I = {0..P-1} stages, L = {0..U-1} layer units (0 embedding, U-1 head), K pools k = (gpu type g_k,
+  zone z_k, region r_k, TP degree t_k), Q quota groups (gpu type, zone), Z zones, R regions.
+Parameters (from the estimators, for microbatch b and TP t_k)
+  step[k,l]  fwd + bwd seconds of unit l for one microbatch on one replica of pool k (TP comm included)
+  upd[k,l]   optimizer-step seconds of unit l on a worker of pool k (ZeRO sharded over D)
+  stat[k,l]  bytes of params + grads + optimizer states of unit l on a worker of pool k
+  act[k,l]   activation bytes of unit l for one microbatch on a worker of pool k
+  cap[k]     GPU capacity minus framework overhead;  nf[i] = min(P - i, m) microbatches in flight (1F1B)
+  avail[k]   GPUs of pool k;  price[k] USD per GPU-hour;  gb[l] gradient bytes of unit l (all TP shards)
+  c_node, c_zone, c_region   activation + gradient transfer seconds per microbatch over a boundary
+  m = B / (D b) microbatches per iteration
+Variables
+  y[i,l] in {0,1}  unit l on stage i;           x[i,k] in Z+  replicas of pool k on stage i
+  u[i,k] in {0,1}  pool k used by stage i;      v[i,z], rho[i,r] in {0,1} stage i uses zone z / sits in region r
+  span[i] in {0,1} stage i spans several zones; dz[i], dr[i] in {0,1} boundary i -> i+1 crosses zones / regions
+  tau[i] >= 0 stage step time; theta >= 0 steady-state bottleneck; c[i] >= 0 boundary time
+  sync[i] >= 0 gradient all-reduce of stage i; sigma = max_i sync[i]; mu = max update time; T iteration time
+Constraints
+  assign:      sum_i y[i,l] = 1                                  every unit on exactly one stage
+  order:       s[l] = sum_i i y[i,l];  s[l] <= s[l+1] <= s[l] + 1;  y[0,0] = 1;  y[P-1,U-1] = 1
+               (contiguous ranges, stages in order, none empty)
+  replicas:    sum_k x[i,k] = D                                  D replicas per stage (Sailor's uniform D)
+  quota:       sum_i sum_{k in q} t_k x[i,k] <= avail[q]   for every (GPU type, zone) q: pools of one
+               type and zone differ only in TP degree, so the MILP picks TP per stage and type
+  use:         x[i,k] <= D u[i,k];  u[i,k] <= x[i,k]
+  straggler:   tau[i] >= sum_l step[k,l] y[i,l] - Mstep[k] (1 - u[i,k])
+  memory:      sum_l (stat[k,l] + nf[i] act[k,l]) y[i,l] <= cap[k] + Mmem[k] (1 - u[i,k])     (per worker)
+  region (H5): sum_r rho[i,r] = 1;  u[i,k] <= rho[i,r_k]          a stage's DP traffic stays in one region
+  zones:       v[i,z_k] >= u[i,k];  sum_z v[i,z] <= 1 + (|Z| - 1) span[i]
+  boundaries:  dz[i] >= v[i,z] + v[i+1,z'] - 1 (z != z'), dz[i] >= span[i], dz[i] >= span[i+1]
+               dr[i] >= rho[i,r] + rho[i+1,r'] - 1 (r != r')
+               c[i] = c_node + (c_zone - c_node) dz[i] + (c_region - c_zone) dr[i]
+  ends:        ez >= v[0,z] + v[P-1,z'] - 1, ez >= span[0], ez >= span[P-1]; er likewise with rho:
+               the tied-embedding all-reduce between first and last stage crosses zones / regions
+  bottleneck:  theta >= tau[i];  theta >= c[i] / 2              (links are full duplex)
+  cuts:        tau[i] >= sum_l min_k step[k,l] y[i,l];  P theta >= sum_i tau[i]   (valid, no big-M)
+  sync:        sync[i] >= a_node gb_i / t_k + l_node - Msync (1 - u[i,k])
+               sync[i] >= a_zone gb_i / t_k + l_zone - Msync (2 - u[i,k] - span[i]),
+               with gb_i = sum_l gb[l] y[i,l], a = 2 (D-1)/D / bandwidth (ring), plus the tied-embedding
+               all-reduce on the first and last stage;  sigma >= sync[i]
+  update:      mu >= sum_l upd[k,l] y[i,l] - Mupd[k] (1 - u[i,k])
+  time (1F1B): T = sum_i tau[i] + sum_i c[i] + (m - 1) theta + sigma + mu
+  cost:        rate = sum_{i,k} price[k] t_k x[i,k] / 3600 (USD/s);  egress = bytes crossing zones x price
+               cost = rate * T + egress   (bilinear: kept for SCIP; exact binary-expansion
+               linearisation of x[i,k] * T for HiGHS when `linearize=True`)
+  limits:      cost <= budget;  T <= 1 / min_throughput;  sum_{i,k} t_k x[i,k] <= max_gpus
+Objective
+  max_throughput: minimise T (throughput = B / T);  min_cost: minimise cost.
+
+Simplifications (the simulator scores the decoded plan exactly): every replica takes b sequences
+(uneven shares are not modelled here); all-reduces use the ring bound over the inter-node link (the
+simulator may find a faster hierarchical or intra-node one); link classes, not zone-pair overrides.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pyomo.environ as pyo
+from pyomo.common.collections import ComponentMap
+
+from hetplan.plan import Plan, Replica, Stage
+
+
+COST_SCALE = 1e6  # objective and budget rows in micro-dollars
+
+
+@dataclass(frozen=True)
+class Pool:
+    gpu_type: str
+    zone: str
+    region: str
+    tp: int
+    avail_gpus: int  # GPUs of this type in this zone, shared by the pools of every TP degree
+    price_per_gpu_hour_usd: float
+
+    @property
+    def quota_key(self) -> tuple[str, str]:
+        return (self.gpu_type, self.zone)
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    bandwidth_Bps: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class JointInputs:
+    """Plain numbers for one outer choice; `planner.joint_inputs` fills them from the estimators."""
+
+    P: int
+    D: int
+    b: int
+    m: int
+    pools: tuple[Pool, ...]
+    step_s: tuple[tuple[float, ...], ...]  # [k][l]
+    upd_s: tuple[tuple[float, ...], ...]
+    stat_bytes: tuple[tuple[float, ...], ...]
+    act_bytes: tuple[tuple[float, ...], ...]
+    cap_bytes: tuple[float, ...]
+    grad_bytes: tuple[float, ...]  # [l], full (all TP shards)
+    tied_grad_bytes: float  # 0 unless tied embeddings and P > 1
+    boundary_bytes: float  # activation bytes of one microbatch crossing a stage boundary
+    node: LinkCost
+    zone: LinkCost
+    region: LinkCost
+    egress_zone_usd_per_GB: float
+    egress_region_usd_per_GB: float
+    sync_factor: float = 1.0  # 1.5 with ZeRO-3
+    objective: str = "max_throughput"
+    max_cost_usd: float | None = None
+    min_iters_per_s: float | None = None
+    max_gpus: int | None = None
+
+    @property
+    def U(self) -> int:
+        return len(self.grad_bytes)
+
+    @property
+    def K(self) -> int:
+        return len(self.pools)
+
+    def in_flight(self, i: int) -> int:
+        return min(self.P - i, self.m)
+
+    def p2p_s(self, link: LinkCost) -> float:
+        """Forward activation + backward gradient of one microbatch over one boundary."""
+        return 2 * (link.latency_s + self.boundary_bytes / link.bandwidth_Bps)
+
+    def ring_coeff(self, link: LinkCost, members: int) -> tuple[float, float]:
+        """(seconds per byte, latency seconds) of a ring all-reduce over `members` on this link."""
+        if members <= 1:
+            return 0.0, 0.0
+        return 2 * (members - 1) / members / link.bandwidth_Bps, 2 * (members - 1) * link.latency_s
+
+    @property
+    def zones(self) -> list[str]:
+        return sorted({p.zone for p in self.pools})
+
+    @property
+    def regions(self) -> list[str]:
+        return sorted({p.region for p in self.pools})
+
+
+@dataclass(frozen=True)
+class JointSolution:
+    """Decoded parts: per stage its unit range and replica counts per pool, and the model's figures."""
+
+    ranges: tuple[tuple[int, int], ...]
+    replicas: tuple[tuple[int, ...], ...]  # [i][k]
+    iteration_time_s: float
+    cost_usd: float
+    extra: dict = field(default_factory=dict)
+
+
+# ---- bounds used for big-M constants and pruning ---------------------------------------------------
+def time_upper_bound_s(inp: JointInputs) -> float:
+    """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
+    worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    a, lat = inp.ring_coeff(inp.region, inp.D)
+    worst_sync = a * inp.sync_factor * sum(inp.grad_bytes) + lat
+    a2, lat2 = inp.ring_coeff(inp.region, 2 * inp.D)
+    worst_sync += a2 * inp.tied_grad_bytes + lat2
+    worst_c = inp.p2p_s(inp.region) * max(inp.P - 1, 0)
+    worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
+
+
+def time_lower_bound_s(inp: JointInputs) -> float:
+    """sum_i tau_i + (m-1) max_i tau_i >= (1 + (m-1)/P) sum_l min_k step[k,l]."""
+    fastest = sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    return (1 + (inp.m - 1) / inp.P) * fastest
+
+
+def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:
+    return inp.P * inp.D * min(p.price_per_gpu_hour_usd * p.tp for p in inp.pools) / 3600
+
+
+# ---- the model --------------------------------------------------------------------------------------
+def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None) -> pyo.ConcreteModel:
+    """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice."""
+    m = pyo.ConcreteModel(name=f"joint_P{inp.P}_D{inp.D}_b{inp.b}")
+    I, L, K = range(inp.P), range(inp.U), range(inp.K)
+    Zs, Rs = inp.zones, inp.regions
+    m.I, m.L, m.K = pyo.Set(initialize=I), pyo.Set(initialize=L), pyo.Set(initialize=K)
+    t_ub = time_upper_bound_s(inp) if time_cutoff_s is None else min(time_upper_bound_s(inp), time_cutoff_s)
+    if inp.min_iters_per_s:
+        t_ub = min(t_ub, 1 / inp.min_iters_per_s)
+
+    m.y = pyo.Var(m.I, m.L, domain=pyo.Binary)
+    m.x = pyo.Var(m.I, m.K, domain=pyo.NonNegativeIntegers, bounds=lambda _, i, k: (0, min(inp.D, inp.pools[k].avail_gpus // inp.pools[k].tp)))
+    m.u = pyo.Var(m.I, m.K, domain=pyo.Binary)
+    m.v = pyo.Var(m.I, Zs, domain=pyo.Binary)
+    m.rho = pyo.Var(m.I, Rs, domain=pyo.Binary)
+    m.span = pyo.Var(m.I, domain=pyo.Binary)
+    m.dz = pyo.Var(range(inp.P - 1), domain=pyo.Binary)
+    m.dr = pyo.Var(range(inp.P - 1), domain=pyo.Binary)
+    m.tau = pyo.Var(m.I, domain=pyo.NonNegativeReals)
+    m.c = pyo.Var(range(inp.P - 1), domain=pyo.NonNegativeReals)
+    m.theta = pyo.Var(domain=pyo.NonNegativeReals)
+    m.sync = pyo.Var(m.I, domain=pyo.NonNegativeReals)
+    m.sigma = pyo.Var(domain=pyo.NonNegativeReals)
+    m.mu = pyo.Var(domain=pyo.NonNegativeReals)
+    m.T = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, t_ub))
+
+    _layer_constraints(m, inp)
+    _replica_constraints(m, inp)
+    _placement_constraints(m, inp, Zs, Rs)
+    _time_constraints(m, inp)
+    _cost_and_objective(m, inp, linearize, Zs)
+    return m
+
+
+def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
+    P, U = inp.P, inp.U
+    m.assign = pyo.Constraint(m.L, rule=lambda m, l: sum(m.y[i, l] for i in m.I) == 1)
+    s = {l: sum(i * m.y[i, l] for i in m.I) for l in m.L}
+    m.order_up = pyo.Constraint(range(U - 1), rule=lambda m, l: s[l] <= s[l + 1])
+    m.order_step = pyo.Constraint(range(U - 1), rule=lambda m, l: s[l + 1] <= s[l] + 1)
+    m.first = pyo.Constraint(expr=m.y[0, 0] == 1)
+    m.last = pyo.Constraint(expr=m.y[P - 1, U - 1] == 1)
+
+
+def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
+    D = inp.D
+    m.replicas = pyo.Constraint(m.I, rule=lambda m, i: sum(m.x[i, k] for k in m.K) == D)
+    keys = sorted({p.quota_key for p in inp.pools})
+    m.quota = pyo.Constraint(range(len(keys)), rule=lambda m, q: sum(
+        inp.pools[k].tp * m.x[i, k] for i in m.I for k in m.K if inp.pools[k].quota_key == keys[q])
+        <= next(p.avail_gpus for p in inp.pools if p.quota_key == keys[q]))
+    m.use_hi = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.x[i, k] <= D * m.u[i, k])
+    m.use_lo = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.u[i, k] <= m.x[i, k])
+    big_step = [sum(inp.step_s[k]) for k in m.K]
+    m.straggler = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.tau[i] >= sum(
+        inp.step_s[k][l] * m.y[i, l] for l in m.L) - big_step[k] * (1 - m.u[i, k]))
+
+    def memory(m, i, k):
+        load = sum((inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l]) * m.y[i, l] for l in m.L)
+        big = max(0.0, sum(inp.stat_bytes[k]) + inp.in_flight(i) * sum(inp.act_bytes[k]) - inp.cap_bytes[k])
+        # scaled to GiB so that the coefficients stay near 1 for the solvers
+        return load / 2**30 <= (inp.cap_bytes[k] + big * (1 - m.u[i, k])) / 2**30
+
+    m.memory = pyo.Constraint(m.I, m.K, rule=memory)
+    # valid cuts without big-M: a stage is never faster than its units on the fastest pool
+    fastest = [min(inp.step_s[k][l] for k in m.K) for l in m.L]
+    m.tau_floor = pyo.Constraint(m.I, rule=lambda m, i: m.tau[i] >= sum(fastest[l] * m.y[i, l] for l in m.L))
+    if inp.max_gpus is not None:
+        m.max_gpus = pyo.Constraint(expr=sum(inp.pools[k].tp * m.x[i, k] for i in m.I for k in m.K) <= inp.max_gpus)
+
+
+def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str], Rs: list[str]) -> None:
+    m.one_region = pyo.Constraint(m.I, rule=lambda m, i: sum(m.rho[i, r] for r in Rs) == 1)
+    m.in_region = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.u[i, k] <= m.rho[i, inp.pools[k].region])
+    m.in_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.v[i, inp.pools[k].zone] >= m.u[i, k])
+    m.spanning = pyo.Constraint(m.I, rule=lambda m, i: sum(m.v[i, z] for z in Zs) <= 1 + (len(Zs) - 1) * m.span[i])
+    pairs_z = [(z1, z2) for z1 in Zs for z2 in Zs if z1 != z2]
+    pairs_r = [(r1, r2) for r1 in Rs for r2 in Rs if r1 != r2]
+    B = range(inp.P - 1)
+    m.cross_zone = pyo.Constraint(B, pairs_z or [("", "")], rule=lambda m, i, z1, z2: (
+        m.dz[i] >= m.v[i, z1] + m.v[i + 1, z2] - 1) if z1 else pyo.Constraint.Skip)
+    m.cross_zone_span = pyo.Constraint(B, rule=lambda m, i: m.dz[i] >= m.span[i])
+    m.cross_zone_span_next = pyo.Constraint(B, rule=lambda m, i: m.dz[i] >= m.span[i + 1])
+    m.cross_region = pyo.Constraint(B, pairs_r or [("", "")], rule=lambda m, i, r1, r2: (
+        m.dr[i] >= m.rho[i, r1] + m.rho[i + 1, r2] - 1) if r1 else pyo.Constraint.Skip)
+    last = inp.P - 1
+    m.ez = pyo.Var(domain=pyo.Binary)
+    m.er = pyo.Var(domain=pyo.Binary)
+    m.ends_zone = pyo.Constraint(pairs_z or [("", "")], rule=lambda m, z1, z2: (
+        m.ez >= m.v[0, z1] + m.v[last, z2] - 1) if z1 else pyo.Constraint.Skip)
+    m.ends_span = pyo.Constraint(expr=m.ez >= m.span[0])
+    m.ends_span_last = pyo.Constraint(expr=m.ez >= m.span[last])
+    m.ends_region = pyo.Constraint(pairs_r or [("", "")], rule=lambda m, r1, r2: (
+        m.er >= m.rho[0, r1] + m.rho[last, r2] - 1) if r1 else pyo.Constraint.Skip)
+
+
+def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
+    c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
+    B = range(inp.P - 1)
+    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == c_node + (c_zone - c_node) * m.dz[i]
+                                + (c_region - c_zone) * m.dr[i])
+    m.bottleneck = pyo.Constraint(m.I, rule=lambda m, i: m.theta >= m.tau[i])
+    m.bottleneck_link = pyo.Constraint(B, rule=lambda m, i: m.theta >= m.c[i] / 2)
+    m.bottleneck_mean = pyo.Constraint(expr=inp.P * m.theta >= sum(m.tau[i] for i in m.I))  # valid cut
+    _sync_constraints(m, inp)
+    m.sync_max = pyo.Constraint(m.I, rule=lambda m, i: m.sigma >= m.sync[i])
+    big_upd = [sum(inp.upd_s[k]) for k in m.K]
+    m.update = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.mu >= sum(
+        inp.upd_s[k][l] * m.y[i, l] for l in m.L) - big_upd[k] * (1 - m.u[i, k]))
+    m.iteration = pyo.Constraint(expr=m.T == sum(m.tau[i] for i in m.I) + sum(m.c[i] for i in B)
+                                 + (inp.m - 1) * m.theta + m.sigma + m.mu)
+
+
+def _tied_s(inp: JointInputs, link: LinkCost) -> float:
+    if inp.tied_grad_bytes <= 0:
+        return 0.0
+    a, lat = inp.ring_coeff(link, 2 * inp.D)
+    min_tp = min(p.tp for p in inp.pools)
+    return a * inp.tied_grad_bytes / min_tp + lat
+
+
+def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
+    a_node, l_node = inp.ring_coeff(inp.node, inp.D)
+    a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
+    f = inp.sync_factor
+    gb = {i: sum(inp.grad_bytes[l] * m.y[i, l] for l in m.L) for i in m.I}
+    big = a_zone * f * sum(inp.grad_bytes) + l_zone
+    tied = {i: 0.0 for i in m.I}
+    if inp.P > 1:
+        # the tied-embedding all-reduce joins the first and last stage (ez/er: they differ in zone/region)
+        t_node, t_zone, t_region = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
+        expr = t_node + (t_zone - t_node) * m.ez + (t_region - t_zone) * m.er
+        tied[0] = tied[inp.P - 1] = expr
+    m.sync_node = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_node * f * gb[i] / inp.pools[k].tp + l_node
+                                 - big * (1 - m.u[i, k]) + tied[i])
+    m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_zone * f * gb[i] / inp.pools[k].tp + l_zone
+                                 - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
+
+
+def _cost_and_objective(m: pyo.ConcreteModel, inp: JointInputs, linearize: bool, Zs: list[str]) -> None:
+    rate = {(i, k): inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp / 3600 for i in m.I for k in m.K}
+    m.egress = pyo.Var(domain=pyo.NonNegativeReals)
+    _egress_constraints(m, inp, Zs)
+    need_cost = inp.objective == "min_cost" or inp.max_cost_usd is not None
+    if need_cost:
+        if linearize:
+            compute = _linear_rate_times_T(m, inp, rate)
+        else:
+            compute = sum(rate[i, k] * m.x[i, k] for i in m.I for k in m.K) * m.T
+        m.cost = pyo.Expression(expr=compute + m.egress)
+        # rows on cost are written in micro-dollars: an iteration costs ~1e-5..1 USD, and absolute
+        # feasibility tolerances (1e-6 in SCIP) would otherwise be as large as the cost differences
+        if inp.max_cost_usd is not None:
+            m.budget = pyo.Constraint(expr=COST_SCALE * m.cost <= COST_SCALE * inp.max_cost_usd)
+    if inp.objective == "min_cost":
+        m.obj = pyo.Objective(expr=COST_SCALE * m.cost, sense=pyo.minimize)
+    else:
+        m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
+
+
+def _linear_rate_times_T(m: pyo.ConcreteModel, inp: JointInputs, rate: dict) -> pyo.Expression:
+    """x[i,k] * T exactly: x = sum_j 2^j beta[i,k,j], w[i,k,j] = beta[i,k,j] * T (McCormick on a binary)."""
+    t_ub = m.T.ub
+    bits = max(1, math.ceil(math.log2(inp.D + 1)))
+    J = range(bits)
+    m.beta = pyo.Var(m.I, m.K, J, domain=pyo.Binary)
+    m.w = pyo.Var(m.I, m.K, J, domain=pyo.NonNegativeReals, bounds=(0, t_ub))
+    m.expand = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.x[i, k] == sum(2**j * m.beta[i, k, j] for j in J))
+    m.w_le_beta = pyo.Constraint(m.I, m.K, J, rule=lambda m, i, k, j: m.w[i, k, j] <= t_ub * m.beta[i, k, j])
+    m.w_le_T = pyo.Constraint(m.I, m.K, J, rule=lambda m, i, k, j: m.w[i, k, j] <= m.T)
+    m.w_ge = pyo.Constraint(m.I, m.K, J, rule=lambda m, i, k, j: m.w[i, k, j] >= m.T - t_ub * (1 - m.beta[i, k, j]))
+    return sum(rate[i, k] * 2**j * m.w[i, k, j] for i in m.I for k in m.K for j in J)
+
+
+def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -> None:
+    """Bytes leaving a zone per iteration: pipeline traffic over crossing boundaries, and the rings of
+    stages spanning zones (a ring sorted by zone crosses as many zone borders as it has zones)."""
+    pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
+    p2p_bytes = inp.m * inp.D * 2 * inp.boundary_bytes
+    B = range(inp.P - 1)
+    ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
+    gmax = sum(inp.grad_bytes)
+    m.wz = pyo.Var(m.I, Zs, domain=pyo.NonNegativeReals, bounds=(0, gmax))
+    m.wz_def = pyo.Constraint(m.I, Zs, rule=lambda m, i, z: m.wz[i, z] >= sum(
+        inp.grad_bytes[l] * m.y[i, l] for l in m.L) - gmax * (1 - m.v[i, z]))
+    m.ring_egress = pyo.Var(m.I, domain=pyo.NonNegativeReals)
+    m.ring_egress_def = pyo.Constraint(m.I, rule=lambda m, i: m.ring_egress[i] >= ring * pz * (
+        sum(m.wz[i, z] for z in Zs) - len(Zs) * gmax * (1 - m.span[i])))
+    tied = 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes if inp.P > 1 else 0.0
+    m.egress_def = pyo.Constraint(expr=m.egress >= sum(
+        p2p_bytes * (pz * m.dz[i] + (pr - pz) * m.dr[i]) for i in B) + sum(m.ring_egress[i] for i in m.I)
+        + tied * (pz * m.ez + (pr - pz) * m.er))
+
+
+# ---- decode and greedy ------------------------------------------------------------------------------
+def decode(m: pyo.ConcreteModel, inp: JointInputs) -> JointSolution:
+    ranges = []
+    for i in range(inp.P):
+        units = [l for l in range(inp.U) if pyo.value(m.y[i, l]) > 0.5]
+        ranges.append((min(units), max(units) + 1))
+    reps = tuple(tuple(int(round(pyo.value(m.x[i, k]))) for k in range(inp.K)) for i in range(inp.P))
+    cost = pyo.value(m.cost) if hasattr(m, "cost") else None
+    return JointSolution(tuple(ranges), reps, pyo.value(m.T), cost if cost is not None else float("nan"))
+
+
+def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan:
+    stages = []
+    for i, (start, end) in enumerate(sol.ranges):
+        reps = []
+        for k, n in enumerate(sol.replicas[i]):
+            pool = inp.pools[k]
+            reps += [Replica(gpu_type=pool.gpu_type, tp=pool.tp, zone=pool.zone, microbatch_share=inp.b)] * n
+        stages.append(Stage(layer_start=start, layer_end=end, replicas=tuple(reps)))
+    return Plan(name=name, schedule="1F1B", num_microbatches=inp.m, micro_batch_size=inp.b, stages=tuple(stages))
+
+
+def greedy(inp: JointInputs) -> JointSolution | None:
+    """Fastest pools first (per GPU, so TP is used only where it pays), one region per stage; layers
+    split in proportion to stage speed, then moved off stages that run out of memory. None when no
+    memory-feasible split is found."""
+    left = {p.quota_key: p.avail_gpus for p in inp.pools}
+    # replica time x GPUs it takes: a TP=2 replica must be twice as fast to beat two TP=1 replicas
+    speed = sorted(range(inp.K), key=lambda k: sum(inp.step_s[k]) * inp.pools[k].tp)
+    replicas = []
+    for _ in range(inp.P):
+        row = _fill_stage(inp, left, speed)
+        if row is None:
+            return None
+        replicas.append(row)
+    ranges = _proportional_ranges(inp, replicas)
+    ranges = _repair_memory(inp, replicas, ranges)
+    if ranges is None:
+        return None
+    return JointSolution(tuple(ranges), tuple(tuple(r) for r in replicas), float("nan"), float("nan"))
+
+
+def _fill_stage(inp: JointInputs, left: dict, order: list[int]) -> list[int] | None:
+    def room(r: str) -> int:
+        return sum(n for (g, z), n in left.items() if any(p.zone == z and p.region == r for p in inp.pools))
+
+    for region in sorted(inp.regions, key=lambda r: -room(r)):
+        row, need, trial = [0] * inp.K, inp.D, dict(left)
+        for k in order:
+            pool = inp.pools[k]
+            if pool.region != region:
+                continue
+            n = min(need, trial[pool.quota_key] // pool.tp)
+            row[k], need = n, need - n
+            trial[pool.quota_key] -= n * pool.tp
+        if need == 0:
+            left.update(trial)
+            return row
+    return None
+
+
+def _stage_unit_time(inp: JointInputs, row: list[int], l: int) -> float:
+    return max(inp.step_s[k][l] for k in range(inp.K) if row[k] > 0)
+
+
+def _proportional_ranges(inp: JointInputs, replicas: list[list[int]]) -> list[tuple[int, int]]:
+    """Zorse-style proportional split: stage i gets units in proportion to its speed."""
+    per_unit = [sum(_stage_unit_time(inp, row, l) for l in range(inp.U)) / inp.U for row in replicas]
+    speed = [1 / t for t in per_unit]
+    total = sum(speed)
+    bounds, acc = [0], 0.0
+    for i in range(inp.P - 1):
+        acc += speed[i] / total * inp.U
+        lo, hi = bounds[-1] + 1, inp.U - (inp.P - 1 - i)
+        bounds.append(min(max(int(round(acc)), lo), hi))
+    bounds.append(inp.U)
+    return [(bounds[i], bounds[i + 1]) for i in range(inp.P)]
+
+
+def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) -> bool:
+    for k in range(inp.K):
+        if row[k] and sum(inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l]
+                          for l in range(start, end)) > inp.cap_bytes[k]:
+            return False
+    return True
+
+
+def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tuple[int, int]]):
+    bounds = [r[0] for r in ranges] + [inp.U]
+    for _ in range(inp.U * inp.P):
+        bad = [i for i in range(inp.P) if not _stage_fits(inp, replicas[i], i, bounds[i], bounds[i + 1])]
+        if not bad:
+            return [(bounds[i], bounds[i + 1]) for i in range(inp.P)]
+        i = bad[0]
+        # move a boundary unit to a neighbour that still has room: later stages hold fewer microbatches
+        if i + 1 < inp.P and bounds[i + 1] - 1 > bounds[i]:
+            bounds[i + 1] -= 1
+        elif i > 0 and bounds[i] + 1 < bounds[i + 1]:
+            bounds[i] += 1
+        else:
+            return None
+    return None
+
+
+def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
+    """The model's own figures (T, cost) for a fixed assignment: what the MILP would compute."""
+    y = {(i, l): 1 if sol.ranges[i][0] <= l < sol.ranges[i][1] else 0 for i in range(inp.P) for l in range(inp.U)}
+    used = [[sol.replicas[i][k] > 0 for k in range(inp.K)] for i in range(inp.P)]
+    tau = [max(sum(inp.step_s[k][l] for l in range(*sol.ranges[i])) for k in range(inp.K) if used[i][k])
+           for i in range(inp.P)]
+    zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+    regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+    span = [1 if len(z) > 1 else 0 for z in zones]
+    dz = [1 if (span[i] or span[i + 1] or zones[i] != zones[i + 1]) else 0 for i in range(inp.P - 1)]
+    dr = [1 if regions[i] != regions[i + 1] else 0 for i in range(inp.P - 1)]
+    c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
+    c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
+    theta = max(tau + [ci / 2 for ci in c])
+    a_node, l_node = inp.ring_coeff(inp.node, inp.D)
+    a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
+    last = inp.P - 1
+    ez = 1 if (span[0] or span[last] or zones[0] != zones[last]) else 0
+    er = 1 if regions[0] != regions[last] else 0
+    tied = {0: 0.0, last: 0.0}
+    if inp.P > 1:
+        t_n, t_z, t_r = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
+        tied = {0: t_n + (t_z - t_n) * ez + (t_r - t_z) * er, last: t_n + (t_z - t_n) * ez + (t_r - t_z) * er}
+    else:
+        ez = er = 0
+    sync = []
+    for i in range(inp.P):
+        gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
+        a, lat = (a_zone, l_zone) if span[i] else (a_node, l_node)
+        sync.append(max(a * inp.sync_factor * gbi / inp.pools[k].tp + lat for k in range(inp.K) if used[i][k])
+                    + tied.get(i, 0.0))
+    mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) for i in range(inp.P) for k in range(inp.K) if used[i][k])
+    T = sum(tau) + sum(c) + (inp.m - 1) * theta + max(sync) + mu
+    rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * sol.replicas[i][k] / 3600
+               for i in range(inp.P) for k in range(inp.K))
+    pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
+    egress = sum(inp.m * inp.D * 2 * inp.boundary_bytes * (pz * dz[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
+    ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
+    egress += sum(ring * pz * len(zones[i]) * sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
+                  for i in range(inp.P) if span[i])
+    if inp.P > 1:
+        egress += 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes * (pz * ez + (pr - pz) * er)
+    return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c, "theta": theta,
+            "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr,
+            "zones": zones, "regions": regions}
+
+
+def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> ComponentMap:
+    """A complete variable assignment for `sol` (the solver layer checks it against every constraint)."""
+    ev = evaluate(inp, sol)
+    start = ComponentMap()  # Pyomo variables are not hashable as plain dict keys
+    for (i, l), val in ev["y"].items():
+        start[m.y[i, l]] = val
+    for i in range(inp.P):
+        for k in range(inp.K):
+            start[m.x[i, k]] = sol.replicas[i][k]
+            start[m.u[i, k]] = 1 if sol.replicas[i][k] > 0 else 0
+        for z in inp.zones:
+            start[m.v[i, z]] = 1 if z in ev["zones"][i] else 0
+        for r in inp.regions:
+            start[m.rho[i, r]] = 1 if r in ev["regions"][i] else 0
+        start[m.span[i]] = ev["span"][i]
+        start[m.tau[i]] = ev["tau"][i]
+        start[m.sync[i]] = ev["sync"][i]
+        gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
+        for z in inp.zones:
+            start[m.wz[i, z]] = gbi if z in ev["zones"][i] else 0.0
+        ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
+        start[m.ring_egress[i]] = ring * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
+    for i in range(inp.P - 1):
+        start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
+    start[m.theta], start[m.sigma], start[m.mu], start[m.T] = ev["theta"], ev["sigma"], ev["mu"], ev["T"]
+    start[m.egress] = ev["egress"]
+    start[m.ez], start[m.er] = ev["ez"], ev["er"]
+    if hasattr(m, "beta"):
+        for (i, k, j) in m.beta:
+            bit = (sol.replicas[i][k] >> j) & 1
+            start[m.beta[i, k, j]] = bit
+            start[m.w[i, k, j]] = bit * ev["T"]
+    return start

@@ -1,0 +1,136 @@
+"""The joint planner against exhaustive enumeration on a tiny cluster, and SCIP vs HiGHS."""
+import itertools
+
+import pytest
+
+from hetplan.estimators import build_estimators
+from hetplan.formulations import joint
+from hetplan.instance import instance_from_dict
+from hetplan.planner import Combo, PlannerOptions, _quotas, _Tables, enumerate_combos, joint_inputs, plan
+from hetplan.solvers import SolveOptions, get_backend, solve
+
+
+def tiny(objective="max_throughput", constraints=None):
+    return instance_from_dict({
+        "name": "tiny",
+        "cluster": {"node_groups": [
+            {"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1, "zone": "r1-a", "price_per_gpu_hour_usd": 3.0},
+            {"name": "v", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "r1-b", "price_per_gpu_hour_usd": 1.0},
+        ]},
+        "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                                        "vocab_size": 32000, "seq_len": 1024}},
+                     "global_batch_size": 8, "precision": "fp16", "flash_attention": True},
+        "objective": {"kind": objective},
+        "constraints": constraints or {},
+    })
+
+
+def brute_force(inp: joint.JointInputs, key: str) -> float:
+    """Every contiguous split x every multiset of D pools per stage, scored by the model's own formula."""
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, inp.U), inp.P - 1):
+        bounds = (0, *cuts, inp.U)
+        ranges = tuple((bounds[i], bounds[i + 1]) for i in range(inp.P))
+        stage_options = list(itertools.combinations_with_replacement(range(inp.K), inp.D))
+        for choice in itertools.product(stage_options, repeat=inp.P):
+            reps = tuple(tuple(sum(1 for k2 in c if k2 == k) for k in range(inp.K)) for c in choice)
+            used: dict = {}
+            for i in range(inp.P):
+                for k in range(inp.K):
+                    used[inp.pools[k].quota_key] = used.get(inp.pools[k].quota_key, 0) + reps[i][k] * inp.pools[k].tp
+            if any(used[q] > next(p.avail_gpus for p in inp.pools if p.quota_key == q) for q in used):
+                continue
+            if not all(joint._stage_fits(inp, list(reps[i]), i, *ranges[i]) for i in range(inp.P)):
+                continue
+            regions = [{inp.pools[k].region for k in range(inp.K) if reps[i][k]} for i in range(inp.P)]
+            if any(len(r) > 1 for r in regions):
+                continue
+            ev = joint.evaluate(inp, joint.JointSolution(ranges, reps, 0.0, 0.0))
+            if inp.max_cost_usd is not None and ev["cost"] > inp.max_cost_usd:
+                continue
+            best = min(best, ev[key])
+    return best
+
+
+def combos_of(inst, objective, max_cost=None):
+    est = build_estimators(inst)
+    opts = PlannerOptions()
+    quotas = _quotas(inst, opts)
+    tables = _Tables(inst, est)
+    for combo in enumerate_combos(inst, quotas, PlannerOptions(max_stages=3, microbatch_sizes=(1, 2))):
+        if combo.D > 2:
+            continue  # keeps the enumeration small
+        inp = joint_inputs(inst, tables, quotas, combo, objective, max_cost, None, (1, 2))
+        if inp is not None:
+            yield combo, inp
+
+
+@pytest.mark.parametrize("backend", ["highs", "scip"])
+def test_joint_milp_matches_brute_force_per_outer_choice(backend):
+    if not get_backend(backend).available():
+        pytest.skip(f"{backend} not installed")
+    checked = 0
+    for combo, inp in combos_of(tiny(), "max_throughput"):
+        truth = brute_force(inp, "T")
+        model = joint.build(inp)
+        res = solve(model, backend=backend, options=SolveOptions(rel_gap=1e-6, time_limit_s=30))
+        if truth == float("inf"):
+            assert res.status.value == "infeasible", combo
+            continue
+        assert res.status.value == "optimal", (combo, res.status)
+        sol = joint.decode(model, inp)
+        assert joint.evaluate(inp, sol)["T"] == pytest.approx(truth, rel=1e-6), combo
+        assert res.objective == pytest.approx(truth, rel=1e-6), combo
+        checked += 1
+    assert checked >= 4
+
+
+def test_min_cost_scip_minlp_equals_highs_linearisation():
+    if not (get_backend("scip").available() and get_backend("highs").available()):
+        pytest.skip("needs both solvers")
+    for combo, inp in combos_of(tiny("min_cost"), "min_cost"):
+        truth = brute_force(inp, "cost")
+        if truth == float("inf"):
+            continue
+        lin = joint.build(inp, linearize=True)
+        r1 = solve(lin, backend="highs", options=SolveOptions(rel_gap=1e-7, time_limit_s=30))
+        nonlin = joint.build(inp, linearize=False)
+        r2 = solve(nonlin, backend="scip", options=SolveOptions(rel_gap=1e-7, time_limit_s=30))
+        assert r1.objective / joint.COST_SCALE == pytest.approx(truth, rel=1e-5), combo
+        assert r2.objective / joint.COST_SCALE == pytest.approx(truth, rel=1e-5), combo
+
+
+def test_greedy_warm_start_is_feasible_and_not_better_than_optimum():
+    for combo, inp in combos_of(tiny(), "max_throughput"):
+        g = joint.greedy(inp)
+        if g is None:
+            continue
+        model = joint.build(inp)
+        res = solve(model, backend="highs", options=SolveOptions(rel_gap=1e-6), warm_start=joint.warm_start(model, inp, g))
+        assert res.warm_start_accepted is not False, res.message
+        assert res.objective <= joint.evaluate(inp, g)["T"] * (1 + 1e-9)
+
+
+def test_planner_returns_simulated_plan_without_oom_and_a_bound():
+    inst = tiny()
+    res = plan(inst, PlannerOptions(max_stages=3, time_limit_s=60))
+    assert not res.report.oom_ranks
+    assert res.bound <= res.model_objective * (1 + 1e-9)
+    assert res.combos_solved + res.combos_pruned <= res.combos_total
+    # every layer unit placed exactly once, batch consistent
+    units = [u for s in res.plan.stages for u in range(s.layer_start, s.layer_end)]
+    assert units == list(range(inst.model_arch.num_units))
+    assert res.plan.global_microbatch * res.plan.num_microbatches == 8
+
+
+def test_budget_is_a_hard_constraint_on_the_simulated_cost():
+    opts = PlannerOptions(max_stages=2, time_limit_s=60)
+    fastest = plan(tiny(), opts)
+    cheapest = plan(tiny("min_cost"), opts)
+    assert cheapest.report.cost_per_iteration_usd < fastest.report.cost_per_iteration_usd
+    assert cheapest.report.iters_per_s <= fastest.report.iters_per_s * (1 + 1e-9)
+    budget = (cheapest.report.cost_per_iteration_usd + fastest.report.cost_per_iteration_usd) / 2
+    capped = plan(tiny(constraints={"max_cost_per_iteration_usd": budget}), opts)
+    # the model's iteration time bounds the simulated one from above, so the simulated cost obeys the budget
+    assert capped.report.cost_per_iteration_usd <= budget * (1 + 1e-6)
+    assert cheapest.report.iters_per_s <= capped.report.iters_per_s * (1 + 1e-6) <= fastest.report.iters_per_s * (1 + 1e-6)
