@@ -1,0 +1,112 @@
+"""Layer-wise checkpoints: per layer unit, per TP shard, parameters and optimizer state.
+
+Layout (AutoHet sec. IV, seed 002: layer-wise checkpoints let a new plan with other stage
+boundaries or TP degrees pick up exactly the layers it needs):
+
+    DIR/meta.json                      iteration, model, optimizer, TP degree per unit
+    DIR/unit_0007/tp0of2.pt            {param name: {value, shard_dim, full_shape, state}}
+    DIR/unit_0007/tp1of2.pt
+
+Replica 0 of every stage writes its units (each TP rank its own shard file, so saving needs no
+gather). Loading merges a unit's shard files into full tensors and cuts the shard the loading
+rank needs: TP split (1 -> 2) and merge (2 -> 1) fall out of the same code. Optimizer state
+tensors shaped like their parameter are sharded the same way; scalars (Adam's step) are copied.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetplan.errors import PlanError
+from hetplan.runtime.model import ParamInfo, TPContext, shard_of
+
+META = "meta.json"
+
+
+def unit_dir(root: Path, unit: int) -> Path:
+    return root / f"unit_{unit:04d}"
+
+
+def save_rank(root: Path, layer_start: int, layer_end: int, tp: TPContext,
+              params: list[tuple[ParamInfo, nn.Parameter]], optimizer: torch.optim.Optimizer) -> list[Path]:
+    """Write this rank's shards of the units it owns (a tied LM head copy is saved as unit 0 by
+    the embedding's stage, not again here)."""
+    by_unit: dict[int, dict[str, Any]] = {}
+    for info, p in params:
+        if not layer_start <= info.unit < layer_end:
+            continue
+        state = {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                 for k, v in optimizer.state.get(p, {}).items()}
+        by_unit.setdefault(info.unit, {})[info.name] = {
+            "value": p.detach().cpu().clone(), "shard_dim": info.shard_dim,
+            "full_shape": list(info.full_shape), "state": state}
+    written = []
+    for unit, entries in by_unit.items():
+        d = unit_dir(root, unit)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"tp{tp.rank}of{tp.size}.pt"
+        torch.save(entries, path)
+        written.append(path)
+    return written
+
+
+def write_meta(root: Path, iteration: int, model: dict[str, Any], optimizer: str, tp_of_unit: dict[int, int]) -> None:
+    (root / META).write_text(json.dumps({"format": 1, "iteration": iteration, "model": model,
+                                         "optimizer": optimizer,
+                                         "tp_of_unit": {str(u): t for u, t in sorted(tp_of_unit.items())}},
+                                        indent=2) + "\n")
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    path = root / META
+    if not path.exists():
+        raise PlanError(f"no checkpoint at {root} ({META} missing)", "load_checkpoint")
+    return json.loads(path.read_text())
+
+
+def _full(shards: list[dict[str, Any]], name: str, field: str | None) -> Any:
+    first = shards[0][name]
+    pick = (lambda e: e["value"]) if field is None else (lambda e: e["state"][field])
+    value = pick(first)
+    if not torch.is_tensor(value) or first["shard_dim"] is None or value.dim() == 0:
+        return value
+    return torch.cat([pick(s[name]) for s in shards], dim=first["shard_dim"])
+
+
+def load_rank(root: Path, tp: TPContext, params: list[tuple[ParamInfo, nn.Parameter]],
+              optimizer: torch.optim.Optimizer) -> int:
+    """Fill this rank's parameters and optimizer state from a checkpoint; returns its iteration."""
+    meta = read_meta(root)
+    if meta.get("optimizer") and type(optimizer).__name__.lower() != meta["optimizer"]:
+        raise PlanError(f"checkpoint was written with optimizer {meta['optimizer']}, this run uses "
+                        f"{type(optimizer).__name__.lower()}", "optimizer")
+    cache: dict[int, list[dict[str, Any]]] = {}
+    for info, p in params:
+        if info.unit not in cache:
+            t = meta["tp_of_unit"].get(str(info.unit))
+            if t is None:
+                raise PlanError(f"checkpoint {root} has no layer unit {info.unit}", "load_checkpoint")
+            cache[info.unit] = [torch.load(unit_dir(root, info.unit) / f"tp{k}of{t}.pt", weights_only=True)
+                                for k in range(t)]
+        shards = cache[info.unit]
+        if info.name not in shards[0]:
+            raise PlanError(f"checkpoint unit {info.unit} has no parameter {info.name}", "load_checkpoint")
+        full = _full(shards, info.name, None)
+        if tuple(full.shape) != info.full_shape:
+            raise PlanError(f"checkpoint parameter {info.key} has shape {tuple(full.shape)}, the model "
+                            f"{info.full_shape}", "load_checkpoint")
+        with torch.no_grad():
+            p.copy_(shard_of(full, info.shard_dim, tp))
+        state = {}
+        for field in shards[0][info.name]["state"]:
+            value = _full(shards, info.name, field)
+            if torch.is_tensor(value) and value.shape == full.shape:
+                value = shard_of(value, info.shard_dim, tp).to(device=p.device, dtype=p.dtype).clone()
+            state[field] = value
+        if state:
+            optimizer.state[p] = state
+    return int(meta["iteration"])

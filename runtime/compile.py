@@ -1,0 +1,99 @@
+"""Compile a plan into launch files for a target.
+
+    launch = compile_plan(instance, plan, "torchrun")        # LaunchSpec + rendered files
+    paths = write_launch(instance, plan, "slurm", "out/")   # writes launch_spec.json + target files
+
+Targets: torchrun (one command line + environment per node), slurm (sbatch script, one torchrun
+task per node), kubernetes (Kubeflow PyTorchJob, kubeflow.org/v1), megatron (argument list) and
+deepspeed (JSON config). The first three run hetplan's executor and accept any valid plan;
+megatron and deepspeed are refused with the specific reason when the plan uses what they cannot
+express (different TP or DP per stage, uneven microbatch shares, explicit per-stage layers for
+DeepSpeed, GPipe). Every target re-checks the spec invariants before anything is written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from hetplan.errors import PlanError
+from hetplan.instance import Instance
+from hetplan.plan import Plan
+from hetplan.runtime import targets
+from hetplan.runtime.spec import LaunchSpec, TrainingSpec, build_spec, check_spec
+
+TARGETS = ("torchrun", "slurm", "kubernetes", "megatron", "deepspeed")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    hosts: dict[str, str] = field(default_factory=dict)  # plan node id -> hostname
+    master_port: int = 29500
+    rendezvous: Literal["static", "c10d"] = "static"
+    rdzv_id: str | None = None
+    image: str = "hetplan-runtime:latest"  # container image for kubernetes
+    training: TrainingSpec | None = None
+
+
+@dataclass(frozen=True)
+class CompiledLaunch:
+    target: str
+    spec: LaunchSpec
+    files: dict[str, str]  # relative path -> content (launch_spec.json included)
+
+
+def _refusals() -> dict[str, Callable[[LaunchSpec], str | None]]:
+    return {"kubernetes": targets.kubernetes_refusal, "megatron": targets.megatron_refusal,
+            "deepspeed": targets.deepspeed_refusal}
+
+
+def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None) -> dict[str, str]:
+    """Files of a target for an existing spec; PlanError if the target cannot express it."""
+    options = options or CompileOptions()
+    if target not in TARGETS:
+        raise PlanError(f"unknown launch target {target!r}; known: {list(TARGETS)}", "target")
+    check_spec(spec)
+    refusal = _refusals().get(target)
+    reason = refusal(spec) if refusal else None
+    if reason:
+        raise PlanError(f"plan {spec.plan_name!r} cannot be launched with {target}: {reason}", "target")
+    files = {targets.SPEC_FILE: spec.to_json() + "\n"}
+    if target == "torchrun":
+        files |= targets.render_torchrun(spec)
+    elif target == "slurm":
+        files |= targets.render_slurm(spec, pin_hosts=bool(options.hosts))
+    elif target == "kubernetes":
+        files |= targets.render_kubernetes(spec, options.image)
+    elif target == "megatron":
+        files |= targets.render_megatron(spec)
+    else:
+        files |= targets.render_deepspeed(spec)
+    return files
+
+
+def compile_plan(instance: Instance, plan: Plan, target: str = "torchrun",
+                 options: CompileOptions | None = None) -> CompiledLaunch:
+    """Validate the plan against the instance, build its LaunchSpec and render `target`."""
+    options = options or CompileOptions()
+    if target not in TARGETS:
+        raise PlanError(f"unknown launch target {target!r}; known: {list(TARGETS)}", "target")
+    rendezvous = "c10d" if target == "slurm" else options.rendezvous
+    spec = build_spec(instance, plan, hosts=options.hosts, master_port=options.master_port,
+                      rendezvous=rendezvous, rdzv_id=options.rdzv_id, training=options.training)
+    return CompiledLaunch(target, spec, render(spec, target, options))
+
+
+def write_launch(instance: Instance, plan: Plan, target: str, out_dir: str | Path,
+                 options: CompileOptions | None = None) -> list[Path]:
+    """Write the spec (JSON) and the target's files under `out_dir`; returns the written paths."""
+    launch = compile_plan(instance, plan, target, options)
+    out = Path(out_dir)
+    written = []
+    for rel, text in sorted(launch.files.items()):
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if path.suffix == ".sh" or path.suffix == ".sbatch":
+            path.chmod(0o755)
+        written.append(path)
+    return written

@@ -1,0 +1,408 @@
+"""The executor: trains a heterogeneous plan on torch.distributed from a LaunchSpec.
+
+    torchrun ... -m hetplan.runtime.execute --spec launch_spec.json [--steps N] [--hidden 64 ...]
+
+Each process finds its row of the rank table (HETPLAN_SPEC_RANK; else HETPLAN_NODE_ID or
+torchrun's GROUP_RANK plus LOCAL_RANK; else, with --single-host, RANK), tells the others which
+row it took (so c10d rendezvous, which numbers nodes in arrival order, still works), creates the
+spec's process groups, builds the layer units of its stage for its TP rank and trains:
+
+* per iteration, the stage's GPipe or 1F1B action list; activations go forward and gradients
+  backward between the TP leaders of consecutive stages, split by contiguous sample ranges
+  (many-to-many when replica counts or shares differ), and are broadcast inside TP groups;
+* after the last backward, gradients are synchronised per layer unit (gradsync.py) and the
+  optimizer steps on local shards (SGD and Adam are element-wise, so sharded = unsharded);
+* rank 0 prints and logs (JSON) per iteration the global-batch mean loss, the iteration time
+  (slowest rank) and peak memory (torch.cuda.max_memory_allocated on CUDA, peak RSS on CPU).
+
+gloo on CPU, NCCL when CUDA is present (device cuda:LOCAL_RANK).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetplan.errors import HetplanError, PlanError
+from hetplan.runtime import checkpoint
+from hetplan.runtime.data import SyntheticTokens
+from hetplan.runtime.gradsync import GradSync, plan_buckets
+from hetplan.runtime.model import ModelConfig, StageModule, TPContext
+from hetplan.runtime.schedule import stage_actions
+from hetplan.runtime.spec import LaunchSpec, RankSpec, load_spec
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+MODEL_FIELDS = ("hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len", "tied_embeddings")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a spec; None falls back to the spec's own value."""
+
+    steps: int = 10
+    model: dict[str, Any] = field(default_factory=dict)  # overrides of MODEL_FIELDS (num_layers is the plan's)
+    dtype: str = "float32"
+    optimizer: str | None = None
+    lr: float | None = None
+    seed: int | None = None
+    backend: str | None = None
+    log_path: str | None = None
+    dump_dir: str | None = None
+    save_checkpoint: str | None = None
+    load_checkpoint: str | None = None
+    timeout_s: float = 300.0
+    quiet: bool = False
+
+
+def model_config(spec: LaunchSpec, overrides: dict[str, Any]) -> ModelConfig:
+    unknown = sorted(set(overrides) - set(MODEL_FIELDS))
+    if unknown:
+        raise PlanError(f"unknown model overrides {unknown}; allowed: {list(MODEL_FIELDS)} "
+                        f"(num_layers follows the plan's layer units)", "model")
+    base = {k: getattr(spec.model, k) for k in ("num_layers", *MODEL_FIELDS)}
+    cfg = ModelConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+    cfg.check({r.tp_size for r in spec.ranks})
+    return cfg
+
+
+# ---- process identity and groups --------------------------------------------------------------
+def identify(spec: LaunchSpec, single_host: bool = False) -> int:
+    """The spec rank of this process, from the environment torchrun / the launcher sets."""
+    env = os.environ
+    if "HETPLAN_SPEC_RANK" in env:
+        return int(env["HETPLAN_SPEC_RANK"])
+    if single_host:
+        return int(env.get("RANK", "0"))
+    if "HETPLAN_NODE_ID" in env or "GROUP_RANK" in env:
+        if "HETPLAN_NODE_ID" in env:
+            node = spec.node(env["HETPLAN_NODE_ID"])
+        else:
+            k = int(env["GROUP_RANK"])
+            if not 0 <= k < len(spec.nodes):
+                raise PlanError(f"GROUP_RANK {k} but the spec has {len(spec.nodes)} nodes", "nodes")
+            node = spec.nodes[k]
+        local = int(env.get("LOCAL_RANK", "0"))
+        if not 0 <= local < node.nproc:
+            raise PlanError(f"LOCAL_RANK {local} but node {node.node} runs {node.nproc} processes "
+                            f"(torchrun --nproc-per-node must be {node.nproc})", f"nodes.{node.node}")
+        return node.ranks[local]
+    if spec.world_size == 1:
+        return 0
+    raise PlanError("cannot tell which rank this process is: set HETPLAN_NODE_ID (per node) or run under "
+                    "torchrun with a static node rank", "environment")
+
+
+@dataclass
+class World:
+    spec: LaunchSpec
+    me: RankSpec
+    proc_of: list[int]  # spec rank -> process rank
+    groups: dict[str, Any]
+    tp: TPContext
+    device: torch.device
+
+    @property
+    def is_reporter(self) -> bool:
+        return self.me.rank == 0
+
+
+def _map_ranks(spec: LaunchSpec, spec_rank: int, device: torch.device) -> list[int]:
+    mine = torch.tensor([spec_rank], dtype=torch.int64, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    claimed = [int(t.item()) for t in everyone]
+    if sorted(claimed) != list(range(spec.world_size)):
+        raise PlanError(f"processes claimed spec ranks {claimed}; each of 0..{spec.world_size - 1} must be taken "
+                        f"once (is HETPLAN_NODE_ID / --nproc-per-node right on every node?)", "ranks")
+    proc_of = [0] * spec.world_size
+    for proc, r in enumerate(claimed):
+        proc_of[r] = proc
+    return proc_of
+
+
+def setup_world(spec: LaunchSpec, spec_rank: int, device: torch.device) -> World:
+    if dist.get_world_size() != spec.world_size:
+        raise PlanError(f"{dist.get_world_size()} processes started, the spec needs {spec.world_size}", "world_size")
+    proc_of = _map_ranks(spec, spec_rank, device)
+    me = spec.ranks[spec_rank]
+    groups: dict[str, Any] = {}
+    # Every process creates every group, in spec order (torch.distributed requires it); rank
+    # order is kept so that group rank == TP rank inside TP groups.
+    for g in spec.process_groups:
+        handle = dist.new_group([proc_of[r] for r in g.ranks], sort_ranks=False)
+        if spec_rank in g.ranks:
+            groups[g.name] = handle
+    tp = TPContext(me.tp_size, me.tp_rank, groups.get(f"tp.s{me.stage}.r{me.replica}"))
+    if tp.active and dist.get_rank(tp.group) != me.tp_rank:
+        raise PlanError(f"rank {spec_rank}: TP group rank {dist.get_rank(tp.group)} != tp_rank {me.tp_rank}",
+                        "process_groups")
+    return World(spec, me, proc_of, groups, tp, device)
+
+
+# ---- the pipeline -----------------------------------------------------------------------------
+class Pipeline:
+    """Runs one stage replica's schedule for one iteration."""
+
+    def __init__(self, world: World, module: StageModule, data: SyntheticTokens, cfg: ModelConfig,
+                 dtype: torch.dtype):
+        spec, me = world.spec, world.me
+        self.world, self.module, self.data, self.cfg, self.dtype = world, module, data, cfg, dtype
+        self.num_stages = spec.num_stages
+        self.first, self.last = me.stage == 0, me.stage == spec.num_stages - 1
+        self.leader = me.tp_rank == 0
+        # pieces of this replica's share: from the previous stage (inbound), to the next (outbound)
+        self.inbound = sorted((t for t in spec.transfers
+                               if t.src_stage == me.stage - 1 and t.dst_replica == me.replica),
+                              key=lambda t: t.dst_offset)
+        self.outbound = sorted((t for t in spec.transfers if t.src_stage == me.stage and t.src_replica == me.replica),
+                               key=lambda t: t.src_offset)
+        g = world.groups
+        self.in_fwd, self.in_bwd = g.get(f"p2p.s{me.stage - 1}.fwd"), g.get(f"p2p.s{me.stage - 1}.bwd")
+        self.out_fwd, self.out_bwd = g.get(f"p2p.s{me.stage}.fwd"), g.get(f"p2p.s{me.stage}.bwd")
+        self.actions = stage_actions(spec.schedule.name, spec.num_stages, me.stage, spec.schedule.num_microbatches)
+        self.loss_scale = 1.0 / spec.batch.global_batch_size
+        self._pending: list[tuple[Any, torch.Tensor]] = []
+
+    def _shape(self, n: int) -> tuple[int, int, int]:
+        return (n, self.cfg.seq_len, self.cfg.hidden_size)
+
+    def _tokens(self, iteration: int, m: int) -> torch.Tensor:
+        me, g = self.world.me, self.world.spec.batch.global_microbatch
+        start = m * g + me.sample_start
+        return self.data.batch(iteration, start, start + me.microbatch_share).to(self.world.device)
+
+    def _recv(self, moves, offset_of, peer_of, group, tag: int) -> torch.Tensor:
+        """Leader receives the pieces of its share from its peers; TP ranks get a broadcast copy."""
+        buf = torch.empty(self._shape(self.world.me.microbatch_share), dtype=self.dtype, device=self.world.device)
+        if self.leader:
+            for t in moves:
+                lo = offset_of(t)
+                piece = torch.empty(self._shape(t.sequences), dtype=self.dtype, device=self.world.device)
+                dist.recv(piece, src=self.world.proc_of[peer_of(t)], group=group, tag=tag)
+                buf[lo: lo + t.sequences] = piece
+        if self.world.tp.active:
+            dist.broadcast(buf, group=self.world.tp.group, group_src=0)
+        return buf
+
+    def _send(self, value: torch.Tensor, moves, offset_of, peer_of, group, tag: int) -> None:
+        if not self.leader:
+            return
+        for t in moves:
+            lo = offset_of(t)
+            piece = value[lo: lo + t.sequences].detach().contiguous()
+            work = dist.isend(piece, dst=self.world.proc_of[peer_of(t)], group=group, tag=tag)
+            self._pending.append((work, piece))
+
+    def run(self, iteration: int) -> float:
+        """One iteration's forwards and backwards; returns this rank's loss contribution."""
+        inputs, outputs, loss_sum = {}, {}, 0.0
+        for kind, m in self.actions:
+            if kind == "F":
+                if self.first:
+                    tokens = self._tokens(iteration, m)
+                    x = tokens[:, :-1]
+                else:
+                    x = self._recv(self.inbound, lambda t: t.dst_offset, lambda t: t.src_rank, self.in_fwd, m)
+                    x.requires_grad_(True)
+                labels = self._tokens(iteration, m)[:, 1:] if self.last else None
+                out = self.module(x, labels, self.loss_scale)
+                if self.last:
+                    if self.leader:
+                        loss_sum += float(out.detach())
+                else:
+                    self._send(out, self.outbound, lambda t: t.src_offset, lambda t: t.dst_rank, self.out_fwd, m)
+                inputs[m], outputs[m] = x, out
+            else:
+                x, out = inputs.pop(m), outputs.pop(m)
+                if self.last:
+                    out.backward()
+                else:
+                    grad = self._recv(self.outbound, lambda t: t.src_offset, lambda t: t.dst_rank, self.out_bwd, m)
+                    torch.autograd.backward(out, grad)
+                if not self.first:
+                    self._send(x.grad, self.inbound, lambda t: t.dst_offset, lambda t: t.src_rank, self.in_bwd, m)
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+        return loss_sum
+
+
+# ---- training loop ----------------------------------------------------------------------------
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise PlanError(f"unknown optimizer {name!r}; use adam or sgd", "optimizer")
+
+
+class Trainer:
+    def __init__(self, world: World, opts: RunOptions):
+        spec, me = world.spec, world.me
+        if opts.dtype not in DTYPES:
+            raise PlanError(f"unknown dtype {opts.dtype!r}; use one of {sorted(DTYPES)}", "dtype")
+        self.world, self.opts = world, opts
+        self.cfg = model_config(spec, opts.model)
+        self.seed = spec.training.seed if opts.seed is None else opts.seed
+        self.optimizer_name = opts.optimizer or spec.training.optimizer
+        dtype = DTYPES[opts.dtype]
+        self.module = StageModule(self.cfg, me.layer_start, me.layer_end, world.tp, self.seed, dtype, world.device)
+        self.params = self.module.logical_params()
+        self.optimizer = _make_optimizer(self.optimizer_name, [p for _, p in self.params],
+                                         spec.training.lr if opts.lr is None else opts.lr)
+        self.sync = GradSync(me, plan_buckets(spec, me, self.params), world.groups, world.tp)
+        data = SyntheticTokens(self.cfg.vocab_size, self.cfg.seq_len, self.seed)
+        self.pipeline = Pipeline(world, self.module, data, self.cfg, dtype)
+        self.start_iteration = 0
+        if opts.load_checkpoint:
+            self.start_iteration = checkpoint.load_rank(Path(opts.load_checkpoint), world.tp, self.params,
+                                                        self.optimizer)
+
+    def step(self, iteration: int) -> list[float]:
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.pipeline.run(iteration)
+        self.sync.sync()
+        self.optimizer.step()
+        if self.world.device.type == "cuda":
+            torch.cuda.synchronize(self.world.device)
+        return [time.perf_counter() - t0, float(_peak_memory_bytes(self.world.device)), loss]
+
+    def _gather_stats(self, values: list[float]) -> list[list[float]]:
+        """[time_s, peak_mem_bytes, loss] of every spec rank."""
+        mine = torch.tensor(values, dtype=torch.float64, device=self.world.device)
+        allv = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(allv, mine)
+        return [allv[self.world.proc_of[r]].tolist() for r in range(self.world.spec.world_size)]
+
+    def train(self) -> dict[str, Any]:
+        spec, opts = self.world.spec, self.opts
+        steps = []
+        for k in range(opts.steps):
+            iteration = self.start_iteration + k
+            stats = self._gather_stats(self.step(iteration))
+            row = {"step": k + 1, "iteration": iteration, "loss": sum(s[2] for s in stats),
+                   "time_s": max(s[0] for s in stats), "peak_mem_bytes": [int(s[1]) for s in stats]}
+            steps.append(row)
+            if self.world.is_reporter and not opts.quiet:
+                print(f"[hetplan] step {k + 1}/{opts.steps} loss {row['loss']:.6f} time {row['time_s']:.3f} s "
+                      f"peak mem {max(row['peak_mem_bytes']) / 2**20:.1f} MiB (max over {spec.world_size} ranks)",
+                      flush=True)
+        self._finish(self.start_iteration + opts.steps)
+        log = {"plan": spec.plan_name, "instance": spec.instance_name, "world_size": spec.world_size,
+               "schedule": spec.schedule.name, "num_microbatches": spec.schedule.num_microbatches,
+               "global_batch_size": spec.batch.global_batch_size, "model": asdict(self.cfg),
+               "dtype": opts.dtype, "optimizer": self.optimizer_name,
+               "backend": dist.get_backend(), "device": str(self.world.device),
+               "process_rank_of_spec_rank": self.world.proc_of, "steps": steps,
+               "ranks": [{"rank": r.rank, "node": r.node, "gpu_type": r.gpu_type, "stage": r.stage,
+                          "replica": r.replica, "tp_rank": r.tp_rank} for r in spec.ranks]}
+        if self.world.is_reporter and opts.log_path:
+            Path(opts.log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(opts.log_path).write_text(json.dumps(log, indent=2) + "\n")
+        return log
+
+    def _finish(self, iteration: int) -> None:
+        me, opts = self.world.me, self.opts
+        if opts.dump_dir:
+            d = Path(opts.dump_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            torch.save({"rank": me.model_dump(), "params": {i.key: p.detach().cpu() for i, p in self.params},
+                        "shard_dims": {i.key: i.shard_dim for i, _ in self.params}}, d / f"rank{me.rank}.pt")
+        if opts.save_checkpoint:
+            root = Path(opts.save_checkpoint)
+            if me.replica == 0:
+                checkpoint.save_rank(root, me.layer_start, me.layer_end, self.world.tp, self.params, self.optimizer)
+            dist.barrier()
+            if self.world.is_reporter:
+                tp_of_unit: dict[int, int] = {}
+                for s in range(self.world.spec.num_stages):
+                    lead = self.world.spec.replicas(s)[0]
+                    tp_of_unit.update({u: lead.tp_size for u in range(lead.layer_start, lead.layer_end)})
+                checkpoint.write_meta(root, iteration, asdict(self.cfg), self.optimizer_name, tp_of_unit)
+            dist.barrier()
+
+
+def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = None, init_method: str | None = None,
+               process_rank: int | None = None, single_host: bool = False) -> dict[str, Any]:
+    """Initialise torch.distributed (env:// unless `init_method`), train, tear down."""
+    backend = opts.backend or spec.training.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=opts.timeout_s)}
+    if init_method is not None:
+        kwargs.update(init_method=init_method, rank=process_rank, world_size=spec.world_size)
+    dist.init_process_group(backend, **kwargs)
+    try:
+        rank = identify(spec, single_host) if spec_rank is None else spec_rank
+        world = setup_world(spec, rank, device)
+        return Trainer(world, opts).train()
+    finally:
+        dist.destroy_process_group()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hetplan.runtime.execute", description=__doc__.split("\n")[0])
+    p.add_argument("--spec", required=True, help="launch_spec.json written by `hetplan compile`")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--hidden", dest="hidden_size", type=int)
+    p.add_argument("--heads", dest="num_heads", type=int)
+    p.add_argument("--ffn", dest="ffn_hidden_size", type=int)
+    p.add_argument("--vocab", dest="vocab_size", type=int)
+    p.add_argument("--seq-len", dest="seq_len", type=int)
+    p.add_argument("--untied", dest="tied_embeddings", action="store_const", const=False,
+                   help="separate LM head weight (default: the spec's tied_embeddings)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--optimizer", choices=["adam", "sgd"])
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--backend", choices=["gloo", "nccl"])
+    p.add_argument("--log-json", dest="log", help="JSON log written by rank 0")
+    p.add_argument("--dump-params", help="directory: every rank saves its parameter shards at the end")
+    p.add_argument("--save-checkpoint", help="directory for a layer-wise checkpoint at the end")
+    p.add_argument("--load-checkpoint", help="layer-wise checkpoint to start from")
+    p.add_argument("--single-host", action="store_true", help="all ranks on this host: spec rank = RANK")
+    p.add_argument("--collective-timeout", dest="timeout", type=float, default=300.0,
+                   help="seconds before a collective gives up")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    overrides = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k, None) is not None}
+    opts = RunOptions(steps=args.steps, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
+                      seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
+                      save_checkpoint=args.save_checkpoint, load_checkpoint=args.load_checkpoint,
+                      timeout_s=args.timeout)
+    try:
+        run_worker(load_spec(args.spec), opts, single_host=args.single_host)
+    except HetplanError as exc:
+        print(f"hetplan: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Run a plan on this machine: one process per rank on localhost, gloo on CPU.
+
+`launch_local(instance, plan, steps, model_overrides)` compiles the plan to a LaunchSpec and
+starts every rank either as a forkserver child (method "processes": cheap to start, errors come
+back with their traceback) or through a real `torchrun --standalone` subprocess running
+`python -m hetplan.runtime.execute` (method "torchrun": the entry point a cluster uses).
+Nodes of the plan are emulated: all ranks share this host, each keeps its row of the rank table.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hetplan.errors import HetplanError
+from hetplan.instance import Instance, load_instance
+from hetplan.plan import Plan, load_plan
+from hetplan.runtime.execute import RunOptions, run_worker
+from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
+
+
+class LaunchError(HetplanError):
+    """A local launch failed: a rank raised, died or timed out; the message carries its error."""
+
+
+@dataclass(frozen=True)
+class LocalRunResult:
+    losses: list[float]
+    times_s: list[float]
+    peak_mem_bytes: list[int]  # per spec rank, at the last step
+    log: dict[str, Any]
+    out_dir: Path
+    spec: LaunchSpec
+
+    @property
+    def dump_dir(self) -> Path:
+        return self.out_dir / "params"
+
+
+def _as_instance(instance: Instance | str | Path) -> Instance:
+    return instance if isinstance(instance, Instance) else load_instance(instance)
+
+
+def _as_plan(plan: Plan | str | Path) -> Plan:
+    return plan if isinstance(plan, Plan) else load_plan(plan)
+
+
+def _local_env() -> dict[str, str]:
+    # Loopback only: the sandbox (and many laptops) cannot route to their own hostname.
+    return {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int) -> None:
+    os.environ.update(_local_env())
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        run_worker(load_spec(spec_path), opts, spec_rank=rank, init_method=init_method, process_rank=rank)
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises LaunchError
+        Path(err_path).write_text(traceback.format_exc())
+        sys.exit(1)
+
+
+def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir: Path, timeout_s: float,
+                   threads: int) -> None:
+    ctx = mp.get_context("forkserver")
+    # torch.optim imports torch._dynamo on first use (seconds): pay it once in the server.
+    ctx.set_forkserver_preload(["hetplan.runtime.execute", "torch._dynamo"])
+    store = out_dir / f"store-{os.getpid()}-{time.monotonic_ns()}"
+    errs = [out_dir / f"rank{r}.err" for r in range(spec.world_size)]
+    for e in errs:
+        e.unlink(missing_ok=True)
+    procs = [ctx.Process(target=_child, args=(str(spec_path), opts, r, f"file://{store}", str(errs[r]), threads))
+             for r in range(spec.world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.exitcode is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed:
+                raise LaunchError(_failure_message(failed, procs, errs))
+            if time.monotonic() > deadline:
+                raise LaunchError(f"local launch did not finish within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
+        if failed:
+            raise LaunchError(_failure_message(failed, procs, errs))
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+        store.unlink(missing_ok=True)
+
+
+def _failure_message(failed: list[int], procs, errs: list[Path]) -> str:
+    # The rank that raised first usually explains the others' broken-pipe errors.
+    with_text = [r for r in failed if errs[r].exists()]
+    r = with_text[0] if with_text else failed[0]
+    text = errs[r].read_text().strip() if errs[r].exists() else f"exit code {procs[r].exitcode}"
+    last = text.splitlines()[-1] if text else ""
+    if errs[r].exists():
+        return f"rank {r} failed: {last} (traceback in {errs[r]})"
+    return (f"rank {r} failed before training started ({last}); a script that calls launch_local needs an "
+            f"`if __name__ == '__main__':` guard (or use method='torchrun')")
+
+
+def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s: float) -> None:
+    flags = {"hidden_size": "--hidden", "num_heads": "--heads", "ffn_hidden_size": "--ffn",
+             "vocab_size": "--vocab", "seq_len": "--seq-len"}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={spec.world_size}", "-m", "hetplan.runtime.execute",
+            "--spec", str(spec_path), "--single-host", "--steps", str(opts.steps), "--dtype", opts.dtype,
+            "--collective-timeout", str(opts.timeout_s)]
+    for key, value in opts.model.items():
+        if key == "tied_embeddings":
+            argv += [] if value else ["--untied"]
+        else:
+            argv += [flags[key], str(value)]
+    for flag, value in (("--optimizer", opts.optimizer), ("--lr", opts.lr), ("--seed", opts.seed),
+                        ("--log-json", opts.log_path), ("--dump-params", opts.dump_dir),
+                        ("--save-checkpoint", opts.save_checkpoint), ("--load-checkpoint", opts.load_checkpoint)):
+        if value is not None:
+            argv += [flag, str(value)]
+    try:
+        proc = subprocess.run(argv, env={**os.environ, **_local_env()}, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"torchrun did not finish within {timeout_s:.0f} s") from None
+    if not opts.quiet and proc.stdout:
+        print(proc.stdout, end="")
+    if proc.returncode != 0:
+        errors = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "Error" in ln or "error" in ln]
+        raise LaunchError(f"torchrun exited with {proc.returncode}: {errors[-1] if errors else proc.stderr[-500:]}")
+
+
+def _check_options(spec: LaunchSpec, opts: RunOptions) -> None:
+    """Errors a rank would hit, raised here before any process starts."""
+    from hetplan.errors import PlanError
+    from hetplan.runtime.execute import DTYPES, model_config
+
+    model_config(spec, opts.model)
+    if opts.dtype not in DTYPES:
+        raise PlanError(f"unknown dtype {opts.dtype!r}; use one of {sorted(DTYPES)}", "dtype")
+    if opts.optimizer not in (None, "adam", "sgd"):
+        raise PlanError(f"unknown optimizer {opts.optimizer!r}; use adam or sgd", "optimizer")
+    if opts.steps < 1:
+        raise PlanError(f"steps must be at least 1, got {opts.steps}", "steps")
+
+
+def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps: int = 10,
+                 model_overrides: dict[str, Any] | None = None, *, schedule: str | None = None,
+                 dtype: str = "float32", optimizer: str | None = None, lr: float | None = None, seed: int = 0,
+                 out_dir: str | Path | None = None, method: Literal["processes", "torchrun"] = "processes",
+                 dump_params: bool = False, save_checkpoint: str | Path | None = None,
+                 load_checkpoint: str | Path | None = None, timeout_s: float = 600.0, quiet: bool = False,
+                 threads_per_rank: int = 1) -> LocalRunResult:
+    """Train `plan` for `steps` iterations with one local process per rank; returns loss and time
+    per iteration (rank 0 also prints them). Raises PlanError for an invalid plan, LaunchError
+    when a rank fails."""
+    inst, pl = _as_instance(instance), _as_plan(plan)
+    if schedule is not None:
+        pl = pl.model_copy(update={"schedule": schedule})
+    spec = build_spec(inst, pl)
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="hetplan-local-"))
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = spec.save(out / "launch_spec.json")
+    log_path = out / "log.json"
+    log_path.unlink(missing_ok=True)
+    opts = RunOptions(steps=steps, model=dict(model_overrides or {}), dtype=dtype, optimizer=optimizer, lr=lr,
+                      seed=seed, backend="gloo", log_path=str(log_path),
+                      dump_dir=str(out / "params") if dump_params else None,
+                      save_checkpoint=str(save_checkpoint) if save_checkpoint else None,
+                      load_checkpoint=str(load_checkpoint) if load_checkpoint else None,
+                      timeout_s=min(timeout_s, 300.0), quiet=quiet)
+    _check_options(spec, opts)
+    if method == "processes":
+        _run_processes(spec, spec_path, opts, out, timeout_s, threads_per_rank)
+    elif method == "torchrun":
+        _run_torchrun(spec, spec_path, opts, timeout_s)
+    else:
+        raise LaunchError(f"unknown local launch method {method!r}; use 'processes' or 'torchrun'")
+    log = json.loads(log_path.read_text())
+    return LocalRunResult(losses=[s["loss"] for s in log["steps"]], times_s=[s["time_s"] for s in log["steps"]],
+                          peak_mem_bytes=log["steps"][-1]["peak_mem_bytes"] if log["steps"] else [],
+                          log=log, out_dir=out, spec=spec)
