@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
               gap: float = typer.Option(0.01, "--gap", help="relative optimality gap to stop at"),
               max_stages: int = typer.Option(16, "--max-stages"),
               output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the plan JSON here"),
+              plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG of one iteration's timeline"),
               as_json: bool = typer.Option(False, "--json")) -> None:
         """Choose GPUs and a parallelization plan that optimise the objective, with a proven bound."""
         from hetplan.instance import load_instance
@@ -54,6 +55,10 @@ def register(app: typer.Typer) -> None:
         res = _run(inst, _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages), as_json)
         if output:
             res.plan.save(output)
+        if plot:
+            from hetplan.timeline import plot_timeline
+
+            plot_timeline(res.report, str(plot))
         if as_json:
             print_json(res.summary())
             return

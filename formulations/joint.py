@@ -26,9 +26,9 @@ Variables
   tau[i] >= 0 stage step time; theta >= 0 steady-state bottleneck; c[i] >= 0 boundary time
   sync[i] >= 0 gradient all-reduce of stage i; sigma = max_i sync[i]; mu = max update time; T iteration time
 Constraints
-  assign:      sum_i y[i,l] = 1                                  every unit on exactly one stage
-  order:       s[l] = sum_i i y[i,l];  s[l] <= s[l+1] <= s[l] + 1;  y[0,0] = 1;  y[P-1,U-1] = 1
-               (contiguous ranges, stages in order, none empty)
+  staircase:   a[i,l] in {0,1} (i < P-1): unit l on stage <= i;  a[i,l] >= a[i,l+1];  a[i,l] <= a[i+1,l]
+               y[i,l] = a[i,l] - a[i-1,l]  (a[-1,.] = 0, a[P-1,.] = 1);  sum_l y[i,l] >= 1
+               (every unit on exactly one stage, contiguous ranges in stage order, none empty)
   replicas:    sum_k x[i,k] = D                                  D replicas per stage (Sailor's uniform D)
   quota:       sum_i sum_{k in q} t_k x[i,k] <= avail[q]   for every (GPU type, zone) q: pools of one
                type and zone differ only in TP degree, so the MILP picks TP per stage and type
@@ -223,13 +223,16 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
 
 
 def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
+    """Staircase form: a[i,l] = 1 when unit l sits on stage i or earlier; y[i,l] = a[i,l] - a[i-1,l].
+    Monotone in l (a prefix of the units) and in i; its LP relaxation is much tighter than ordering
+    stage indices, because every fractional point is a convex combination of contiguous splits."""
     P, U = inp.P, inp.U
-    m.assign = pyo.Constraint(m.L, rule=lambda m, l: sum(m.y[i, l] for i in m.I) == 1)
-    s = {l: sum(i * m.y[i, l] for i in m.I) for l in m.L}
-    m.order_up = pyo.Constraint(range(U - 1), rule=lambda m, l: s[l] <= s[l + 1])
-    m.order_step = pyo.Constraint(range(U - 1), rule=lambda m, l: s[l + 1] <= s[l] + 1)
-    m.first = pyo.Constraint(expr=m.y[0, 0] == 1)
-    m.last = pyo.Constraint(expr=m.y[P - 1, U - 1] == 1)
+    m.a = pyo.Var(range(P - 1), m.L, domain=pyo.Binary)
+    a = lambda i, l: (1 if i >= P - 1 else (0 if i < 0 else m.a[i, l]))  # noqa: E731
+    m.prefix = pyo.Constraint(range(P - 1), range(U - 1), rule=lambda m, i, l: m.a[i, l] >= m.a[i, l + 1])
+    m.nested = pyo.Constraint(range(P - 2), m.L, rule=lambda m, i, l: m.a[i, l] <= m.a[i + 1, l])
+    m.link_y = pyo.Constraint(m.I, m.L, rule=lambda m, i, l: m.y[i, l] == a(i, l) - a(i - 1, l))
+    m.nonempty = pyo.Constraint(m.I, rule=lambda m, i: sum(m.y[i, l] for l in m.L) >= 1)
 
 
 def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
@@ -539,6 +542,9 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
     start = ComponentMap()  # Pyomo variables are not hashable as plain dict keys
     for (i, l), val in ev["y"].items():
         start[m.y[i, l]] = val
+    for i in range(inp.P - 1):
+        for l in range(inp.U):
+            start[m.a[i, l]] = 1 if l < sol.ranges[i][1] else 0
     for i in range(inp.P):
         for k in range(inp.K):
             start[m.x[i, k]] = sol.replicas[i][k]

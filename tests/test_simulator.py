@@ -166,3 +166,19 @@ def test_geo_plan_pays_egress_for_cross_zone_pipeline():
 def test_estimators_default_to_analytic(a100_v100):
     est = build_estimators(a100_v100)
     assert est.notes == {"time": "analytic", "memory": "analytic", "comm": "alpha_beta", "cost": "cloud"}
+
+
+def test_timeline_replays_to_the_simulated_pipeline_time():
+    from hetplan.timeline import pipeline_events
+
+    inst = tiny_instance()
+    for schedule in ("1F1B", "GPipe"):
+        rep = simulate(inst, hand_plan().model_copy(update={"schedule": schedule}), hand_estimators(inst))
+        events = pipeline_events(rep)
+        work = [e for e in events if e.kind in ("F", "B")]
+        assert len(work) == 2 * 2 * 2  # stages x microbatches x (F, B)
+        # with two stages the event replay and the closed-form pipeline time agree exactly
+        assert max(e.end_s for e in work) == pytest.approx(rep.pipeline_s)
+        for s in (0, 1):  # a stage never runs two things at once
+            mine = sorted((e for e in work if e.stage == s), key=lambda e: e.start_s)
+            assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(mine, mine[1:]))
