@@ -159,9 +159,12 @@ def _safe_value(expr: Any) -> float:
     return math.nan if val is None else float(val)
 
 
-def _finite_or_raise(x: float, what: str) -> float:
+def _finite_or_raise(x: float, what) -> float:
+    """`what` is a string or a callable giving one: names are built only when there is an error,
+    since Pyomo's `.name` walks the component tree and costs more than the check itself."""
     if isinstance(x, complex) or math.isnan(x) or math.isinf(x):
-        raise SolverError(f"numerical trouble: {what} is {x!r}; every coefficient must be a finite number")
+        label = what() if callable(what) else what
+        raise SolverError(f"numerical trouble: {label} is {x!r}; every coefficient must be a finite number")
     return float(x)
 
 
@@ -204,10 +207,11 @@ def _split(expr: Any, cols: _Columns, where: str) -> tuple[float, list[int], lis
         raise SolverError(f"{where}: cannot be read ({exc}); is a fixed variable or parameter without a value?") from exc
     const = _finite_or_raise(pyo.value(repn.constant), f"the constant of {where}")
     lin_cols = [cols.col(v) for v in repn.linear_vars]
-    lin_coefs = [_finite_or_raise(pyo.value(c), f"the coefficient of '{v.name}' in {where}")
+    lin_coefs = [_finite_or_raise(pyo.value(c), lambda v=v: f"the coefficient of '{v.name}' in {where}")
                  for v, c in zip(repn.linear_vars, repn.linear_coefs)]
     quad = tuple(
-        (cols.col(a), cols.col(b), _finite_or_raise(pyo.value(c), f"the coefficient of '{a.name}*{b.name}' in {where}"))
+        (cols.col(a), cols.col(b),
+         _finite_or_raise(pyo.value(c), lambda a=a, b=b: f"the coefficient of '{a.name}*{b.name}' in {where}"))
         for (a, b), c in zip(repn.quadratic_vars, repn.quadratic_coefs))
     nonlinear = None
     if repn.nonlinear_expr is not None:
