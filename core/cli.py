@@ -19,7 +19,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 GIB = 1024**3
 
 # Sub-packages add their own commands (solvers, compile/launch, solve/pareto, replay) when present.
-_PLUGIN_MODULES = ["hetplan.solvers.cli", "hetplan.runtime.cli", "hetplan.planner_cli"]
+_PLUGIN_MODULES = ["hetplan.solvers.cli", "hetplan.runtime.cli", "hetplan.planner_cli", "hetplan.replay_cli"]
 
 
 def fail(message: str) -> None:

@@ -276,6 +276,14 @@ class Instance(BaseModel):
         fields = {**(base.model_dump() if base else {"name": gpu_type}), **self.cluster.gpu_overrides.get(gpu_type, {})}
         return GpuSpec(**fields)
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Instance":
+        """A copy whose resolved views (nodes, GPU specs, model) are recomputed from its own fields:
+        pydantic copies the instance __dict__, where cached properties live."""
+        copy = super().model_copy(update=update, deep=deep)
+        for name in _CACHED_VIEWS:
+            copy.__dict__.pop(name, None)
+        return copy
+
     # ---- resolved views used downstream -------------------------------------------------------
     def gpu(self, gpu_type: str) -> GpuSpec:
         """The catalogue entry of a GPU type with this instance's overrides applied."""
@@ -314,6 +322,9 @@ class Instance(BaseModel):
 
     def resolve_path(self, relative: str) -> Path:
         return Path(self.base_dir or ".") / relative
+
+
+_CACHED_VIEWS = ("_gpu_specs", "model_arch", "nodes", "node_by_id")
 
 
 @dataclass(frozen=True)

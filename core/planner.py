@@ -103,6 +103,7 @@ class _Tables:
         self.arch = instance.model_arch
         self.U = self.arch.num_units
         self._step: dict = {}
+        self._upd: dict = {}
         self._mem: dict = {}
 
     def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
@@ -112,7 +113,10 @@ class _Tables:
         return self._step[key]
 
     def upd(self, g: str, t: int, D: int) -> tuple[float, ...]:
-        return tuple(self.est.time.update_time_s(g, range(l, l + 1), t, D) for l in range(self.U))
+        key = (g, t, D)
+        if key not in self._upd:
+            self._upd[key] = tuple(self.est.time.update_time_s(g, range(l, l + 1), t, D) for l in range(self.U))
+        return self._upd[key]
 
     def mem(self, g: str, t: int, b: int, D: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
         key = (g, t, b, D)
@@ -299,6 +303,9 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         else:
             raise SolverError(f"{backend} failed on P={combo.P} b={combo.b} D={combo.D}: {res.status.value} {res.message}")
     if best is None:
+        if any(r.status in ("skipped_time", "solved:time_limit_no_solution") for r in records):
+            raise SolverError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
+                              f"raise --time-limit")
         raise InfeasibleError(_why_infeasible(records, max_cost, min_its))
     obj, sol, inp = best
     bound = min([obj] + open_bounds)

@@ -183,3 +183,10 @@ def test_redistribution_moves_every_sequence_once():
     assert redistribution([3, 1], [2, 2]) == [(0, 0, 2), (0, 1, 1), (1, 1, 1)]
     moves = redistribution([4, 4], [3, 5])
     assert sum(n for *_, n in moves) == 8
+
+
+def test_model_copy_recomputes_resolved_views(a100_v100):
+    assert len(a100_v100.nodes) == 4  # fills the cache
+    groups = [g.model_copy(update={"count": 1}) for g in a100_v100.cluster.node_groups]
+    smaller = a100_v100.model_copy(update={"cluster": a100_v100.cluster.model_copy(update={"node_groups": groups})})
+    assert len(smaller.nodes) == 2 and set(smaller.node_by_id) == {"a100-0", "v100-0"}

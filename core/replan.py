@@ -1,0 +1,894 @@
+"""Re-plan after a cluster change: repair the running plan, ask the joint planner, keep the better.
+
+`replan(instance, previous_plan, new_state, options)` produces up to four candidates, all placed on
+GPUs that are up in `new_state` and scored by the simulator on the state's instance view:
+
+* kept      the previous plan unchanged, when all its GPUs are still up (0 ranks move);
+* patched   the previous plan minus lost replicas: surviving stages and replicas stay where they
+            are, a stage that lost every replica gets the fastest free GPUs that hold it (or is
+            merged into a neighbour), microbatch shares are rebalanced over the survivors
+            (uneven shares, Zorse sec. 4.2: a straggler gets fewer sequences; `fill` is min-max
+            water filling, optimal for step times that grow with the share);
+* repaired  patched, then, for the number of microbatches m in {m, m/2, 2m} (global batch
+            unchanged; the simulator picks the m): free GPUs join the bottleneck stage as extra
+            replicas (k = 1, 2, 4, ... of one GPU type / zone / TP at a time, to step over the
+            plateaus integer shares make); stage boundaries are re-split for the slowest stage
+            (`partition`: bisection on the step time with greedy packing); groups of free GPUs
+            may form a new stage next to the slowest one (`add_stages`); finally single units move
+            across boundaries while a lexicographic (objective, sorted stage times) key improves.
+            Inside, moves are ranked by a proxy of the simulator's 1F1B formula (stage step times,
+            boundary transfers, DP all-reduce, optimizer step);
+* planner   the joint planner (`hetplan.planner.plan`, through its public function) run on the
+            new availability with a short time limit. With `planner_cutoff` it must beat the best
+            candidate so far (passed as a throughput / cost bound, so it prunes outer choices); its
+            replicas are placed on the nodes whose GPUs already hold their layers.
+
+Warm start = the candidates built from the previous plan plus that cutoff and the reuse-aware
+placement; `warm=False` is re-planning from scratch (the planner alone, placed first-fit), the
+baseline the replay compares against. The repair never changes TP degrees of surviving replicas,
+and grows the pipeline by at most one stage per group of free GPUs: large changes are the
+planner's part, and replan gets faster and better with it.
+
+Changing plans has a price: a rank "moves state" when the GPU it runs on does not already hold
+everything it needs (`moved_ranks`: old and new rank tables compared by (node, GPU) and the layer
+units / TP shard each holds; see `rank_pieces`). With `move_penalty_s` > 0 each moved rank costs
+that many seconds of training over `horizon_s`, and `change_cost_s` is charged once to any candidate
+that differs from the running plan (every rank restarts); with lost = change_cost_s x [changed] +
+move_penalty_s x moved, a candidate scores
+
+    max_throughput:  samples/s x max(horizon_s - lost, 0) / horizon_s        (higher wins)
+    min_cost:        USD per sample x horizon_s / max(horizon_s - lost, eps)  (lower wins, scored negated)
+
+and a candidate that violates the instance's constraints loses to one that does not. Latency
+(repair, planner, total) is measured and reported.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from fractions import Fraction
+from typing import Any, Iterable
+
+from hetplan.catalog import ModelArch
+from hetplan.cluster_state import ClusterState
+from hetplan.errors import HetplanError, InfeasibleError, PlanError
+from hetplan.estimators import EstimatorSet, build_estimators
+from hetplan.estimators.base import Endpoint
+from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.instance import Instance
+from hetplan.plan import Plan, Replica, Stage, validate_plan, workers
+from hetplan.simulator import SimulationReport, endpoint, in_flight_microbatches, simulate
+
+# ---- what a rank holds ----------------------------------------------------------------------------
+# A piece of model state: (content unit, part, lo, hi). `part` "sharded" is the fraction [lo, hi) of
+# the unit's TP-sharded tensors (a TP rank r of t holds [r/t, (r+1)/t)); "replicated" is the unit's
+# replicated tensors (norms, row-parallel biases, positions), [0, 1). The LM head of a model with
+# tied embeddings shares its sharded matrix with the embedding: its content unit is 0.
+Piece = tuple[int, str, Fraction, Fraction]
+
+
+def content_unit(arch: ModelArch, unit: int) -> int:
+    return 0 if (arch.tied_embeddings and unit == arch.num_units - 1) else unit
+
+
+@lru_cache(maxsize=4096)
+def unit_params_cached(arch: ModelArch, unit: int):
+    return unit_params(arch, unit)
+
+
+@lru_cache(maxsize=65536)
+def rank_pieces(arch: ModelArch, layer_start: int, layer_end: int, tp: int, tp_rank: int) -> frozenset[Piece]:
+    """The state a rank of TP degree `tp` holding units [layer_start, layer_end) keeps."""
+    lo, hi = Fraction(tp_rank, tp), Fraction(tp_rank + 1, tp)
+    out = set()
+    for u in range(layer_start, layer_end):
+        p = unit_params_cached(arch, u)
+        if p.sharded:
+            out.add((content_unit(arch, u), "sharded", lo, hi))
+        if p.replicated:
+            out.add((u, "replicated", Fraction(0), Fraction(1)))
+    return frozenset(out)
+
+
+def covered(piece: Piece, held: Iterable[Piece]) -> bool:
+    c, part, lo, hi = piece
+    return any(h[0] == c and h[1] == part and h[2] <= lo and hi <= h[3] for h in held)
+
+
+def holdings(instance: Instance, plan: Plan) -> dict[tuple[str, int], frozenset[Piece]]:
+    """(node, local GPU) -> pieces its rank holds, for a placed plan."""
+    arch = instance.model_arch
+    out = {}
+    for w in workers(instance, plan):
+        st, rep = plan.stages[w.stage], plan.stages[w.stage].replicas[w.replica]
+        out[(w.node_id, w.local_gpu)] = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, w.tp_rank)
+    return out
+
+
+def moved_ranks(instance: Instance, old_plan: Plan | None, new_plan: Plan, state: ClusterState | None = None,
+                lost_gpus: Iterable[tuple[str, int]] = ()) -> int:
+    """Ranks of `new_plan` whose GPU does not already hold all they need (both plans placed).
+    GPUs down in `state` or listed in `lost_gpus` have lost what they held."""
+    if old_plan is None:
+        return new_plan.num_gpus
+    held = holdings(instance, old_plan)
+    lost = set(lost_gpus)
+    if state is not None:
+        lost |= {g for g in held if state.gpus_up.get(g[0], 0) <= g[1]}
+    arch = instance.model_arch
+    count = 0
+    for w in workers(instance, new_plan):
+        st, rep = new_plan.stages[w.stage], new_plan.stages[w.stage].replicas[w.replica]
+        have = () if (w.node_id, w.local_gpu) in lost else held.get((w.node_id, w.local_gpu), ())
+        need = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, w.tp_rank)
+        if not all(covered(p, have) for p in need):
+            count += 1
+    return count
+
+
+# ---- memoised estimators --------------------------------------------------------------------------
+class _Memo:
+    """Wraps one estimator; remembers the answers of its pure methods (arguments are hashable:
+    strings, ints, ranges). Other attributes pass through."""
+
+    def __init__(self, inner: Any, methods: tuple[str, ...]):
+        self._inner, self.name = inner, inner.name
+        for meth in methods:
+            setattr(self, meth, self._wrap(getattr(inner, meth)))
+
+    @staticmethod
+    def _wrap(fn):
+        table: dict = {}
+
+        def call(*args):
+            if args not in table:
+                table[args] = fn(*args)
+            return table[args]
+        return call
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
+
+
+def memoised(est: EstimatorSet) -> EstimatorSet:
+    """The same estimators answering repeated questions from memory: the repair, the planner's
+    tables and the simulator ask for the same layer times and memory figures many times, and a
+    replay asks again at every event. Use one per network state (comm figures depend on it)."""
+    if isinstance(est.time, _Memo):
+        return est
+    return EstimatorSet(time=_Memo(est.time, ("layer_time", "update_time_s")),
+                        memory=_Memo(est.memory, ("worker_memory",)), comm=est.comm, cost=est.cost,
+                        notes=est.notes)
+
+
+# ---- options and results --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplanOptions:
+    warm: bool = True  # False: from scratch (planner only, first-fit placement)
+    planner_time_limit_s: float = 1.0  # the joint planner's run; 0 skips it when a repair exists
+    planner_combo_time_limit_s: float = 0.5
+    planner_cutoff: bool = True  # the planner must beat the best candidate so far
+    backend: str | None = None
+    tp_choices: tuple[int, ...] = (1, 2, 4, 8)
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)  # for the planner
+    max_stages: int = 16
+    move_penalty_s: float = 0.0  # training seconds lost per rank that must load state
+    change_cost_s: float = 0.0  # training seconds lost by any change of plan (restart of every rank)
+    horizon_s: float = 3600.0  # how long the new plan is expected to run
+
+    def __post_init__(self) -> None:
+        if self.horizon_s <= 0:
+            raise PlanError(f"horizon_s must be positive, got {self.horizon_s}", "replan.horizon_s")
+        if self.move_penalty_s < 0:
+            raise PlanError(f"move_penalty_s must be >= 0, got {self.move_penalty_s}", "replan.move_penalty_s")
+        if self.change_cost_s < 0:
+            raise PlanError(f"change_cost_s must be >= 0, got {self.change_cost_s}", "replan.change_cost_s")
+        if self.planner_time_limit_s < 0:
+            raise PlanError("planner_time_limit_s must be >= 0", "replan.planner_time_limit_s")
+        if not self.tp_choices or min(self.tp_choices) < 1:
+            raise PlanError(f"tp_choices must be positive integers, got {self.tp_choices}", "replan.tp_choices")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    source: str  # kept | patched | repaired | planner
+    plan: Plan
+    report: SimulationReport
+    moved_ranks: int
+    score: float  # higher is better (see module docstring)
+    latency_s: float
+
+    @property
+    def feasible(self) -> bool:
+        return self.report.feasible
+
+
+@dataclass(frozen=True)
+class ReplanResult:
+    plan: Plan | None  # None: no GPU is up, nothing can run
+    report: SimulationReport | None
+    source: str  # kept | patched | repaired | planner | none
+    moved_ranks: int
+    candidates: list[Candidate]
+    repair_s: float
+    planner_s: float
+    latency_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"source": self.source, "moved_ranks": self.moved_ranks, "repair_s": self.repair_s,
+                "planner_s": self.planner_s, "latency_s": self.latency_s, "notes": self.notes,
+                "samples_per_s": self.report.samples_per_s if self.report else 0.0,
+                "num_gpus": self.report.num_gpus if self.report else 0,
+                "candidates": [{"source": c.source, "samples_per_s": c.report.samples_per_s,
+                                "cost_per_iteration_usd": c.report.cost_per_iteration_usd,
+                                "num_gpus": c.report.num_gpus, "moved_ranks": c.moved_ranks, "score": c.score,
+                                "feasible": c.feasible, "latency_s": c.latency_s} for c in self.candidates]}
+
+
+# ---- the entry point ------------------------------------------------------------------------------
+def replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterState,
+           options: ReplanOptions | None = None, *, lost_gpus: Iterable[tuple[str, int]] = (),
+           estimators: EstimatorSet | None = None, planner_cache: dict | None = None) -> ReplanResult:
+    """A plan for `new_state`, warm-started from `previous_plan` (see the module docstring).
+
+    `previous_plan` is the plan that was running (placed or not: unplaced replicas are taken to sit
+    where `validate_plan` puts them first-fit); `lost_gpus` are (node, GPU) whose state is gone
+    although they are up (a node that failed and came back). `planner_cache` (a dict the caller
+    keeps) memoises the planner's answer per (state, planner options): a replay that meets the same
+    state twice solves it once; the reported planner latency is the one measured when it ran."""
+    opts = options or ReplanOptions()
+    t0 = time.perf_counter()
+    if new_state.instance is not instance and new_state.instance.name != instance.name:
+        raise PlanError(f"state belongs to instance {new_state.instance.name!r}, not {instance.name!r}", "new_state")
+    if new_state.total_gpus == 0:
+        return ReplanResult(None, None, "none", 0, [], 0.0, 0.0, time.perf_counter() - t0, ["no GPU is up"])
+    view = new_state.instance_view()
+    est = memoised(estimators or build_estimators(view))
+    prev = validate_plan(instance, previous_plan) if previous_plan is not None else None
+    lost = frozenset(lost_gpus)
+    notes: list[str] = []
+    cands: list[Candidate] = []
+
+    def add(source: str, plan: Plan, started: float) -> None:
+        report = simulate(view, plan, est)
+        if report.oom_ranks:
+            notes.append(f"{source}: dropped, ranks {[r.rank for r in report.oom_ranks][:5]} out of memory")
+            return
+        moved = moved_ranks(instance, prev if opts.warm else None, report.plan, new_state, lost)
+        changed = prev is None or not same_plan(prev, report.plan)
+        cands.append(Candidate(source, report.plan, report, moved, _score(view, report, moved, changed, opts),
+                               time.perf_counter() - started))
+
+    if opts.warm and prev is not None:
+        if new_state.plan_is_valid(prev) and not _lost_any(prev, lost):
+            add("kept", prev, t0)
+        t1 = time.perf_counter()
+        for source, plan in _Repair(view, est, prev, new_state, opts).run():
+            add(source, plan, t1)
+    repair_s = time.perf_counter() - t0
+    planner_s = cached_s = 0.0
+    if opts.planner_time_limit_s > 0 or not cands:
+        t2 = time.perf_counter()
+        plan, note, planner_s = _planner_candidate(instance, view, est, new_state, prev, lost, opts, _best(cands),
+                                                   planner_cache)
+        cached_s = time.perf_counter() - t2 - planner_s  # < 0 when the planner's answer came from the cache
+        if note:
+            notes.append(note)
+        if plan is not None:
+            add("planner", plan, t2)
+    best = _best(cands)
+    if best is None:
+        raise InfeasibleError(f"no plan fits the {new_state.total_gpus} GPUs up at t={new_state.time_s:g} s "
+                              f"({'; '.join(notes) or 'repair and planner found none'})")
+    # latency charged: the real elapsed time, with a cached planner answer at the latency it had
+    return ReplanResult(best.plan, best.report, best.source, best.moved_ranks, cands, repair_s, planner_s,
+                        time.perf_counter() - t0 - min(cached_s, 0.0), notes)
+
+
+def _lost_any(plan: Plan, lost: frozenset) -> bool:
+    return any((rep.node, g) in lost for st in plan.stages for rep in st.replicas for g in rep.gpus)
+
+
+def same_plan(a: Plan, b: Plan) -> bool:
+    """Same stages, placements, shares and microbatch count (names and metadata aside)."""
+    return (a.num_microbatches == b.num_microbatches and a.schedule == b.schedule
+            and [(s.layer_start, s.layer_end) for s in a.stages] == [(s.layer_start, s.layer_end) for s in b.stages]
+            and all([(r.gpu_type, r.tp, r.node, r.gpus) for r in sa.replicas] == [(r.gpu_type, r.tp, r.node, r.gpus)
+                                                                              for r in sb.replicas]
+                    and a.shares(i) == b.shares(i) for i, (sa, sb) in enumerate(zip(a.stages, b.stages))))
+
+
+def _score(view: Instance, report: SimulationReport, moved: int, changed: bool, opts: ReplanOptions) -> float:
+    run_s = opts.horizon_s - opts.move_penalty_s * moved - (opts.change_cost_s if changed else 0.0)
+    if view.objective.kind == "min_cost":
+        per_sample = report.cost_per_iteration_usd / view.workload.global_batch_size
+        return -per_sample * opts.horizon_s / max(run_s, 1e-9)
+    return report.samples_per_s * max(run_s, 0.0) / opts.horizon_s
+
+
+def _best(cands: list[Candidate]) -> Candidate | None:
+    if not cands:
+        return None
+    order = {"kept": 0, "patched": 1, "repaired": 2, "planner": 3}  # ties: the smaller change
+    return max(cands, key=lambda c: (c.feasible, c.score, -order[c.source]))
+
+
+# ---- the planner candidate ------------------------------------------------------------------------
+def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, state: ClusterState,
+                       prev: Plan | None, lost: frozenset, opts: ReplanOptions, incumbent: Candidate | None,
+                       cache: dict | None) -> tuple[Plan | None, str | None, float]:
+    """(placed plan or None, a note, planner seconds)."""
+    min_its = max_cost = None
+    if opts.warm and opts.planner_cutoff and incumbent is not None and incumbent.feasible:
+        if view.objective.kind == "min_cost":
+            max_cost = incumbent.report.cost_per_iteration_usd
+            if view.constraints.max_cost_per_iteration_usd is not None:
+                max_cost = min(max_cost, view.constraints.max_cost_per_iteration_usd)
+        else:
+            min_its = incumbent.report.iters_per_s
+            if view.constraints.min_throughput_iters_per_s is not None:
+                min_its = max(min_its, view.constraints.min_throughput_iters_per_s)
+    held = holdings(instance, prev) if (opts.warm and prev is not None) else {}
+    held = {g: p for g, p in held.items() if g not in lost}
+    tried, spent = [], 0.0
+    for available in (state.available(), state.whole_node_available()):
+        if available in tried:
+            continue
+        tried.append(available)
+        key = (state.key(), tuple(sorted(available.items())), opts.planner_time_limit_s,
+               opts.planner_combo_time_limit_s, opts.backend, opts.tp_choices, opts.microbatch_sizes,
+               opts.max_stages, min_its, max_cost)
+        if cache is not None and key in cache:
+            unplaced, note, secs = cache[key]
+        else:
+            unplaced, note, secs = _run_planner(view, est, opts, available, min_its, max_cost)
+            if cache is not None:
+                cache[key] = (unplaced, note, secs)
+        spent += secs
+        if unplaced is None:
+            return None, note, spent
+        placed = place(view, unplaced, state, held, reuse=opts.warm)
+        if placed is not None:
+            return placed.model_copy(update={"name": f"{instance.name}-replan",
+                                             "metadata": {**unplaced.metadata, "source": "planner"}}), None, spent
+    return None, "planner: its plan does not fit the GPUs up on partially available nodes", spent
+
+
+def _run_planner(view: Instance, est: EstimatorSet, opts: ReplanOptions, available: dict, min_its: float | None,
+                 max_cost: float | None) -> tuple[Plan | None, str | None, float]:
+    from hetplan.planner import PlannerOptions, plan as joint_plan
+
+    t0 = time.perf_counter()
+    popts = PlannerOptions(backend=opts.backend, time_limit_s=opts.planner_time_limit_s or 0.5,
+                           combo_time_limit_s=opts.planner_combo_time_limit_s, max_stages=opts.max_stages,
+                           microbatch_sizes=opts.microbatch_sizes, tp_choices=opts.tp_choices,
+                           available=available, min_iters_per_s=min_its, max_cost_usd=max_cost)
+    try:
+        return joint_plan(view, popts, est).plan, None, time.perf_counter() - t0
+    except InfeasibleError as exc:
+        if min_its is not None or max_cost is not None:
+            note = "planner: found nothing better than the best candidate in its time limit"
+        else:
+            note = f"planner: {exc}"
+        return None, note, time.perf_counter() - t0
+    except HetplanError as exc:
+        return None, f"planner failed: {exc}", time.perf_counter() - t0
+
+
+def place(view: Instance, plan: Plan, state: ClusterState, held: dict[tuple[str, int], frozenset[Piece]] | None = None,
+          reuse: bool = True) -> Plan | None:
+    """Put every replica that has no node on GPUs that are up. With `reuse`, prefer GPUs that
+    already hold the replica's layers (fewest ranks move state); otherwise first fit in node order.
+    None when the replicas do not fit."""
+    arch = view.model_arch
+    free: dict[str, list[int]] = {}
+    for node in view.nodes:
+        free[node.node_id] = list(range(state.gpus_up.get(node.node_id, 0)))
+    for st in plan.stages:  # GPUs of already placed replicas are taken
+        for rep in st.replicas:
+            if rep.node is not None and rep.gpus is not None:
+                for g in rep.gpus:
+                    if g in free.get(rep.node, []):
+                        free[rep.node].remove(g)
+    by_key: dict[tuple[str, str], list[str]] = {}
+    for node in view.nodes:
+        by_key.setdefault((node.gpu_type, node.zone), []).append(node.node_id)
+    held = held or {}
+    stages = []
+    for st in plan.stages:
+        reps = []
+        for rep in st.replicas:
+            if rep.node is not None:
+                reps.append(rep)
+                continue
+            choice = _choose_gpus(arch, st, rep, by_key.get((rep.gpu_type, rep.zone), []), free, held, reuse)
+            if choice is None:
+                return None
+            node, gpus = choice
+            for g in gpus:
+                free[node].remove(g)
+            reps.append(rep.model_copy(update={"node": node, "gpus": gpus}))
+        stages.append(st.model_copy(update={"replicas": tuple(reps)}))
+    return plan.model_copy(update={"stages": tuple(stages)})
+
+
+def _choose_gpus(arch: ModelArch, st: Stage, rep: Replica, nodes: list[str], free: dict[str, list[int]],
+                 held: dict, reuse: bool) -> tuple[str, tuple[int, ...]] | None:
+    best = None
+    for node in nodes:
+        left = free[node]
+        if len(left) < rep.tp:
+            continue
+        if not reuse:
+            return node, tuple(left[: rep.tp])
+        gpus, hits = [], 0
+        pool = list(left)
+        for r in range(rep.tp):
+            need = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, r)
+            hit = next((g for g in pool if held.get((node, g)) and all(covered(p, held[(node, g)]) for p in need)), None)
+            if hit is not None:
+                hits += 1
+            gpus.append(hit)
+            if hit is not None:
+                pool.remove(hit)
+        # GPUs with no matching state: take those holding nothing first, keep holders for others
+        idle = sorted(pool, key=lambda g: ((node, g) in held, g))
+        gpus = [g if g is not None else idle.pop(0) for g in gpus]
+        key = (hits, -len(left))  # most reuse, then best fit (fullest node)
+        if best is None or key > best[0]:
+            best = (key, node, tuple(gpus))
+    return None if best is None else (best[1], best[2])
+
+
+# ---- the repair -----------------------------------------------------------------------------------
+@dataclass
+class _Rep:
+    gpu_type: str
+    tp: int
+    zone: str
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass
+class _Stage:
+    start: int
+    end: int
+    reps: list[_Rep]
+    shares: list[int] = field(default_factory=list)
+
+
+class _Repair:
+    """Greedy repair of a placed plan on a new state (see the module docstring)."""
+
+    def __init__(self, view: Instance, est: EstimatorSet, prev: Plan, state: ClusterState, opts: ReplanOptions):
+        self.view, self.est, self.prev, self.state, self.opts = view, est, prev, state, opts
+        self.arch = view.model_arch
+        self.B = view.workload.global_batch_size
+        self.schedule = prev.schedule
+        self._time: dict = {}
+        self._cap: dict = {}
+        self._sync: dict = {}
+        self._upd: dict = {}
+        self.node_info = {n.node_id: n for n in view.nodes}
+        self._link: dict = {}
+        self._fill: dict = {}
+        self.seq_bytes = boundary_activation_bytes(self.arch, 1, view.workload.precision)
+
+    # -- cached estimator figures ------------------------------------------------------------------
+    def rep_time(self, g: str, tp: int, start: int, end: int, share: int) -> float:
+        key = (g, tp, start, end, share)
+        if key not in self._time:
+            self._time[key] = sum(self.est.time.layer_time(g, u, share, tp).total_s for u in range(start, end))
+        return self._time[key]
+
+    def max_share(self, g: str, tp: int, start: int, end: int, dp: int, in_flight: int, limit: int) -> int:
+        """Largest share (<= limit) that fits in memory; 0 if not even one sequence does."""
+        if self.view.workload.zero_stage == 0:
+            dp = 1  # the DP degree only shards states under ZeRO
+        key = (g, tp, start, end, dp, in_flight, limit)
+        if key not in self._cap:
+            def fits(s: int) -> bool:
+                return not self.est.memory.worker_memory(g, range(start, end), tp, s, dp, in_flight).oom
+            lo, hi = 0, limit
+            while lo < hi:  # memory grows with the share: binary search the last fitting one
+                mid = (lo + hi + 1) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            self._cap[key] = lo
+        return self._cap[key]
+
+    def in_flight(self, i: int, P: int, m: int) -> int:
+        return in_flight_microbatches(self.schedule, i, P, m)
+
+    # -- shares (min-max water filling) ------------------------------------------------------------
+    def fill(self, st: _Stage, i: int, P: int, m: int) -> float | None:
+        """Give the stage's replicas shares summing to G = B / m minimising the slowest replica's
+        step time (greedy one sequence at a time: optimal for non-decreasing times). Replicas left
+        at 0 are dropped. Returns the step time, None when memory cannot take G sequences.
+        Replicas of one (GPU type, TP) are interchangeable: the answer is memoised per class list."""
+        G = self.B // m
+        k = self.in_flight(i, P, m)
+        classes = tuple((r.gpu_type, r.tp) for r in st.reps)
+        key = (classes, st.start, st.end, k, G)
+        if key not in self._fill:
+            self._fill[key] = self._water_fill(classes, st.start, st.end, k, G)
+        got = self._fill[key]
+        if got is None:
+            return None
+        keep, shares, step = got
+        st.reps = [st.reps[j] for j in keep]
+        st.shares = list(shares)
+        return step
+
+    def _water_fill(self, classes: tuple, start: int, end: int, k: int, G: int):
+        dp = len(classes)
+        caps = [self.max_share(g, tp, start, end, dp, k, G) for g, tp in classes]
+        if sum(caps) < G:
+            return None
+        shares = [0] * len(classes)
+        heap = [(self.rep_time(g, tp, start, end, 1), j) for j, (g, tp) in enumerate(classes) if caps[j] > 0]
+        heapq.heapify(heap)
+        for _ in range(G):
+            _, j = heapq.heappop(heap)
+            shares[j] += 1
+            if shares[j] < caps[j]:
+                g, tp = classes[j]
+                heapq.heappush(heap, (self.rep_time(g, tp, start, end, shares[j] + 1), j))
+        keep = tuple(j for j in range(len(classes)) if shares[j] > 0)
+        step = max(self.rep_time(*classes[j], start, end, shares[j]) for j in keep)
+        return keep, tuple(shares[j] for j in keep), step
+
+    def step(self, st: _Stage) -> float:
+        return max(self.rep_time(r.gpu_type, r.tp, st.start, st.end, s) for r, s in zip(st.reps, st.shares))
+
+    def sync(self, st: _Stage) -> float:
+        if len(st.reps) <= 1:
+            return 0.0
+        key = (st.start, st.end, tuple(sorted((r.node, r.tp) for r in st.reps)))
+        if key not in self._sync:
+            grad = 4 if self.view.workload.precision == "fp32" else DTYPE_BYTES[self.view.workload.precision]
+            nbytes = sum(unit_params_cached(self.arch, u).total for u in range(st.start, st.end)) * grad
+            members = [endpoint(self.view, Replica(gpu_type=r.gpu_type, tp=r.tp, node=r.node, gpus=r.gpus))
+                       for r in st.reps]
+            factor = 1.5 if self.view.workload.zero_stage >= 3 else 1.0
+            self._sync[key] = self.est.comm.allreduce_time_s(members, factor * nbytes / min(r.tp for r in st.reps))
+        return self._sync[key]
+
+    def update(self, st: _Stage) -> float:
+        key = (st.start, st.end, len(st.reps), tuple(sorted({(r.gpu_type, r.tp) for r in st.reps})))
+        if key not in self._upd:
+            self._upd[key] = max(self.est.time.update_time_s(g, range(st.start, st.end), tp, len(st.reps))
+                                 for g, tp in key[3])
+        return self._upd[key]
+
+    def link_s_per_seq(self, a: _Rep, b: _Rep) -> tuple[float, float]:
+        """(seconds per sequence of activations, latency) between two replicas' nodes."""
+        key = (a.node, b.node)
+        if key not in self._link:
+            na, nb = self.node_info[a.node], self.node_info[b.node]
+            link = self.est.comm.link(Endpoint(na.zone, na.region, na.node_id, na.intra_node),
+                                      Endpoint(nb.zone, nb.region, nb.node_id, nb.intra_node))
+            self._link[key] = (self.seq_bytes / (link.bandwidth_GBps * 1e9), link.latency_s)
+        return self._link[key]
+
+    def boundary(self, a: _Stage, b: _Stage) -> float:
+        """Activation transfer of one pipeline step over a stage boundary: every receiving replica
+        takes its share from the sending stage (modelled from its first replica's node)."""
+        src = a.reps[0]
+        return max(share * per + lat for per, lat, share in
+                   ((*self.link_s_per_seq(src, r), s) for r, s in zip(b.reps, b.shares)))
+
+    def proxy(self, stages: list[_Stage], m: int) -> float:
+        """The simulator's 1F1B iteration time, with boundary transfers approximated (`boundary`)."""
+        steps = [self.step(s) for s in stages]
+        links = [self.boundary(a, b) for a, b in zip(stages, stages[1:])]
+        pipe = sum(steps) + 2 * sum(links) + (m - 1) * max(steps + links)  # GPipe: the same, fwd + bwd lumped
+        return pipe + max(self.sync(s) for s in stages) + max(self.update(s) for s in stages)
+
+    def objective(self, stages: list[_Stage], m: int) -> float:
+        t = self.proxy(stages, m)
+        if self.view.objective.kind != "min_cost":
+            return t
+        rate = sum(self.node_info[r.node].price_per_gpu_hour_usd * r.tp for s in stages for r in s.reps)
+        return rate * t
+
+    # -- free GPUs -------------------------------------------------------------------------------
+    def free_gpus(self, stages: list[_Stage]) -> dict[str, list[int]]:
+        free = {n: list(range(k)) for n, k in self.state.gpus_up.items() if k > 0}
+        for st in stages:
+            for r in st.reps:
+                for g in r.gpus:
+                    free[r.node].remove(g)
+        return free
+
+    def rep_blocks(self, free: dict[str, list[int]]) -> dict[tuple[str, str, int], list[_Rep]]:
+        """Disjoint new replicas per (GPU type, zone, TP) that the free GPUs allow, fullest nodes
+        first (best fit keeps whole nodes free for wide TP groups)."""
+        out: dict[tuple[str, str, int], list[_Rep]] = {}
+        for tp in self.opts.tp_choices:
+            for node_id in sorted(free, key=lambda n: (len(free[n]), n)):
+                gpus, node = free[node_id], self.node_info[node_id]
+                if node.num_gpus % tp:
+                    continue
+                for k in range(len(gpus) // tp):
+                    out.setdefault((node.gpu_type, node.zone, tp), []).append(
+                        _Rep(node.gpu_type, tp, node.zone, node_id, tuple(gpus[k * tp:(k + 1) * tp])))
+        return out
+
+    def new_rep_options(self, free: dict[str, list[int]]) -> list[_Rep]:
+        """One candidate replica per (GPU type, zone, TP)."""
+        return [blocks[0] for _, blocks in sorted(self.rep_blocks(free).items())]
+
+    # -- steps -----------------------------------------------------------------------------------
+    def survivors(self) -> list[_Stage]:
+        up = self.state.gpus_up
+        out = []
+        for st in self.prev.stages:
+            reps = [_Rep(r.gpu_type, r.tp, self.node_info[r.node].zone, r.node, r.gpus) for r in st.replicas
+                    if r.node not in self.state.failed and max(r.gpus) < up.get(r.node, 0)]
+            out.append(_Stage(st.layer_start, st.layer_end, reps))
+        return out
+
+    def refill_empty(self, stages: list[_Stage], m: int) -> list[_Stage] | None:
+        """Stages without replicas get the fastest free GPUs that hold them, else merge."""
+        i = 0
+        while i < len(stages):
+            st = stages[i]
+            if st.reps:
+                i += 1
+                continue
+            free = self.free_gpus(stages)
+            G = self.B // m
+            while sum(self._caps(st, i, len(stages), m)) < G:
+                fitting = [r for r in self.new_rep_options(free)
+                           if self.max_share(r.gpu_type, r.tp, st.start, st.end, len(st.reps) + 1,
+                                             self.in_flight(i, len(stages), m), G) > 0]
+                if not fitting:
+                    break
+                rep = min(fitting, key=lambda r: self.rep_time(r.gpu_type, r.tp, st.start, st.end, 1) * r.tp)
+                st.reps.append(rep)
+                for g in rep.gpus:
+                    free[rep.node].remove(g)
+            if sum(self._caps(st, i, len(stages), m)) >= G:
+                i += 1
+                continue
+            st.reps = []
+            merged = self._merge(stages, i, m)
+            if merged is None:
+                return None
+            stages = merged  # re-examine the same index: it now holds the neighbour
+        return stages
+
+    def _caps(self, st: _Stage, i: int, P: int, m: int) -> list[int]:
+        k = self.in_flight(i, P, m)
+        return [self.max_share(r.gpu_type, r.tp, st.start, st.end, len(st.reps), k, self.B // m) for r in st.reps]
+
+    def _merge(self, stages: list[_Stage], i: int, m: int) -> list[_Stage] | None:
+        """Drop empty stage i, giving its units to the neighbour that can hold them."""
+        st = stages[i]
+        for j in (i - 1, i + 1):
+            if not 0 <= j < len(stages) or not stages[j].reps:
+                continue
+            nb = stages[j]
+            trial = [_Stage(s.start, s.end, list(s.reps)) for s in stages]
+            merged = _Stage(min(st.start, nb.start), max(st.end, nb.end), list(nb.reps))
+            trial[j] = merged
+            del trial[i]
+            jj = j if j < i else j - 1
+            if sum(self._caps(merged, jj, len(trial), m)) >= self.B // m:
+                return trial
+        return None
+
+    def balance(self, stages: list[_Stage], m: int) -> bool:
+        P = len(stages)
+        return all(self.fill(st, i, P, m) is not None for i, st in enumerate(stages))
+
+    def grow(self, stages: list[_Stage], m: int) -> None:
+        """Add free GPUs as replicas of the bottleneck stage while the objective improves: k = 1, 2,
+        4, ... replicas of one (GPU type, zone, TP) at a time, since with integer shares one more
+        replica often cannot lower the largest share (a plateau) while a few can."""
+        G = self.B // m
+        P = len(stages)
+        current = self.objective(stages, m)
+        while True:
+            b = max(range(P), key=lambda i: self.step(stages[i]))
+            st = stages[b]
+            room = G - len(st.reps)
+            best = None
+            for blocks in self.rep_blocks(self.free_gpus(stages)).values():
+                k = 1
+                while k <= min(len(blocks), room):
+                    trial = _Stage(st.start, st.end, st.reps + blocks[:k])
+                    if self.fill(trial, b, P, m) is not None:
+                        obj = self.objective(stages[:b] + [trial] + stages[b + 1:], m)
+                        if obj < current * (1 - 1e-4) and (best is None or obj < best[0]):
+                            best = (obj, trial)
+                    k *= 2
+            if best is None:
+                return
+            current, stages[b] = best
+
+    def partition(self, stages: list[_Stage], m: int) -> list[_Stage]:
+        """Stage boundaries minimising the slowest stage for the stages' replica sets: bisection on
+        the step time T; for a given T, each stage in turn takes as many units as it can run within
+        T (memory permitting): with stage times growing in their unit count, this greedy packing
+        succeeds whenever any contiguous split does (the classic linear-partition argument)."""
+        P, U = len(stages), self.arch.num_units
+        memo: dict[tuple[int, int, int], tuple[float | None, _Stage]] = {}
+
+        def t(i: int, a: int, b: int) -> tuple[float | None, _Stage]:
+            if (i, a, b) not in memo:
+                st = _Stage(a, b, list(stages[i].reps))
+                memo[(i, a, b)] = (self.fill(st, i, P, m), st)
+            return memo[(i, a, b)]
+
+        def pack(T: float) -> list[_Stage] | None:
+            a, out = 0, []
+            for i in range(P):
+                if i == P - 1:
+                    tt, st = t(i, a, U)
+                    return out + [st] if tt is not None and tt <= T else None
+                best = None
+                for b in range(a + 1, U - (P - 1 - i) + 1):
+                    tt, st = t(i, a, b)
+                    if tt is None or tt > T:
+                        break
+                    best = (b, st)
+                if best is None:
+                    return None
+                a = best[0]
+                out.append(best[1])
+            return None
+
+        hi = max(self.step(s) for s in stages)
+        best = pack(hi * (1 + 1e-9))
+        if best is None:
+            return stages
+        lo = 0.0
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            trial = pack(mid)
+            if trial is None:
+                lo = mid
+            else:
+                hi, best = mid, trial
+            if hi - lo <= 1e-4 * hi:
+                break
+        if self.objective(best, m) < self.objective(stages, m):
+            return [_Stage(s.start, s.end, list(s.reps), list(s.shares)) for s in best]
+        return stages
+
+    def add_stages(self, stages: list[_Stage], m: int, max_new: int = 4) -> list[_Stage]:
+        """When whole groups of GPUs are free (capacity came back), try a new stage made of up to G
+        free replicas of one (GPU type, zone, TP), next to the slowest stage of two or more units,
+        boundaries re-split
+        (`partition`); keep it if the objective improves. Repeats up to `max_new` times."""
+        G = self.B // m
+        for _ in range(max_new):
+            blocks = self.rep_blocks(self.free_gpus(stages))
+            if not blocks or len(stages) >= min(self.opts.max_stages, self.arch.num_units):
+                return stages
+            current = self.objective(stages, m)
+            splittable = [i for i, st in enumerate(stages) if st.end - st.start >= 2]
+            if not splittable:
+                return stages
+            b = max(splittable, key=lambda i: self.step(stages[i]))  # the slowest stage that can give a unit
+            best = None
+            narrowest = min(len(st.reps) for st in stages)
+            for reps in blocks.values():
+                new = reps[:G]
+                if len(new) < narrowest:  # a stage much narrower than the others only slows the pipeline
+                    continue
+                for pos in (b, b + 1):
+                    trial = [_Stage(s.start, s.end, list(s.reps), list(s.shares)) for s in stages]
+                    # the new stage borrows one unit from its neighbour; `partition` re-splits
+                    host = trial[b]
+                    cut = host.start + 1 if pos == b else host.end - 1
+                    if pos == b:
+                        trial[b] = _Stage(cut, host.end, list(host.reps))
+                        trial.insert(b, _Stage(host.start, cut, list(new)))
+                    else:
+                        trial[b] = _Stage(host.start, cut, list(host.reps))
+                        trial.insert(b + 1, _Stage(cut, host.end, list(new)))
+                    if not self.balance(trial, m):
+                        continue
+                    trial = self.partition(trial, m)
+                    obj = self.objective(trial, m)
+                    if obj < current * (1 - 1e-3) and (best is None or obj < best[0]):
+                        best = (obj, trial)
+            if best is None:
+                return stages
+            stages = best[1]
+        return stages
+
+    def shift_boundaries(self, stages: list[_Stage], m: int) -> list[_Stage]:
+        """Move one unit across a stage boundary while that helps. "Helps" is lexicographic: a lower
+        objective, or the same objective with a lower sorted (descending) vector of stage times, so
+        that two equally slow stages can be relieved one after the other (with the slowest stage
+        unchanged a single move cannot lower the objective)."""
+        P = len(stages)
+
+        def key(sts: list[_Stage]) -> tuple[float, list[float]]:
+            return self.objective(sts, m), sorted((self.step(s) for s in sts), reverse=True)
+
+        def better(a: tuple[float, list[float]], b: tuple[float, list[float]]) -> bool:
+            if a[0] < b[0] * (1 - 1e-9):
+                return True
+            if a[0] > b[0] * (1 + 1e-9):
+                return False
+            for x, y in zip(a[1], b[1]):
+                if x < y * (1 - 1e-9):
+                    return True
+                if x > y * (1 + 1e-9):
+                    return False
+            return False
+
+        current = key(stages)
+        for _ in range(4 * self.arch.num_units):
+            improved = False
+            for i in range(P - 1):
+                for delta in (-1, 1):  # -1: stage i gives its last unit away, +1: takes the next one
+                    a, b = stages[i], stages[i + 1]
+                    cut = a.end + delta
+                    if not (a.start < cut < b.end):
+                        continue
+                    na, nb = _Stage(a.start, cut, list(a.reps)), _Stage(cut, b.end, list(b.reps))
+                    if self.fill(na, i, P, m) is None or self.fill(nb, i + 1, P, m) is None:
+                        continue
+                    trial = stages[:i] + [na, nb] + stages[i + 2:]
+                    k = key(trial)
+                    if better(k, current):
+                        stages, current, improved = trial, k, True
+            if not improved:
+                break
+        return stages
+
+    def to_plan(self, stages: list[_Stage], m: int, source: str) -> Plan:
+        out = []
+        for st in stages:
+            reps = tuple(Replica(gpu_type=r.gpu_type, tp=r.tp, zone=r.zone, node=r.node, gpus=r.gpus,
+                                 microbatch_share=s) for r, s in zip(st.reps, st.shares))
+            out.append(Stage(layer_start=st.start, layer_end=st.end, replicas=reps))
+        return Plan(name=f"{self.view.name}-replan", instance=self.view.name, schedule=self.schedule,
+                    num_microbatches=m, stages=tuple(out), metadata={"source": source})
+
+    def run(self) -> list[tuple[str, Plan]]:
+        """[("patched", plan), ("repaired", plan)] (either may be missing)."""
+        out = []
+        m0 = self.prev.num_microbatches
+        base = self.refill_empty(self.survivors(), m0)
+        if base is None:
+            return out
+        patched = [_Stage(s.start, s.end, list(s.reps)) for s in base]
+        if self.balance(patched, m0):
+            out.append(("patched", self.to_plan(patched, m0, "patched")))
+        best = None
+        for m in sorted({m0, m0 // 2, m0 * 2}):
+            if m < 1 or self.B % m:
+                continue
+            stages = [_Stage(s.start, s.end, list(s.reps)) for s in base]
+            if not self.balance(stages, m):
+                continue
+            self.grow(stages, m)
+            stages = self.partition(stages, m)
+            stages = self.add_stages(stages, m)
+            stages = self.shift_boundaries(stages, m)
+            plan = self.to_plan(stages, m, "repaired")
+            obj = self.simulated(plan)  # the proxy ranks moves inside one m; the simulator ranks the m's
+            if best is None or obj < best[0]:
+                best = (obj, plan)
+        if best is not None:
+            out.append(("repaired", best[1]))
+        return out
+
+    def simulated(self, plan: Plan) -> float:
+        report = simulate(self.view, plan, self.est)
+        if report.oom_ranks:
+            return float("inf")
+        return report.cost_per_iteration_usd if self.view.objective.kind == "min_cost" else report.iteration_time_s

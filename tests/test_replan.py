@@ -1,0 +1,184 @@
+"""Re-planning: valid on the new state, rebalancing against brute force, moved ranks by hand,
+the change penalty's trade-off, reuse-aware placement, and cross-checks with the migration plan."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from hetplan.cluster_state import ClusterState, NodeFailure
+from hetplan.errors import PlanError
+from hetplan.estimators import build_estimators
+from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
+from hetplan.plan import load_plan, plan_from_dict, validate_plan
+from hetplan.replan import ReplanOptions, _Rep, _Repair, _Stage, moved_ranks, place, replan, same_plan
+from hetplan.runtime.migrate import migration_plan
+from hetplan.simulator import simulate
+
+REPO = Path(__file__).resolve().parents[1]
+NO_PLANNER = ReplanOptions(planner_time_limit_s=0)
+
+
+def tiny(a100_nodes: int = 2, v100_nodes: int = 1, batch: int = 8):
+    return instance_from_dict({
+        "name": "tiny_replan",
+        "cluster": {"node_groups": [
+            {"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": a100_nodes, "zone": "z1-a",
+             "price_per_gpu_hour_usd": 3.0},
+            {"name": "v", "gpu_type": "V100-16", "gpus_per_node": 2, "count": v100_nodes, "zone": "z1-a",
+             "price_per_gpu_hour_usd": 1.0}]},
+        "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "ffn_hidden_size": 2048,
+                                        "vocab_size": 8192, "seq_len": 512}},
+                     "global_batch_size": batch, "precision": "fp16", "flash_attention": True}})
+
+
+def rep(node: str, gpus, share: int, gpu: str = "A100-40") -> dict:
+    return {"gpu_type": gpu, "tp": len(gpus), "node": node, "gpus": list(gpus), "microbatch_share": share}
+
+
+def mkplan(stages, m: int = 1):
+    return plan_from_dict({"num_microbatches": m, "stages": [
+        {"layer_start": a, "layer_end": b, "replicas": reps} for a, b, reps in stages]})
+
+
+def test_water_filling_matches_exhaustive_shares():
+    """The shares `fill` gives a stage minimise its slowest replica's step time: compare with every
+    split of G sequences over a mixed A100 / V100 stage (memory caps included)."""
+    inst = tiny()
+    est = build_estimators(inst)
+    prev = validate_plan(inst, mkplan([(0, 6, [rep("a-0", (0,), 8)])]))
+    rp = _Repair(inst, est, prev, ClusterState.initial(inst), NO_PLANNER)
+    reps = [_Rep("A100-40", 1, "z1-a", "a-0", (0,)), _Rep("A100-40", 2, "z1-a", "a-1", (0, 1)),
+            _Rep("V100-16", 1, "z1-a", "v-0", (0,))]
+    for start, end, m in ((0, 6, 1), (1, 3, 1), (0, 6, 2)):
+        st = _Stage(start, end, list(reps))
+        got = rp.fill(st, 0, 1, m)
+        G = 8 // m
+        caps = rp._caps(_Stage(start, end, list(reps)), 0, 1, m)
+        best = min(max(rp.rep_time(r.gpu_type, r.tp, start, end, s) for r, s in zip(reps, shares) if s > 0)
+                   for shares in itertools.product(*(range(c + 1) for c in caps)) if sum(shares) == G)
+        assert got == pytest.approx(best)
+        assert sum(st.shares) == G and min(st.shares) >= 1
+
+
+def test_lost_node_is_dropped_and_the_plan_stays_valid():
+    inst = tiny()
+    old = mkplan([(0, 3, [rep("a-0", (0,), 4), rep("a-0", (1,), 4)]), (3, 6, [rep("a-1", (0,), 4), rep("a-1", (1,), 4)])])
+    state = ClusterState.initial(inst).apply(NodeFailure(time_s=1, node="a-1"))
+    res = replan(inst, old, state, NO_PLANNER)
+    assert res.plan is not None and res.source in ("patched", "repaired")
+    assert "kept" not in {c.source for c in res.candidates}
+    for c in res.candidates:
+        state.check_plan(c.plan)  # every candidate sits on GPUs that are up
+        assert not c.report.oom_ranks
+        assert c.report.samples_per_s == pytest.approx(simulate(state.instance_view(), c.plan).samples_per_s)
+    assert res.plan.num_gpus <= state.total_gpus
+    assert res.report.samples_per_s == max(c.report.samples_per_s for c in res.candidates if c.score == max(
+        x.score for x in res.candidates))
+    assert res.latency_s >= res.repair_s > 0
+
+
+def test_a_stage_without_survivors_is_merged_when_no_gpu_is_free():
+    """Stage 1 lives on a-1 only; a-1 fails and a-0 is full: the patch gives its units to stage 0."""
+    inst = tiny(a100_nodes=2, v100_nodes=0)
+    old = mkplan([(0, 3, [rep("a-0", (0,), 4), rep("a-0", (1,), 4)]), (3, 6, [rep("a-1", (0, 1), 8)])])
+    state = ClusterState.initial(inst).apply(NodeFailure(time_s=1, node="a-1"))
+    res = replan(inst, old, state, NO_PLANNER)
+    patched = next(c for c in res.candidates if c.source == "patched")
+    assert [(s.layer_start, s.layer_end) for s in patched.plan.stages] == [(0, 6)]
+    assert sorted(r.node for r in patched.plan.stages[0].replicas) == ["a-0", "a-0"]
+
+
+def test_moved_ranks_by_hand():
+    """Old: stage [0,3) on a-0 GPUs 0, 1 (TP 1 each), stage [3,6) TP 2 on a-1 GPUs 0-1.
+    New: stage [0,3) unchanged on a-0 GPU 0 (keeps its state: 0), a-0 GPU 1 now holds [0,4) (needs
+    unit 3: moves), stage [4,6) as TP 2 on a-1 (a subset of [3,6) at the same shards: 0 moves),
+    plus a V100 TP 1 replica of [4,6) on v-0 GPU 0 (new GPU: moves). Expected: 2."""
+    inst = tiny()
+    old = mkplan([(0, 3, [rep("a-0", (0,), 4), rep("a-0", (1,), 4)]), (3, 6, [rep("a-1", (0, 1), 8)])])
+    new = mkplan([(0, 3, [rep("a-0", (0,), 8)]), (3, 4, [rep("a-0", (1,), 8)]),
+                  (4, 6, [rep("a-1", (0, 1), 6), rep("v-0", (0,), 2, "V100-16")])])
+    # new stage [3,4) on a-0 GPU 1: unit 3 was on a-1 -> moves; that makes 2 moved ranks
+    assert moved_ranks(inst, old, new) == 2
+    # TP 2 -> TP 2 with the shards swapped between the GPUs: both move
+    swapped = mkplan([(0, 3, [rep("a-0", (0,), 4), rep("a-0", (1,), 4)]), (3, 6, [rep("a-1", (1, 0), 8)])])
+    assert moved_ranks(inst, old, swapped) == 2
+    # a GPU whose state was lost (node came back empty) has to reload
+    assert moved_ranks(inst, old, old, lost_gpus=[("a-1", 0)]) == 1
+    assert moved_ranks(inst, None, old) == old.num_gpus
+    # the migration plan agrees rank by rank
+    assert migration_plan(inst, old, new).moved_ranks == 2
+
+
+def test_change_penalty_trades_reconfiguration_for_speed():
+    """A running plan on a-0 only; a-1 and v-0 come up. Without a penalty the repair adds them
+    (faster, some ranks load state); when a change costs a whole horizon the old plan stays."""
+    inst = tiny(batch=64)
+    old = mkplan([(0, 6, [rep("a-0", (0,), 32), rep("a-0", (1,), 32)])])
+    state = ClusterState.initial(inst).apply(
+        AvailabilityEvent(time_s=0, zone="z1-a", gpu_type="A100-40", available_gpus=2))
+    state = state.apply(AvailabilityEvent(time_s=10, zone="z1-a", gpu_type="A100-40", available_gpus=4))
+    free = replan(inst, old, state, NO_PLANNER)
+    assert free.source == "repaired" and free.moved_ranks > 0
+    kept = next(c for c in free.candidates if c.source == "kept")
+    assert free.report.samples_per_s > kept.report.samples_per_s and kept.moved_ranks == 0
+    costly = replan(inst, old, state, ReplanOptions(planner_time_limit_s=0, change_cost_s=3600, horizon_s=3600))
+    assert costly.source in ("kept", "patched") and costly.moved_ranks == 0
+    assert same_plan(costly.plan, validate_plan(inst, old))
+    # per moved rank: the break-even penalty separates the two choices
+    gain = free.report.samples_per_s / kept.report.samples_per_s
+    per_rank = 3600 * (1 - 1 / gain) / free.moved_ranks
+    assert replan(inst, old, state, ReplanOptions(planner_time_limit_s=0, move_penalty_s=per_rank * 0.9)).source \
+        == "repaired"
+    assert replan(inst, old, state, ReplanOptions(planner_time_limit_s=0, move_penalty_s=per_rank * 1.1)).source \
+        in ("kept", "patched")
+
+
+def test_reuse_aware_placement_keeps_replicas_where_their_layers_are():
+    inst = tiny()
+    state = ClusterState.initial(inst)
+    old = validate_plan(inst, mkplan([(0, 6, [rep("a-1", (0,), 4), rep("a-1", (1,), 4)])]))
+    unplaced = plan_from_dict({"num_microbatches": 1, "stages": [{"layer_start": 0, "layer_end": 6, "replicas": [
+        {"gpu_type": "A100-40", "zone": "z1-a", "microbatch_share": 4}] * 2}]})
+    from hetplan.replan import holdings
+
+    reused = place(inst, unplaced, state, holdings(inst, old), reuse=True)
+    first = place(inst, unplaced, state, reuse=False)
+    assert [r.node for r in reused.stages[0].replicas] == ["a-1", "a-1"] and moved_ranks(inst, old, reused) == 0
+    assert [r.node for r in first.stages[0].replicas] == ["a-0", "a-0"] and moved_ranks(inst, old, first) == 2
+    # no room: None
+    down = state.apply(AvailabilityEvent(time_s=1, zone="z1-a", gpu_type="A100-40", available_gpus=1))
+    assert place(inst, unplaced, down, reuse=False) is None
+
+
+def test_nothing_up_gives_no_plan_and_bad_options_are_refused():
+    inst = tiny()
+    state = ClusterState.initial(inst)
+    for g in ("A100-40", "V100-16"):
+        state = state.apply(AvailabilityEvent(time_s=1, zone="z1-a", gpu_type=g, available_gpus=0))
+    res = replan(inst, None, state)
+    assert res.plan is None and res.source == "none"
+    with pytest.raises(PlanError, match="replan.horizon_s"):
+        ReplanOptions(horizon_s=0)
+    with pytest.raises(PlanError, match="replan.move_penalty_s"):
+        ReplanOptions(move_penalty_s=-1)
+
+
+def test_spot_instance_with_the_planner_and_migration_cross_check():
+    """The bundled spot plan loses half the A100s of zone a: the repair and the planner both give
+    valid plans; the choice is the best score; migration and replan count the same moved ranks."""
+    inst = load_instance(REPO / "instances" / "spot_trace_2type.yaml")
+    old = validate_plan(inst, load_plan(REPO / "instances" / "plans" / "spot_trace_2type.json"))
+    used = {r.node for s in old.stages for r in s.replicas}
+    state = ClusterState.initial(inst).apply(NodeFailure(time_s=5, node=sorted(used)[0]))
+    res = replan(inst, old, state, ReplanOptions(planner_time_limit_s=1.0, planner_combo_time_limit_s=0.5))
+    assert res.plan is not None and res.planner_s > 0
+    best = max(res.candidates, key=lambda c: (c.feasible, c.score))
+    assert res.report.samples_per_s == best.report.samples_per_s
+    for c in res.candidates:
+        state.check_plan(c.plan)
+        assert migration_plan(inst, old, c.plan, state).moved_ranks == c.moved_ranks
+    cold = replan(inst, old, state, ReplanOptions(warm=False, planner_time_limit_s=1.0,
+                                                  planner_combo_time_limit_s=0.5))
+    assert {c.source for c in cold.candidates} <= {"planner"}

@@ -1,0 +1,163 @@
+"""Trace replay: timelines recomputed by hand from the simulator and the migration estimate, the
+bundled trace under all strategies (invariants), and the `replay` command."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hetplan.cluster_state import ClusterState, NodeFailure, NodeRecovery
+from hetplan.errors import InstanceError
+from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
+from hetplan.plan import load_plan, plan_from_dict, validate_plan
+from hetplan.replan import ReplanOptions, replan
+from hetplan.replay import ReplayOptions, replay
+from hetplan.runtime.migrate import migration_plan
+from hetplan.simulator import simulate
+
+REPO = Path(__file__).resolve().parents[1]
+PRICE = 3.0  # USD per A100 GPU-hour in the tiny instance
+
+
+def tiny():
+    return instance_from_dict({
+        "name": "tiny_replay",
+        "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 2,
+                                     "zone": "z1-a", "price_per_gpu_hour_usd": PRICE}]},
+        "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "ffn_hidden_size": 2048,
+                                        "vocab_size": 8192, "seq_len": 512}},
+                     "global_batch_size": 64, "precision": "fp16", "flash_attention": True}})
+
+
+def four_replicas():
+    reps = [{"gpu_type": "A100-40", "tp": 1, "node": n, "gpus": [g], "microbatch_share": 16}
+            for n in ("a-0", "a-1") for g in (0, 1)]
+    return plan_from_dict({"name": "dp4", "num_microbatches": 1, "stages": [{"layer_start": 0, "layer_end": 6,
+                                                                           "replicas": reps}]})
+
+
+def usd_per_h(report) -> float:
+    return 3600 * report.cost_per_iteration_usd / report.iteration_time_s
+
+
+def check_tiling(strategy, start: float, horizon: float) -> None:
+    segs = strategy.segments
+    assert segs[0].start_s == start and segs[-1].end_s == pytest.approx(horizon)
+    for a, b in zip(segs, segs[1:]):
+        assert a.end_s == pytest.approx(b.start_s)
+    assert strategy.total_samples == pytest.approx(
+        sum((s.end_s - s.start_s) * s.samples_per_s for s in segs) - strategy.lost_samples)
+
+
+def test_static_plan_stops_waits_and_resumes_by_hand():
+    """Static DP=4 plan; a-1 fails at t=100 (no notice) and is back at t=300; horizon 500,
+    checkpoints every 60 s, restart 10 s.
+      train [0,100) at the plan's rate; the failure loses the 100 mod 60 = 40 s since the checkpoint;
+      wait [100,300) paying a-0's 2 GPUs; resume: migration (a-1 reloads from a-0 over the
+      network) + 10 s restart paying all 4 GPUs; train until 500."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    rep = simulate(inst, plan)
+    events = [NodeFailure(time_s=100, node="a-1"), NodeRecovery(time_s=300, node="a-1")]
+    opts = ReplayOptions(horizon_s=500, restart_s=10, checkpoint_interval_s=60, initial_plan=plan,
+                         strategies=("static",))
+    res = replay(inst, None, opts, extra_events=events).strategies["static"]
+    back = ClusterState.initial(inst).apply_all(events)
+    mig = migration_plan(inst, plan, plan, back, lost_gpus=[("a-1", 0), ("a-1", 1)]).recovery_s
+    assert mig > 0
+    down = mig + 10
+    train = 100 + (500 - 300 - down)
+    assert res.lost_samples == pytest.approx(40 * rep.samples_per_s)
+    assert res.total_samples == pytest.approx(train * rep.samples_per_s - 40 * rep.samples_per_s)
+    cost = train * usd_per_h(rep) / 3600 + 200 * 2 * PRICE / 3600 + down * 4 * PRICE / 3600
+    assert res.total_cost_usd == pytest.approx(cost)
+    assert res.downtime_s == pytest.approx(200 + down)
+    assert [r.action for r in res.records] == ["stop", "resume"]
+    check_tiling(res, 0.0, 500)
+
+
+@pytest.mark.parametrize("notice", [30.0, None])
+def test_warm_replan_on_a_drop_with_and_without_notice(notice):
+    """At t=100 the A100s drop from 4 to 2 (node a-1 goes). With a 30 s notice the re-plan (fixed
+    latency 5 s) runs at t=70 while training goes on: at t=100 the downtime is migration + restart
+    and no work is lost. Without notice the re-plan latency adds to the downtime and the 100 mod 60
+    = 40 s since the last checkpoint are lost."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    rep0 = simulate(inst, plan)
+    drop = AvailabilityEvent(time_s=100, zone="z1-a", gpu_type="A100-40", available_gpus=2)
+    opts = ReplayOptions(horizon_s=1000, restart_s=10, checkpoint_interval_s=60, initial_plan=plan, notice_s=notice,
+                         fixed_latency_s=5.0, strategies=("warm",), replan=ReplanOptions(planner_time_limit_s=0))
+    res = replay(inst, None, opts, extra_events=[drop]).strategies["warm"]
+    change = res.records[-1]
+    assert change.time_s == 100 and change.action in ("patched", "repaired")
+    assert change.gpus == 2
+    state = ClusterState.initial(inst).apply(drop)
+    # recompute the replay's decision: the same re-plan, its simulation and its migration estimate
+    mine = replan(inst, plan, state, ReplanOptions(planner_time_limit_s=0, change_cost_s=10))
+    assert mine.source == change.action and mine.report.samples_per_s == pytest.approx(change.samples_per_s)
+    assert change.migration_s == pytest.approx(migration_plan(inst, plan, mine.plan, state).recovery_s)
+    new_plan_sps = simulate(state.instance_view(), mine.plan).samples_per_s
+    lost = 0.0 if notice else 40 * rep0.samples_per_s
+    wait = 0.0 if notice else 5.0
+    assert change.downtime_s == pytest.approx(wait + change.migration_s + 10)
+    assert res.lost_samples == pytest.approx(lost)
+    expected = 100 * rep0.samples_per_s + (1000 - 100 - change.downtime_s) * new_plan_sps - lost
+    assert res.total_samples == pytest.approx(expected)
+    if notice:
+        assert [r.action for r in res.records][0] == "prepared" and res.records[0].time_s == 70
+    assert state.plan_is_valid(validate_plan(inst, four_replicas())) is False
+    check_tiling(res, 0.0, 1000)
+
+
+def test_bundled_trace_all_strategies():
+    """The bundled spot trace from the bundled plan, for its first hour and a bit (a bandwidth drop
+    at 3600 s): every strategy's segments tile the time; warm re-planning trains more than the
+    static plan, which stops at the first drop of its GPUs and never sees them all again."""
+    inst = load_instance(REPO / "instances" / "spot_trace_2type.yaml")
+    first = load_plan(REPO / "instances" / "plans" / "spot_trace_2type.json")
+    opts = ReplayOptions(horizon_s=4000, initial_plan=first, fixed_latency_s=0.5)
+    res = replay(inst, None, opts)
+    assert set(res.strategies) == {"warm", "cold", "static"}
+    for s in res.strategies.values():
+        check_tiling(s, res.start_s, 4000)
+        assert s.total_cost_usd > 0
+    warm, static = res.strategies["warm"], res.strategies["static"]
+    assert warm.total_samples > static.total_samples
+    assert all(r.latency_s == 0.5 for r in warm.records if r.action in ("patched", "repaired", "planner", "kept"))
+    # every reconfiguration pays at least the restart constant
+    assert all(r.downtime_s >= opts.restart_s for r in warm.records if r.action in ("patched", "repaired", "planner"))
+    assert res.summary()["strategies"]["warm"]["total_samples"] == pytest.approx(warm.total_samples)
+
+
+def test_replay_command_json_and_errors(tmp_path):
+    from hetplan import replay_cli
+
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:  # a group, so "replay" is a sub-command as in `hetplan replay`
+        pass
+
+    replay_cli.register(app)
+    events = tmp_path / "events.yaml"
+    events.write_text("events:\n  - {kind: failure, time_s: 100, node: a-1}\n  - {kind: recovery, time_s: 200, node: a-1}\n")
+    inst_file = tmp_path / "tiny.yaml"
+    inst_file.write_text(json.dumps(tiny().model_dump(mode="json", exclude={"base_dir"})))
+    out = CliRunner().invoke(app, ["replay", str(inst_file), str(events), "--json", "--horizon", "400",
+                                   "--planner-time-limit", "0.3", "--initial-time-limit", "1", "--fixed-latency", "1",
+                                   "--strategies", "warm,static"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert set(data["strategies"]) == {"warm", "static"} and data["horizon_s"] == 400
+    assert [r["action"] for r in data["strategies"]["static"]["records"]][:1] in (["stop"], ["continue"])
+    text = CliRunner().invoke(app, ["replay", str(inst_file), str(events), "--horizon", "400",
+                                    "--initial-time-limit", "1", "--fixed-latency", "1", "--strategies", "static"])
+    assert text.exit_code == 0 and "strategies" in text.output
+    with pytest.raises(InstanceError, match="unknown strategies"):
+        ReplayOptions(strategies=("sometimes",))
+    with pytest.raises(InstanceError, match="file not found"):
+        replay(tiny(), tmp_path / "missing.csv")
