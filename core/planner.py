@@ -300,8 +300,9 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
         elif res.status.value == "time_limit_no_solution":
             open_bounds.append(lb)
-        else:
-            raise SolverError(f"{backend} failed on P={combo.P} b={combo.b} D={combo.D}: {res.status.value} {res.message}")
+        else:  # a back-end error on one choice leaves that choice open: its lower bound stays in the bound
+            rec.status = f"error:{res.message[:80]}"
+            open_bounds.append(lb)
     if best is None:
         if any(r.status in ("skipped_time", "solved:time_limit_no_solution") for r in records):
             raise SolverError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "

@@ -178,9 +178,16 @@ def time_upper_bound_s(inp: JointInputs) -> float:
 
 
 def time_lower_bound_s(inp: JointInputs) -> float:
-    """sum_i tau_i + (m-1) max_i tau_i >= (1 + (m-1)/P) sum_l min_k step[k,l]."""
+    """T >= sum_i tau_i + (m-1) theta with sum_i tau_i >= F = sum_l min_k step[k,l] and
+    theta >= max(F / P, D W / N): a stage with G_i GPUs has tau_i G_i >= sum_k x[i,k] t_k step_i(k)
+    >= D W_i, where W_i = sum_{l in i} min_k step[k,l] t_k (GPU-seconds of the cheapest way to run a
+    unit), so max_i tau_i >= D sum_i W_i / sum_i G_i >= D W / N with N the GPUs available."""
     fastest = sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
-    return (1 + (inp.m - 1) / inp.P) * fastest
+    gpu_work = sum(min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U))
+    gpus = sum({p.quota_key: p.avail_gpus for p in inp.pools}.values())
+    if inp.max_gpus is not None:
+        gpus = min(gpus, inp.max_gpus)
+    return fastest + (inp.m - 1) * max(fastest / inp.P, inp.D * gpu_work / gpus)
 
 
 def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:
@@ -368,18 +375,22 @@ def _linear_rate_times_T(m: pyo.ConcreteModel, inp: JointInputs, rate: dict) -> 
 def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -> None:
     """Bytes leaving a zone per iteration: pipeline traffic over crossing boundaries, and the rings of
     stages spanning zones (a ring sorted by zone crosses as many zone borders as it has zones)."""
-    pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
-    p2p_bytes = inp.m * inp.D * 2 * inp.boundary_bytes
+    # in MB and USD/MB: raw byte counts (1e9..1e12) next to prices (1e-11 USD/byte) gave HiGHS
+    # "primal infeasibilities" on otherwise easy models, while GB let SCIP's 1e-6 feasibility
+    # tolerance on wz shave ~1e-5 of the cost
+    pz, pr = inp.egress_zone_usd_per_GB / 1e3, inp.egress_region_usd_per_GB / 1e3
+    p2p_bytes = inp.m * inp.D * 2 * inp.boundary_bytes / 1e6
     B = range(inp.P - 1)
     ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
-    gmax = sum(inp.grad_bytes)
+    gb = [g / 1e6 for g in inp.grad_bytes]
+    gmax = sum(gb)
     m.wz = pyo.Var(m.I, Zs, domain=pyo.NonNegativeReals, bounds=(0, gmax))
     m.wz_def = pyo.Constraint(m.I, Zs, rule=lambda m, i, z: m.wz[i, z] >= sum(
-        inp.grad_bytes[l] * m.y[i, l] for l in m.L) - gmax * (1 - m.v[i, z]))
+        gb[l] * m.y[i, l] for l in m.L) - gmax * (1 - m.v[i, z]))
     m.ring_egress = pyo.Var(m.I, domain=pyo.NonNegativeReals)
     m.ring_egress_def = pyo.Constraint(m.I, rule=lambda m, i: m.ring_egress[i] >= ring * pz * (
         sum(m.wz[i, z] for z in Zs) - len(Zs) * gmax * (1 - m.span[i])))
-    tied = 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes if inp.P > 1 else 0.0
+    tied = 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes / 1e6 if inp.P > 1 else 0.0
     m.egress_def = pyo.Constraint(expr=m.egress >= sum(
         p2p_bytes * (pz * m.dz[i] + (pr - pz) * m.dr[i]) for i in B) + sum(m.ring_egress[i] for i in m.I)
         + tied * (pz * m.ez + (pr - pz) * m.er))
@@ -558,7 +569,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.sync[i]] = ev["sync"][i]
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
         for z in inp.zones:
-            start[m.wz[i, z]] = gbi if z in ev["zones"][i] else 0.0
+            start[m.wz[i, z]] = gbi / 1e6 if z in ev["zones"][i] else 0.0
         ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
         start[m.ring_egress[i]] = ring * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
     for i in range(inp.P - 1):
