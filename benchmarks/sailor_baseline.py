@@ -55,7 +55,7 @@ from typing import Iterable
 
 from hetplan.errors import EstimatorError, InfeasibleError, InstanceError
 from hetplan.estimators import Endpoint, EstimatorSet, build_estimators
-from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, sync_volume_factor, unit_params
 from hetplan.instance import Instance, Node
 from hetplan.plan import Plan, Replica, Stage
 from hetplan.simulator import SimulationReport, simulate
@@ -156,8 +156,8 @@ class _Search:
         self.arch, self.wl = instance.model_arch, instance.workload
         self.B = self.wl.global_batch_size
         self.deadline = None if opts.time_limit_s is None else time.perf_counter() + opts.time_limit_s
-        self.grad_bytes_per_param = 4 if self.wl.precision == "fp32" else DTYPE_BYTES[self.wl.precision]
-        self.sync_factor = 1.5 if self.wl.zero_stage >= 3 else 1.0
+        self.grad_bytes_per_param = DTYPE_BYTES[self.wl.precision]
+        self.sync_factor = sync_volume_factor(self.wl.zero_stage)
         self._pools()
         self.dp_calls = self.stage_evals = 0
 

@@ -22,11 +22,6 @@ GIB = 1024**3
 _PLUGIN_MODULES = ["hetplan.solvers.cli", "hetplan.runtime.cli", "hetplan.planner_cli", "hetplan.replay_cli"]
 
 
-def fail(message: str) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=1)
-
-
 def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -92,7 +87,6 @@ def render_simulation(report, title: str) -> None:
                 "peak GiB / capacity"):
         table.add_column(col)
     peaks = report.peak_memory_by_stage()
-    plan = report.plan
     for s, st in enumerate(report.stages):
         reps = describe_replicas(report.plan, s)
         peak, cap = peaks[s]

@@ -22,7 +22,7 @@ import pyomo.environ as pyo
 
 from hetplan.errors import InfeasibleError, SolverError
 from hetplan.estimators import EstimatorSet, build_estimators
-from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance
 from hetplan.plan import Plan
@@ -171,9 +171,8 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
             cap.append(c_b)
     if not pools:
         return None
-    grad = 4 if wl.precision == "fp32" else DTYPE_BYTES[wl.precision]
-    grad_bytes = tuple(unit_params(arch, l).total * grad for l in range(arch.num_units))
-    tied = arch.vocab_size * arch.hidden_size * grad if (arch.tied_embeddings and combo.P > 1) else 0.0
+    grad_bytes = tuple(gradient_bytes(arch, range(l, l + 1), wl.precision) for l in range(arch.num_units))
+    tied = arch.vocab_size * arch.hidden_size * DTYPE_BYTES[wl.precision] if (arch.tied_embeddings and combo.P > 1) else 0.0
 
     def link(spec) -> joint.LinkCost:
         return joint.LinkCost(spec.bandwidth_GBps * 1e9, spec.latency_s)
@@ -185,7 +184,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         node=link(net.inter_node), zone=link(net.inter_zone), region=link(net.inter_region),
         egress_zone_usd_per_GB=net.egress.inter_zone_usd_per_GB,
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
-        sync_factor=1.5 if wl.zero_stage >= 3 else 1.0, objective=objective, max_cost_usd=max_cost,
+        sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus)
 
 

@@ -56,7 +56,7 @@ from hetplan.cluster_state import ClusterState
 from hetplan.errors import HetplanError, InfeasibleError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.base import Endpoint
-from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor, unit_params
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage, validate_plan, workers
 from hetplan.simulator import SimulationReport, endpoint, in_flight_microbatches, simulate
@@ -73,18 +73,13 @@ def content_unit(arch: ModelArch, unit: int) -> int:
     return 0 if (arch.tied_embeddings and unit == arch.num_units - 1) else unit
 
 
-@lru_cache(maxsize=4096)
-def unit_params_cached(arch: ModelArch, unit: int):
-    return unit_params(arch, unit)
-
-
 @lru_cache(maxsize=65536)
 def rank_pieces(arch: ModelArch, layer_start: int, layer_end: int, tp: int, tp_rank: int) -> frozenset[Piece]:
     """The state a rank of TP degree `tp` holding units [layer_start, layer_end) keeps."""
     lo, hi = Fraction(tp_rank, tp), Fraction(tp_rank + 1, tp)
     out = set()
     for u in range(layer_start, layer_end):
-        p = unit_params_cached(arch, u)
+        p = unit_params(arch, u)
         if p.sharded:
             out.add((content_unit(arch, u), "sharded", lo, hi))
         if p.replicated:
@@ -552,11 +547,10 @@ class _Repair:
             return 0.0
         key = (st.start, st.end, tuple(sorted((r.node, r.tp) for r in st.reps)))
         if key not in self._sync:
-            grad = 4 if self.view.workload.precision == "fp32" else DTYPE_BYTES[self.view.workload.precision]
-            nbytes = sum(unit_params_cached(self.arch, u).total for u in range(st.start, st.end)) * grad
+            nbytes = gradient_bytes(self.arch, range(st.start, st.end), self.view.workload.precision)
             members = [endpoint(self.view, Replica(gpu_type=r.gpu_type, tp=r.tp, node=r.node, gpus=r.gpus))
                        for r in st.reps]
-            factor = 1.5 if self.view.workload.zero_stage >= 3 else 1.0
+            factor = sync_volume_factor(self.view.workload.zero_stage)
             self._sync[key] = self.est.comm.allreduce_time_s(members, factor * nbytes / min(r.tp for r in st.reps))
         return self._sync[key]
 

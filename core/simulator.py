@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetplan.estimators import Endpoint, EstimatorSet, MemoryBreakdown, build_estimators
-from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, unit_params
+from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.estimators.network import ring_order
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, redistribution, validate_plan
@@ -190,15 +190,11 @@ class _Sim:
         return max(into.values()), max(back_into.values()), egress_usd
 
     # -- gradient synchronisation ------------------------------------------------------------------
-    def _grad_bytes(self, units: range) -> float:
-        grad = 4 if self.wl.precision == "fp32" else DTYPE_BYTES[self.wl.precision]
-        return sum(unit_params(self.arch, u).total for u in units) * grad
-
     def _allreduce(self, reps: list[Replica], nbytes_full: float) -> float:
         if len(reps) <= 1:
             return 0.0
         min_tp = min(r.tp for r in reps)
-        factor = 1.5 if self.wl.zero_stage >= 3 else 1.0
+        factor = sync_volume_factor(self.wl.zero_stage)
         members = [endpoint(self.inst, r) for r in reps]
         t = self.est.comm.allreduce_time_s(members, factor * nbytes_full / min_tp)
         self._ring_egress(members, factor * nbytes_full)
@@ -218,10 +214,10 @@ class _Sim:
         out = []
         for stage in self.plan.stages:
             units = range(stage.layer_start, stage.layer_end)
-            out.append(self._allreduce(list(stage.replicas), self._grad_bytes(units)))
+            out.append(self._allreduce(list(stage.replicas), gradient_bytes(self.arch, units, self.wl.precision)))
         if self.arch.tied_embeddings and self.P > 1:
             # first and last stage hold copies of the tied embedding; their gradients are summed
-            tied = self.arch.vocab_size * self.arch.hidden_size * (4 if self.wl.precision == "fp32" else 2)
+            tied = self.arch.vocab_size * self.arch.hidden_size * DTYPE_BYTES[self.wl.precision]
             reps = list(self.plan.stages[0].replicas) + list(self.plan.stages[-1].replicas)
             t = self._allreduce(reps, tied)
             out[0], out[-1] = out[0] + t, out[-1] + t

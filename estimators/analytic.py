@@ -34,6 +34,7 @@ from hetplan.estimators.model_stats import (
     unit_flops_fwd,
     unit_params,
 )
+from hetplan.estimators.network import ring_allreduce_time_s
 from hetplan.instance import Instance
 
 GIB = 1024**3
@@ -63,9 +64,7 @@ def zero_divisors(zero_stage: int, dp: int) -> tuple[int, int, int]:
 
 def ring_allreduce_s(nbytes: float, members: int, link: LinkSpec) -> float:
     """Ring all-reduce: 2 (n - 1) / n x bytes over the link, 2 (n - 1) latency steps."""
-    if members <= 1:
-        return 0.0
-    return 2 * (members - 1) / members * nbytes / (link.bandwidth_GBps * 1e9) + 2 * (members - 1) * link.latency_s
+    return ring_allreduce_time_s(nbytes, members, link.bandwidth_GBps * 1e9, link.latency_s)
 
 
 def _intra_links(instance: Instance) -> dict[str, LinkSpec]:

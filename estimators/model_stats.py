@@ -15,6 +15,7 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hetplan.catalog import ModelArch
 
@@ -61,6 +62,7 @@ class UnitParams:
         return self.sharded + self.replicated
 
 
+@lru_cache(maxsize=4096)  # called per unit in every simulation, planner table and migration plan
 def unit_params(arch: ModelArch, unit: int) -> UnitParams:
     """Megatron-style split: column-parallel weights and biases and vocab rows are sharded; row-parallel
     biases and norms are replicated. The head holds its own copy of a tied embedding matrix when it
@@ -89,6 +91,17 @@ def block_matmul_weights(arch: ModelArch) -> int:
     h = arch.hidden_size
     mlp = (3 if arch.mlp == "swiglu" else 2) * h * arch.ffn_hidden_size
     return h * (h + 2 * _kv_dim(arch)) + h * h + mlp
+
+
+def gradient_bytes(arch: ModelArch, units: range, precision: str) -> float:
+    """Bytes of the gradients of `units` (all TP shards together), held in the training dtype."""
+    return sum(unit_params(arch, u).total for u in units) * DTYPE_BYTES[precision]
+
+
+def sync_volume_factor(zero_stage: int) -> float:
+    """Gradient-sync traffic relative to an all-reduce: ZeRO-3 adds the parameter all-gathers, 1.5x
+    (Rajbhandari et al. SC'20 sec. 7)."""
+    return 1.5 if zero_stage >= 3 else 1.0
 
 
 def total_params(arch: ModelArch) -> int:

@@ -21,6 +21,13 @@ from hetplan.estimators.base import Endpoint
 from hetplan.instance import Instance, Network
 
 
+def ring_allreduce_time_s(nbytes: float, members: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Ring all-reduce of nbytes per member: 2 (k-1)/k x bytes at the slowest bandwidth, 2 (k-1) latencies."""
+    if members <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (members - 1) / members * nbytes / bandwidth_Bps + 2 * (members - 1) * latency_s
+
+
 def ring_order(members: list[Endpoint]) -> list[Endpoint]:
     return sorted(members, key=lambda e: (e.region, e.zone, e.node_id or ""))
 
@@ -64,8 +71,7 @@ class AlphaBetaComm:
         ring = ring_order(members)
         links = [self.link(ring[i], ring[(i + 1) % k]) for i in range(k)]
         bw = min(link.bandwidth_GBps for link in links) * 1e9
-        alpha = max(link.latency_s for link in links)
-        return 2 * (k - 1) / k * nbytes / bw + 2 * (k - 1) * alpha
+        return ring_allreduce_time_s(nbytes, k, bw, max(link.latency_s for link in links))
 
     def hierarchical_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         ring = ring_order(members)

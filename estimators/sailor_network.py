@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
 from hetplan.estimators.base import Endpoint
+from hetplan.estimators.network import ring_allreduce_time_s
 from hetplan.estimators.profile_time import own_options
 from hetplan.profiles import BandwidthFit
 
@@ -190,5 +191,4 @@ class SailorNetworkComm:
                 per_node[m.node_id] = per_node.get(m.node_id, 0) + 1
         ring = [(members[i], members[(i + 1) % k]) for i in range(k)]
         bw = min(self.bandwidth_Bps(a, b, nbytes, per_node.get(a.node_id, 2)) for a, b in ring)
-        latency = max(self._latency(a, b) for a, b in ring)
-        return 2 * (k - 1) / k * nbytes / bw + 2 * (k - 1) * latency
+        return ring_allreduce_time_s(nbytes, k, bw, max(self._latency(a, b) for a, b in ring))

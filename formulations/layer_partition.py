@@ -470,6 +470,7 @@ def inputs_from_instance(instance: Any, estimators: Any, stages: Sequence[Sequen
     replica's optimizer step per unit (`update_time_s`).
     """
     from hetplan.estimators.base import Endpoint
+    from hetplan.estimators.model_stats import boundary_activation_bytes
 
     require_int(global_microbatch, "global_microbatch", minimum=1)
     batch = instance.workload.global_batch_size
@@ -502,7 +503,7 @@ def inputs_from_instance(instance: Any, estimators: Any, stages: Sequence[Sequen
             eps.append(_endpoint(instance, ch, Endpoint))
         table.append(tuple(row))
         ends.append(eps)
-    bytes_per_seq = arch.seq_len * arch.hidden_size * (4 if instance.workload.precision == "fp32" else 2)
+    bytes_per_seq = boundary_activation_bytes(arch, 1, instance.workload.precision)
     p2p = []
     for i in range(len(stages) - 1):
         most = max(max(rep.shares) for rep in table[i] + table[i + 1])

@@ -47,7 +47,8 @@ from hetplan.estimators.base import Endpoint
 from hetplan.estimators.network import AlphaBetaComm
 from hetplan.instance import Instance
 from hetplan.plan import Plan, validate_plan, workers
-from hetplan.replan import Piece, rank_pieces, unit_params_cached
+from hetplan.estimators.model_stats import unit_params
+from hetplan.replan import Piece, rank_pieces
 
 SOURCES = ("gpu", "local", "peer", "remote")
 
@@ -166,7 +167,7 @@ class _Sizes:
         self.arch = instance.model_arch
 
     def params(self, unit: int, part: str) -> int:
-        p = unit_params_cached(self.arch, unit)
+        p = unit_params(self.arch, unit)
         return p.sharded if part == "sharded" else p.replicated
 
     def piece_bytes(self, unit: int, part: str, lo: Fraction, hi: Fraction) -> float:
@@ -183,7 +184,7 @@ def checkpoint_layout(instance: Instance, plan: Plan) -> list[ShardFile]:
     for st in plan.stages:
         t = st.replicas[0].tp
         for u in range(st.layer_start, st.layer_end):
-            p = unit_params_cached(arch, u)
+            p = unit_params(arch, u)
             sharded = 0 if (arch.tied_embeddings and u == head and head != 0) else p.sharded
             n = sharded / t + p.replicated
             for r in range(t):
