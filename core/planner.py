@@ -289,12 +289,11 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             sol = joint.decode(model, inp)
             ev = joint.evaluate(inp, sol)
             obj = ev["cost"] if objective == "min_cost" else ev["T"]
-            rec.objective, rec.bound = obj, res.bound
+            rec.objective, rec.bound = obj, (None if res.bound is None else joint.objective_value(inp, res.bound))
             if best is None or obj < best[0]:
                 best = (obj, sol, inp)
             if res.status.value != "optimal" and res.bound is not None:
-                scale = joint.COST_SCALE if objective == "min_cost" else 1.0
-                open_bounds.append(max(res.bound / scale, lb))
+                open_bounds.append(max(joint.objective_value(inp, res.bound), lb))
         elif res.status.value == "infeasible":
             rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
         elif res.status.value == "time_limit_no_solution":

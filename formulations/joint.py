@@ -64,7 +64,7 @@ simulator may find a faster hierarchical or intra-node one); link classes, not z
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyomo.environ as pyo
 from pyomo.common.collections import ComponentMap
@@ -73,6 +73,7 @@ from hetplan.plan import Plan, Replica, Stage
 
 
 COST_SCALE = 1e6  # objective and budget rows in micro-dollars
+TIME_UNITS_PER_S = 1e3  # the model's time variables are in milliseconds (`in_model_units`)
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,19 @@ def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:
 
 
 # ---- the model --------------------------------------------------------------------------------------
-def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None) -> pyo.ConcreteModel:
-    """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice."""
+def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
+          layers: str = "auto") -> pyo.ConcreteModel:
+    """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice.
+
+    `layers`: "blocks" (the compact stage-choice form, needs `blocks_identical(inp)`), "staircase"
+    (any per-unit figures) or "auto" (blocks when possible)."""
+    if layers == "auto":
+        layers = "blocks" if blocks_identical(inp) else "staircase"
+    if layers == "blocks" and not blocks_identical(inp):
+        raise ValueError("layers='blocks' needs identical transformer blocks after the first one")
+    inp = in_model_units(inp)
+    if time_cutoff_s is not None:
+        time_cutoff_s *= TIME_UNITS_PER_S
     m = pyo.ConcreteModel(name=f"joint_P{inp.P}_D{inp.D}_b{inp.b}")
     I, L, K = range(inp.P), range(inp.U), range(inp.K)
     Zs, Rs = inp.zones, inp.regions
@@ -205,7 +217,7 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     if inp.min_iters_per_s:
         t_ub = min(t_ub, 1 / inp.min_iters_per_s)
 
-    m.y = pyo.Var(m.I, m.L, domain=pyo.Binary)
+    m.layers = layers
     m.x = pyo.Var(m.I, m.K, domain=pyo.NonNegativeIntegers, bounds=lambda _, i, k: (0, min(inp.D, inp.pools[k].avail_gpus // inp.pools[k].tp)))
     m.u = pyo.Var(m.I, m.K, domain=pyo.Binary)
     m.v = pyo.Var(m.I, Zs, domain=pyo.Binary)
@@ -221,12 +233,49 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     m.mu = pyo.Var(domain=pyo.NonNegativeReals)
     m.T = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, t_ub))
 
-    _layer_constraints(m, inp)
     _replica_constraints(m, inp)
+    if layers == "blocks":
+        _block_constraints(m, inp)
+    else:
+        _layer_constraints(m, inp)
     _placement_constraints(m, inp, Zs, Rs)
     _time_constraints(m, inp)
     _cost_and_objective(m, inp, linearize, Zs)
+    _scale_rows(m, ("egress_def", "ring_egress_def"), COST_SCALE)  # USD rows in micro-dollars
     return m
+
+
+def in_model_units(inp: JointInputs) -> JointInputs:
+    """The same inputs with every time in milliseconds (prices per GPU-millisecond-hour scaled to
+    match, so rate x T stays in USD). Stage times are 1e-4..1e-1 s: in seconds the solvers' absolute
+    feasibility tolerances (1e-6 in SCIP, 1e-7 in HiGHS) let T undercut the true value by ~1e-6 s,
+    and SCIP reported "best solution is not feasible in original problem" on a 2-stage model."""
+    ms = TIME_UNITS_PER_S
+
+    def link(lc: LinkCost) -> LinkCost:
+        return LinkCost(lc.bandwidth_Bps / ms, lc.latency_s * ms)
+
+    return replace(
+        inp, step_s=tuple(tuple(v * ms for v in row) for row in inp.step_s),
+        upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), node=link(inp.node), zone=link(inp.zone),
+        region=link(inp.region),
+        pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
+        min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms)
+
+
+def objective_value(inp: JointInputs, solver_objective: float) -> float:
+    """A solver's objective or bound in seconds (max throughput) or USD (min cost)."""
+    return solver_objective / (COST_SCALE if inp.objective == "min_cost" else TIME_UNITS_PER_S)
+
+
+def _scale_rows(m: pyo.ConcreteModel, names: tuple[str, ...], factor: float) -> None:
+    for name in names:
+        comp = getattr(m, name, None)
+        if comp is None:
+            continue
+        for row in comp.values():
+            lo, body, hi = row.lower, row.body, row.upper
+            row.set_value((None if lo is None else factor * lo, factor * body, None if hi is None else factor * hi))
 
 
 def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
@@ -234,12 +283,27 @@ def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     Monotone in l (a prefix of the units) and in i; its LP relaxation is much tighter than ordering
     stage indices, because every fractional point is a convex combination of contiguous splits."""
     P, U = inp.P, inp.U
+    m.y = pyo.Var(m.I, m.L, domain=pyo.Binary)
     m.a = pyo.Var(range(P - 1), m.L, domain=pyo.Binary)
     a = lambda i, l: (1 if i >= P - 1 else (0 if i < 0 else m.a[i, l]))  # noqa: E731
     m.prefix = pyo.Constraint(range(P - 1), range(U - 1), rule=lambda m, i, l: m.a[i, l] >= m.a[i, l + 1])
     m.nested = pyo.Constraint(range(P - 2), m.L, rule=lambda m, i, l: m.a[i, l] <= m.a[i + 1, l])
     m.link_y = pyo.Constraint(m.I, m.L, rule=lambda m, i, l: m.y[i, l] == a(i, l) - a(i - 1, l))
     m.nonempty = pyo.Constraint(m.I, rule=lambda m, i: sum(m.y[i, l] for l in m.L) >= 1)
+    big_step = [sum(inp.step_s[k]) for k in m.K]
+    m.straggler = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.tau[i] >= stage_sum(
+        m, inp, i, inp.step_s[k]) - big_step[k] * (1 - m.u[i, k]))
+
+    def memory(m, i, k):
+        load = sum((inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l]) * m.y[i, l] for l in m.L)
+        big = max(0.0, sum(inp.stat_bytes[k]) + inp.in_flight(i) * sum(inp.act_bytes[k]) - inp.cap_bytes[k])
+        # scaled to GiB so that the coefficients stay near 1 for the solvers
+        return load / 2**30 <= (inp.cap_bytes[k] + big * (1 - m.u[i, k])) / 2**30
+
+    m.memory = pyo.Constraint(m.I, m.K, rule=memory)
+    # valid cut without big-M: a stage is never faster than its units on the fastest pool
+    fastest = [min(inp.step_s[k][l] for k in m.K) for l in m.L]
+    m.tau_floor = pyo.Constraint(m.I, rule=lambda m, i: m.tau[i] >= stage_sum(m, inp, i, fastest))
 
 
 def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
@@ -251,22 +315,116 @@ def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         <= next(p.avail_gpus for p in inp.pools if p.quota_key == keys[q]))
     m.use_hi = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.x[i, k] <= D * m.u[i, k])
     m.use_lo = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.u[i, k] <= m.x[i, k])
-    big_step = [sum(inp.step_s[k]) for k in m.K]
-    m.straggler = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.tau[i] >= sum(
-        inp.step_s[k][l] * m.y[i, l] for l in m.L) - big_step[k] * (1 - m.u[i, k]))
-
-    def memory(m, i, k):
-        load = sum((inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l]) * m.y[i, l] for l in m.L)
-        big = max(0.0, sum(inp.stat_bytes[k]) + inp.in_flight(i) * sum(inp.act_bytes[k]) - inp.cap_bytes[k])
-        # scaled to GiB so that the coefficients stay near 1 for the solvers
-        return load / 2**30 <= (inp.cap_bytes[k] + big * (1 - m.u[i, k])) / 2**30
-
-    m.memory = pyo.Constraint(m.I, m.K, rule=memory)
-    # valid cuts without big-M: a stage is never faster than its units on the fastest pool
-    fastest = [min(inp.step_s[k][l] for k in m.K) for l in m.L]
-    m.tau_floor = pyo.Constraint(m.I, rule=lambda m, i: m.tau[i] >= sum(fastest[l] * m.y[i, l] for l in m.L))
     if inp.max_gpus is not None:
         m.max_gpus = pyo.Constraint(expr=sum(inp.pools[k].tp * m.x[i, k] for i in m.I for k in m.K) <= inp.max_gpus)
+
+
+# ---- compact layer form: identical blocks ---------------------------------------------------------
+def blocks_identical(inp: JointInputs, rel_tol: float = 1e-9) -> bool:
+    """True when units 2..U-2 (every transformer block but the first) have the same figures on every
+    pool: then a stage is described by its block count alone (`stage_units`)."""
+    if inp.U < 4:
+        return False
+
+    def same(rows) -> bool:
+        return all(abs(r[l] - r[2]) <= rel_tol * max(abs(r[2]), 1e-30) for r in rows for l in range(3, inp.U - 1))
+
+    return all(same(rows) for rows in (inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, (inp.grad_bytes,)))
+
+
+def block_counts(inp: JointInputs, i: int) -> range:
+    """Block counts n stage i may hold in the compact form: stage 0 holds the embedding and at least
+    one block (so unit 1, the only block that may differ, is always there), middle stages at least
+    one block, the last stage the head and possibly no block."""
+    L, P = inp.U - 2, inp.P
+    if P == 1:
+        return range(L, L + 1)
+    lo = 0 if i == P - 1 else 1
+    others_min = (P - 1) - (1 if i < P - 1 else 0)  # stages before the last need one block each
+    return range(lo, L - others_min + 1)
+
+
+def stage_units(inp: JointInputs, i: int, n: int) -> range:
+    """Units whose figures equal those of stage i holding n blocks (stage 0: the actual ones)."""
+    if inp.P == 1:
+        return range(0, inp.U)
+    if i == 0:
+        return range(0, 1 + n)
+    if i == inp.P - 1:
+        return range(inp.U - 1 - n, inp.U)
+    return range(2, 2 + n)
+
+
+def stage_sum(m: pyo.ConcreteModel, inp: JointInputs, i: int, per_unit) -> pyo.Expression:
+    """sum over the units of stage i of `per_unit[l]`, as a linear expression in either layer form."""
+    if m.layers == "blocks":
+        return sum(sum(per_unit[l] for l in stage_units(inp, i, n)) * m.nb[i, n]
+                   for n in block_counts(inp, i) if (i, n) in m.nb)
+    return sum(per_unit[l] * m.y[i, l] for l in m.L)
+
+
+def time_classes(inp: JointInputs) -> list[tuple[str, int]]:
+    """Pools of one GPU type and TP degree run every unit alike (zones differ only in placement)."""
+    return sorted({(p.gpu_type, p.tp) for p in inp.pools})
+
+
+def _class_figures(inp: JointInputs) -> tuple[dict, dict]:
+    """time[(r, i, n)] stage seconds per microbatch on class r, fits[(r, i, n)] memory fits a worker."""
+    rep = {c: next(k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c) for c in time_classes(inp)}
+    time_s, fits = {}, {}
+    for c, k in rep.items():
+        for i in range(inp.P):
+            for n in block_counts(inp, i):
+                units = stage_units(inp, i, n)
+                time_s[c, i, n] = sum(inp.step_s[k][l] for l in units)
+                load = sum(inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l] for l in units)
+                fits[c, i, n] = load <= inp.cap_bytes[k]
+    return time_s, fits
+
+
+def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
+    """nb[i,n] = 1: stage i holds n blocks.  z[i,r,n] = 1: besides, r is its straggler class, so
+    tau[i] = time[r,i,n] exactly and only pools no slower than r at n, and that fit n blocks in
+    memory, may serve stage i: x[i,k] <= D sum_{(r,n) allows k} z[i,r,n].  Every fractional point
+    is a mix of whole stage choices, far tighter than big-M straggler and memory rows."""
+    classes = time_classes(inp)
+    time_s, fits = _class_figures(inp)
+    N = {i: list(block_counts(inp, i)) for i in range(inp.P)}
+    choices = [(i, c, n) for i in range(inp.P) for n in N[i] for c in classes if fits[c, i, n]]
+    w_idx = sorted({(i, n) for i, _, n in choices})
+    m.nb = pyo.Var(w_idx, domain=pyo.Binary)
+    m.z = pyo.Var(range(len(choices)), domain=pyo.Binary)
+    m.choices = choices
+    m.one_count = pyo.Constraint(m.I, rule=lambda m, i: sum(m.nb[i, n] for n in N[i] if (i, n) in m.nb) == 1)
+    m.every_block = pyo.Constraint(expr=sum(n * m.nb[i, n] for (i, n) in w_idx) == inp.U - 2)
+    by_w = {key: [] for key in w_idx}
+    for j, (i, c, n) in enumerate(choices):
+        by_w[i, n].append(j)
+    m.one_class = pyo.Constraint(w_idx, rule=lambda m, i, n: sum(m.z[j] for j in by_w[i, n]) == m.nb[i, n])
+    m.stage_time = pyo.Constraint(m.I, rule=lambda m, i: m.tau[i] == sum(
+        time_s[c, i2, n] * m.z[j] for j, (i2, c, n) in enumerate(choices) if i2 == i))
+
+    def allow(m, i, k):
+        c = (inp.pools[k].gpu_type, inp.pools[k].tp)
+        ok = [j for j, (i2, r, n) in enumerate(choices) if i2 == i and fits[c, i, n]
+              and time_s[c, i, n] <= time_s[r, i, n] * (1 + 1e-12)]
+        if not ok:
+            return m.x[i, k] == 0
+        return m.x[i, k] <= inp.D * sum(m.z[j] for j in ok)
+
+    m.allow = pyo.Constraint(m.I, m.K, rule=allow)
+    # w[i, n] with no class fitting n blocks on stage i does not exist: fewer blocks then
+    for i in range(inp.P):
+        if not any((i, n) in m.nb for n in N[i]):
+            raise _NoChoice(i)
+
+
+class _NoChoice(Exception):
+    """No pool fits any block count on some stage: the outer choice is infeasible."""
+
+    def __init__(self, stage: int):
+        super().__init__(f"no pool fits stage {stage}")
+        self.stage = stage
 
 
 def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str], Rs: list[str]) -> None:
@@ -305,8 +463,8 @@ def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     _sync_constraints(m, inp)
     m.sync_max = pyo.Constraint(m.I, rule=lambda m, i: m.sigma >= m.sync[i])
     big_upd = [sum(inp.upd_s[k]) for k in m.K]
-    m.update = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.mu >= sum(
-        inp.upd_s[k][l] * m.y[i, l] for l in m.L) - big_upd[k] * (1 - m.u[i, k]))
+    m.update = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.mu >= stage_sum(
+        m, inp, i, inp.upd_s[k]) - big_upd[k] * (1 - m.u[i, k]))
     m.iteration = pyo.Constraint(expr=m.T == sum(m.tau[i] for i in m.I) + sum(m.c[i] for i in B)
                                  + (inp.m - 1) * m.theta + m.sigma + m.mu)
 
@@ -323,7 +481,7 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     a_node, l_node = inp.ring_coeff(inp.node, inp.D)
     a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
     f = inp.sync_factor
-    gb = {i: sum(inp.grad_bytes[l] * m.y[i, l] for l in m.L) for i in m.I}
+    gb = {i: stage_sum(m, inp, i, inp.grad_bytes) for i in m.I}
     big = a_zone * f * sum(inp.grad_bytes) + l_zone
     tied = {i: 0.0 for i in m.I}
     if inp.P > 1:
@@ -385,8 +543,8 @@ def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -
     gb = [g / 1e6 for g in inp.grad_bytes]
     gmax = sum(gb)
     m.wz = pyo.Var(m.I, Zs, domain=pyo.NonNegativeReals, bounds=(0, gmax))
-    m.wz_def = pyo.Constraint(m.I, Zs, rule=lambda m, i, z: m.wz[i, z] >= sum(
-        gb[l] * m.y[i, l] for l in m.L) - gmax * (1 - m.v[i, z]))
+    m.wz_def = pyo.Constraint(m.I, Zs, rule=lambda m, i, z: m.wz[i, z] >= stage_sum(
+        m, inp, i, gb) - gmax * (1 - m.v[i, z]))
     m.ring_egress = pyo.Var(m.I, domain=pyo.NonNegativeReals)
     m.ring_egress_def = pyo.Constraint(m.I, rule=lambda m, i: m.ring_egress[i] >= ring * pz * (
         sum(m.wz[i, z] for z in Zs) - len(Zs) * gmax * (1 - m.span[i])))
@@ -399,12 +557,21 @@ def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -
 # ---- decode and greedy ------------------------------------------------------------------------------
 def decode(m: pyo.ConcreteModel, inp: JointInputs) -> JointSolution:
     ranges = []
-    for i in range(inp.P):
-        units = [l for l in range(inp.U) if pyo.value(m.y[i, l]) > 0.5]
-        ranges.append((min(units), max(units) + 1))
+    if m.layers == "blocks":
+        start = 0
+        for i in range(inp.P):
+            n = next(n for n in block_counts(inp, i) if (i, n) in m.nb and pyo.value(m.nb[i, n]) > 0.5)
+            end = inp.U if i == inp.P - 1 else (1 + n if i == 0 else start + n)
+            ranges.append((start, end))
+            start = end
+    else:
+        for i in range(inp.P):
+            units = [l for l in range(inp.U) if pyo.value(m.y[i, l]) > 0.5]
+            ranges.append((min(units), max(units) + 1))
     reps = tuple(tuple(int(round(pyo.value(m.x[i, k]))) for k in range(inp.K)) for i in range(inp.P))
     cost = pyo.value(m.cost) if hasattr(m, "cost") else None
-    return JointSolution(tuple(ranges), reps, pyo.value(m.T), cost if cost is not None else float("nan"))
+    return JointSolution(tuple(ranges), reps, pyo.value(m.T) / TIME_UNITS_PER_S,
+                         cost if cost is not None else float("nan"))
 
 
 def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan:
@@ -547,15 +714,51 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
             "zones": zones, "regions": regions}
 
 
-def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> ComponentMap:
-    """A complete variable assignment for `sol` (the solver layer checks it against every constraint)."""
+def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:
+    """Blocks per stage of `sol` in the compact form, or None when it lies outside it (stage 0
+    holding the embedding alone)."""
+    if inp.P > 1 and sol.ranges[0][1] < 2:
+        return None
+    counts = [e - s for s, e in sol.ranges]
+    counts[0] -= 1
+    counts[-1] -= 1
+    return counts
+
+
+def _block_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution, start: ComponentMap) -> bool:
+    counts = solution_blocks(inp, sol)
+    if counts is None:
+        return False
+    time_s, _ = _class_figures(inp)
+    for (i, n) in m.nb:
+        start[m.nb[i, n]] = 1 if counts[i] == n else 0
+    for j, (i, c, n) in enumerate(m.choices):
+        start[m.z[j]] = 0
+    for i in range(inp.P):
+        used = {(inp.pools[k].gpu_type, inp.pools[k].tp) for k in range(inp.K) if sol.replicas[i][k]}
+        straggler = max(used, key=lambda c: time_s[c, i, counts[i]])
+        j = next((j for j, ch in enumerate(m.choices) if ch == (i, straggler, counts[i])), None)
+        if j is None:
+            return False
+        start[m.z[j]] = 1
+    return True
+
+
+def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> ComponentMap | None:
+    """A complete variable assignment for `sol` (the solver layer checks it against every constraint);
+    None when `sol` lies outside the model's space (see `solution_blocks`)."""
+    inp = in_model_units(inp)
     ev = evaluate(inp, sol)
     start = ComponentMap()  # Pyomo variables are not hashable as plain dict keys
-    for (i, l), val in ev["y"].items():
-        start[m.y[i, l]] = val
-    for i in range(inp.P - 1):
-        for l in range(inp.U):
-            start[m.a[i, l]] = 1 if l < sol.ranges[i][1] else 0
+    if m.layers == "blocks":
+        if not _block_start(m, inp, sol, start):
+            return None
+    else:
+        for (i, l), val in ev["y"].items():
+            start[m.y[i, l]] = val
+        for i in range(inp.P - 1):
+            for l in range(inp.U):
+                start[m.a[i, l]] = 1 if l < sol.ranges[i][1] else 0
     for i in range(inp.P):
         for k in range(inp.K):
             start[m.x[i, k]] = sol.replicas[i][k]
