@@ -57,6 +57,18 @@ Constraints
 Objective
   max_throughput: minimise T (throughput = B / T);  min_cost: minimise cost.
 
+Compact form (layers="blocks", chosen when every block after the first has the same figures: all
+presets, Sailor's profiles). Stage i is described by its block count n alone: stage 0 holds the
+embedding and blocks 1..n (n >= 1), middle stages n >= 1 generic blocks, the last stage n >= 0
+blocks and the head (`block_counts`, `stage_units`). The staircase rows are replaced by
+  nb[i,n] in {0,1}, sum_n nb[i,n] = 1, sum_{i,n} n nb[i,n] = L     (blocks placed once)
+  z[i,r,n] in {0,1} for time classes r = (GPU type, TP) that fit n blocks on stage i in memory,
+  sum_r z[i,r,n] = nb[i,n];  tau[i] = sum_{r,n} time[r,i,n] z[i,r,n]  (r is the straggler)
+  x[i,k] <= D sum {z[i,r,n] : pool k fits n blocks on stage i and time[k,i,n] <= time[r,i,n]}
+which are exact (no big-M on time or memory); all-reduce times per (pool, position, n) come from
+the communication estimator (`sync_table`) instead of the ring formula. Time variables are in
+milliseconds and cost rows in micro-dollars (`in_model_units`), for the solvers' tolerances.
+
 Simplifications (the simulator scores the decoded plan exactly): every replica takes b sequences
 (uneven shares are not modelled here); all-reduces use the ring bound over the inter-node link (the
 simulator may find a faster hierarchical or intra-node one); link classes, not zone-pair overrides.
@@ -123,6 +135,11 @@ class JointInputs:
     max_cost_usd: float | None = None
     min_iters_per_s: float | None = None
     max_gpus: int | None = None
+    # (k, position(i), n) -> seconds of stage i's gradient all-reduce when it holds n blocks on D replicas of
+    # pool k inside one zone, from the communication estimator (blocks form only; the ring formula
+    # over the inter-node link otherwise). Lets the model match the simulator's hierarchical or
+    # fitted all-reduce instead of a flat ring.
+    sync_table: dict | None = None
 
     @property
     def U(self) -> int:
@@ -191,6 +208,153 @@ def time_lower_bound_s(inp: JointInputs) -> float:
     return fastest + (inp.m - 1) * max(fastest / inp.P, inp.D * gpu_work / gpus)
 
 
+def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
+    """(seconds, bytes) stage position i adds on pool k besides its generic blocks: the embedding
+    (and unit 1's difference from a generic block, only where it is lighter) on stage 0, the head
+    on the last stage."""
+    t = mem = 0.0
+    nf = inp.in_flight(i)
+    unit = lambda l: (inp.step_s[k][l], inp.stat_bytes[k][l] + nf * inp.act_bytes[k][l])  # noqa: E731
+    if i == 0:
+        t0, m0 = unit(0)
+        t1, m1 = unit(1)
+        tg, mg = unit(2)
+        t, mem = t0 + min(0.0, t1 - tg), m0 + min(0.0, m1 - mg)
+    if i == inp.P - 1:
+        th, mh = unit(inp.U - 1)
+        t, mem = t + th, mem + mh
+    return t, mem
+
+
+def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
+    """An upper bound on the transformer blocks P stages of D replicas can hold when no stage may
+    take longer than theta_s per microbatch (relaxation: zones merged, quotas per GPU type).
+
+    At stage position i a replica of class c holds at most cap[c,i] blocks: what fits in theta_s
+    and in memory with min(P - i, m) microbatches in flight, after the embedding (i = 0) or head
+    (i = P - 1). A stage holds no more than its worst replica. For a level v, the positions whose
+    stage can hold >= v blocks need D replicas each of classes with cap >= v there; the eligible
+    sets shrink as positions hold more microbatches (nested), so by Hall's condition at most N(v)
+    stages do, N(v) the largest k with R_j(v) >= D (k - j) for the j-th most generous position,
+    R_j(v) the most replicas of eligible classes the GPUs allow (each type at its smallest eligible
+    TP). Total blocks <= sum_v (v - v_next) N(v) (layer-cake sum over the capacity levels)."""
+    gpus: dict[str, int] = {}
+    for (g, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items():
+        gpus[g] = gpus.get(g, 0) + n
+    blk = [inp.step_s[k][2] for k in range(inp.K)]
+    caps = {}  # (k, i) -> blocks
+    for k in range(inp.K):
+        for i in range(inp.P):
+            et, em = _position_extras(inp, k, i)
+            per_blk = inp.stat_bytes[k][2] + inp.in_flight(i) * inp.act_bytes[k][2]
+            by_time = math.floor((theta_s - et) / blk[k] + 1e-9) if blk[k] > 0 else inp.U
+            by_mem = math.floor((inp.cap_bytes[k] - em) / per_blk) if per_blk > 0 else inp.U
+            caps[k, i] = max(-1, min(by_time, by_mem, inp.U - 2))
+    work = _work_bound(inp, caps, gpus)
+    # positions from the most generous: the last stage (1 in flight) first, except that ends carry extras
+    order = sorted(range(inp.P), key=lambda i: -sum(caps[k, i] for k in range(inp.K)))
+    levels = sorted({c for c in caps.values() if c > 0}, reverse=True)
+    total = 0.0
+    if not levels:
+        return 0.0
+    for idx, v in enumerate(levels):
+        v_next = levels[idx + 1] if idx + 1 < len(levels) else 0
+        reach = []
+        for i in order:
+            min_tp: dict[str, int] = {}
+            for k, p in enumerate(inp.pools):
+                if caps[k, i] >= v:
+                    min_tp[p.gpu_type] = min(min_tp.get(p.gpu_type, p.tp), p.tp)
+            reach.append(_replicas(gpus, min_tp, inp.max_gpus))
+        stages = _hall_count(reach, inp.D)
+        if v_next == 0 and stages < inp.P - 1:
+            return 0.0  # every stage but the last needs a block: too few replicas that hold one
+        total += (v - v_next) * stages
+    return min(total, work)
+
+
+def _work_bound(inp: JointInputs, caps: dict, gpus: dict[str, int]) -> float:
+    """A stage holds no more blocks than the mean capacity of its D replicas, so all stages hold at
+    most (1 / D) sum over replicas of their capacity; a GPU type gives the most in total at the TP
+    degree with the most capacity per GPU (at any position: an overestimate)."""
+    best: dict[str, float] = {}
+    for k, p in enumerate(inp.pools):
+        cap = max(max(caps[k, i] for i in range(inp.P)), 0)
+        best[p.gpu_type] = max(best.get(p.gpu_type, 0.0), (gpus[p.gpu_type] // p.tp) * cap)
+    return sum(best.values()) / inp.D
+
+
+def _replicas(gpus: dict[str, int], min_tp: dict[str, int], max_gpus: int | None) -> int:
+    budget = max_gpus if max_gpus is not None else math.inf
+    count = 0
+    for t, g in sorted((t, g) for g, t in min_tp.items()):  # smallest TP first: most replicas under a cap
+        take = int(min(gpus[g] // t, budget // t))
+        count, budget = count + take, budget - take * t
+    return count
+
+
+def _hall_count(reach: list[int], D: int) -> int:
+    """Most positions servable when position j may use reach[j] replicas (nested sets, in order):
+    a prefix 0..k-1 is servable only if reach[j] >= D (k - j) for every j < k... with the sets
+    shrinking along the order, positions j..k-1 draw on the j-th set only."""
+    best = 0
+    for k in range(1, len(reach) + 1):
+        if all(reach[j] >= D * (k - j) for j in range(k)):
+            best = k
+    return best
+
+
+def bottleneck_lower_bound_s(inp: JointInputs) -> float:
+    """The least theta (slowest stage time per microbatch) for which `blocks_coverable` reaches
+    the L = U - 2 blocks; +inf when no theta does (too few replicas or memory)."""
+    L = inp.U - 2
+    extras = {(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
+        (k, 0.0) for k in range(inp.K)}
+    # every stage time a class can have: n blocks plus what its position adds
+    cands = sorted({n * inp.step_s[k][2] + e for k, e in extras for n in range(0, L + 1)} - {0.0})
+    if not cands or blocks_coverable(inp, cands[-1]) < L:
+        return math.inf
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if blocks_coverable(inp, cands[mid]) >= L:
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo]
+
+
+def time_lower_bound_tight_s(inp: JointInputs) -> float:
+    """T >= sum_i tau_i + sum_i c_i + (m - 1) theta + sigma + mu, each term bounded alone: sum tau >=
+    F (every unit on its fastest pool), c_i >= c_node, theta >= the larger of
+    `bottleneck_lower_bound_s`, F / P and D W / N (`time_lower_bound_s`) and the link time / 2,
+    sigma >= the ring all-reduce of the largest stage (>= 1/P of the gradients) at the largest TP,
+    mu >= 1/P of the cheapest update."""
+    if inp.U < 4:
+        return time_lower_bound_s(inp)
+    fastest = sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    base = time_lower_bound_s(inp)
+    theta_old = (base - fastest) / (inp.m - 1) if inp.m > 1 else 0.0
+    c_node = inp.p2p_s(inp.node) if inp.P > 1 else 0.0
+    theta = max(theta_old, bottleneck_lower_bound_s(inp), c_node / 2)
+    if math.isinf(theta):
+        return math.inf
+    a, lat = inp.ring_coeff(inp.node, inp.D)
+    sigma = a * inp.sync_factor * sum(inp.grad_bytes) / inp.P / max(p.tp for p in inp.pools) + lat
+    mu = sum(min(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U)) / inp.P
+    return fastest + (inp.P - 1) * c_node + (inp.m - 1) * theta + sigma + mu
+
+
+def cost_lower_bound_usd(inp: JointInputs) -> float:
+    """cost >= rate x T >= the larger of rate_LB x T_LB and the cheapest work: with 1F1B, T >= m tau_i
+    ((m - 1) theta + sum tau >= m tau_i) and tau_i >= the stage's step time on each of its replicas,
+    so rate x T >= sum_i sum_{r in i} price_r t_r m step_r(i) / 3600
+    >= m D sum_l min_k price_k t_k step[k,l] / 3600."""
+    work = inp.m * inp.D * sum(min(p.price_per_gpu_hour_usd * p.tp * inp.step_s[k][l] for k, p in enumerate(inp.pools))
+                               for l in range(inp.U)) / 3600
+    return max(time_lower_bound_tight_s(inp) * rate_lower_bound_usd_per_s(inp), work)
+
+
 def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:
     return inp.P * inp.D * min(p.price_per_gpu_hour_usd * p.tp for p in inp.pools) / 3600
 
@@ -206,6 +370,8 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
         layers = "blocks" if blocks_identical(inp) else "staircase"
     if layers == "blocks" and not blocks_identical(inp):
         raise ValueError("layers='blocks' needs identical transformer blocks after the first one")
+    if layers == "staircase" and inp.sync_table is not None:
+        raise ValueError("the staircase form times all-reduces by the ring formula: drop sync_table")
     inp = in_model_units(inp)
     if time_cutoff_s is not None:
         time_cutoff_s *= TIME_UNITS_PER_S
@@ -260,7 +426,8 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), node=link(inp.node), zone=link(inp.zone),
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
-        min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms)
+        min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
+        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()})
 
 
 def objective_value(inp: JointInputs, solver_objective: float) -> float:
@@ -342,6 +509,11 @@ def block_counts(inp: JointInputs, i: int) -> range:
     lo = 0 if i == P - 1 else 1
     others_min = (P - 1) - (1 if i < P - 1 else 0)  # stages before the last need one block each
     return range(lo, L - others_min + 1)
+
+
+def position(inp: JointInputs, i: int) -> str:
+    """Stages whose units look alike: "only" (P = 1), "first", "last" or "middle"."""
+    return "only" if inp.P == 1 else ("first" if i == 0 else ("last" if i == inp.P - 1 else "middle"))
 
 
 def stage_units(inp: JointInputs, i: int, n: int) -> range:
@@ -489,8 +661,16 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         t_node, t_zone, t_region = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
         expr = t_node + (t_zone - t_node) * m.ez + (t_region - t_zone) * m.er
         tied[0] = tied[inp.P - 1] = expr
-    m.sync_node = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_node * f * gb[i] / inp.pools[k].tp + l_node
-                                 - big * (1 - m.u[i, k]) + tied[i])
+    def in_zone(m, i, k):
+        if inp.sync_table is not None and m.layers == "blocks":
+            own = sum(inp.sync_table[k, position(inp, i), n] * m.nb[i, n] for n in block_counts(inp, i) if (i, n) in m.nb)
+        else:
+            own = a_node * f * gb[i] / inp.pools[k].tp + l_node
+        return m.sync[i] >= own - big * (1 - m.u[i, k]) + tied[i]
+
+    if inp.sync_table is not None:
+        big = max(big, max(inp.sync_table.values(), default=0.0))
+    m.sync_node = pyo.Constraint(m.I, m.K, rule=in_zone)
     m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_zone * f * gb[i] / inp.pools[k].tp + l_zone
                                  - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
 
@@ -585,13 +765,14 @@ def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan
     return Plan(name=name, schedule="1F1B", num_microbatches=inp.m, micro_batch_size=inp.b, stages=tuple(stages))
 
 
-def greedy(inp: JointInputs) -> JointSolution | None:
-    """Fastest pools first (per GPU, so TP is used only where it pays), one region per stage; layers
-    split in proportion to stage speed, then moved off stages that run out of memory. None when no
-    memory-feasible split is found."""
+def greedy(inp: JointInputs, order: str = "speed") -> JointSolution | None:
+    """Fastest pools first (per GPU, so TP is used only where it pays; order="cost": cheapest work
+    per USD first), one region per stage; layers split in proportion to stage speed, then moved off
+    stages that run out of memory. None when no memory-feasible split is found."""
     left = {p.quota_key: p.avail_gpus for p in inp.pools}
     # replica time x GPUs it takes: a TP=2 replica must be twice as fast to beat two TP=1 replicas
-    speed = sorted(range(inp.K), key=lambda k: sum(inp.step_s[k]) * inp.pools[k].tp)
+    weight = (lambda k: inp.pools[k].price_per_gpu_hour_usd) if order == "cost" else (lambda k: 1.0)
+    speed = sorted(range(inp.K), key=lambda k: sum(inp.step_s[k]) * inp.pools[k].tp * weight(k))
     replicas = []
     for _ in range(inp.P):
         row = _fill_stage(inp, left, speed)
@@ -693,11 +874,15 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     else:
         ez = er = 0
     sync = []
+    counts = solution_blocks(inp, sol) if (inp.sync_table is not None and blocks_identical(inp)) else None
     for i in range(inp.P):
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
         a, lat = (a_zone, l_zone) if span[i] else (a_node, l_node)
-        sync.append(max(a * inp.sync_factor * gbi / inp.pools[k].tp + lat for k in range(inp.K) if used[i][k])
-                    + tied.get(i, 0.0))
+        own = [a * inp.sync_factor * gbi / inp.pools[k].tp + lat for k in range(inp.K) if used[i][k]]
+        if counts is not None:
+            table = [inp.sync_table[k, position(inp, i), counts[i]] for k in range(inp.K) if used[i][k]]
+            own = [max(x, y) for x, y in zip(own, table)] if span[i] else table
+        sync.append(max(own) + tied.get(i, 0.0))
     mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) for i in range(inp.P) for k in range(inp.K) if used[i][k])
     T = sum(tau) + sum(c) + (inp.m - 1) * theta + max(sync) + mu
     rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * sol.replicas[i][k] / 3600

@@ -1,4 +1,5 @@
 """The joint planner against exhaustive enumeration on a tiny cluster, and SCIP vs HiGHS."""
+import dataclasses
 import itertools
 
 import pytest
@@ -6,7 +7,8 @@ import pytest
 from hetplan.estimators import build_estimators
 from hetplan.formulations import joint
 from hetplan.instance import instance_from_dict
-from hetplan.planner import Combo, PlannerOptions, _quotas, _Tables, enumerate_combos, joint_inputs, plan
+from hetplan.planner import (Combo, PlannerOptions, _quotas, _Tables, enumerate_combos, joint_inputs, plan,
+                             with_sync_table)
 from hetplan.solvers import SolveOptions, get_backend, solve
 
 
@@ -65,7 +67,7 @@ def combos_of(inst, objective, max_cost=None):
             continue  # keeps the enumeration small
         inp = joint_inputs(inst, tables, quotas, combo, objective, max_cost, None, (1, 2))
         if inp is not None:
-            yield combo, inp
+            yield combo, with_sync_table(inp, tables)
 
 
 @pytest.mark.parametrize("layers", ["blocks", "staircase"])
@@ -75,7 +77,9 @@ def test_joint_milp_matches_brute_force_per_outer_choice(backend, layers):
         pytest.skip(f"{backend} not installed")
     checked = 0
     for combo, inp in combos_of(tiny(), "max_throughput"):
-        assert joint.blocks_identical(inp)
+        assert joint.blocks_identical(inp) and inp.sync_table is not None
+        if layers == "staircase":
+            inp = dataclasses.replace(inp, sync_table=None)
         truth = brute_force(inp, "T", layers)
         model = joint.build(inp, layers=layers)
         res = solve(model, backend=backend, options=SolveOptions(rel_gap=1e-6, time_limit_s=30))
