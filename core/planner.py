@@ -318,6 +318,16 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             continue
         prepared.append((lb, combo, inp))
     prepared.sort(key=lambda x: (x[0], x[1].P, x[1].D))
+    # tight bounds for as many choices as a quarter of the time allows, then order by the best known
+    tight: dict[Combo, float] = {}
+    for lb, combo, inp in prepared:
+        if time.perf_counter() - t_start > opts.time_limit_s / 4:
+            break
+        tight[combo] = max(lb, _tight_bound(inp, objective, min_its))
+    for combo in [c for c, v in tight.items() if v == float("inf")]:
+        records.append(ComboRecord(combo.P, combo.b, combo.D, float("inf"), "infeasible_by_bound"))
+    prepared = sorted(((tight.get(c, lb), c, inp) for lb, c, inp in prepared if tight.get(c) != float("inf")),
+                      key=lambda x: (x[0], x[1].P, x[1].D))
 
     best = None  # (objective, solution, inputs)
     greedy_best = None
@@ -348,7 +358,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             rec.status = "skipped_time"
             open_bounds.append(lb)
             continue
-        lb = rec.lower_bound = max(lb, _tight_bound(inp, objective, min_its))
+        if combo not in tight:
+            lb = rec.lower_bound = max(lb, _tight_bound(inp, objective, min_its))
         if lb == float("inf"):
             rec.status = "infeasible_by_bound"
             continue
