@@ -30,12 +30,11 @@ import pyomo.environ as pyo
 
 from hetplan.errors import InfeasibleError, SolverError
 from hetplan.estimators import EstimatorSet, build_estimators
-from hetplan.estimators.base import Endpoint
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance
 from hetplan.plan import Plan
-from hetplan.simulator import SimulationReport, simulate
+from hetplan.simulator import SimulationReport, node_endpoint, simulate
 
 TP_CHOICES = (1, 2, 4, 8)
 
@@ -140,8 +139,7 @@ class _Tables:
                 nodes = [n for n in self.inst.nodes if n.gpu_type == g and n.zone == zone]
                 members = []
                 for node in nodes * (1 + D // max(1, len(nodes))):  # more replicas than GPUs: reuse nodes
-                    ep = Endpoint(zone=node.zone, region=node.region, node_id=node.node_id, intra_node=node.intra_node)
-                    members += [ep] * (node.num_gpus // t)
+                    members += [node_endpoint(node)] * (node.num_gpus // t)
                     if len(members) >= D:
                         break
                 factor = sync_volume_factor(self.inst.workload.zero_stage)
@@ -156,17 +154,16 @@ class _Tables:
         if key not in self._links:
             nbytes = boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
             best = None
-            firsts = {}
+            groups: dict[tuple[str, str], list] = {}  # nodes per (GPU type, zone)
             for n in self.inst.nodes:
-                firsts.setdefault((n.gpu_type, n.zone), []).append(n)
-            for (g1, z1), n1 in firsts.items():
-                for (g2, z2), n2 in firsts.items():
-                    a = n1[0]
-                    c = next((n for n in n2 if n.node_id != a.node_id), None)
+                groups.setdefault((n.gpu_type, n.zone), []).append(n)
+            for src_nodes in groups.values():
+                a = src_nodes[0]
+                for dst_nodes in groups.values():
+                    c = next((n for n in dst_nodes if n.node_id != a.node_id), None)
                     if c is None or not _pair_is(kind, a, c):
                         continue
-                    ep = [Endpoint(zone=n.zone, region=n.region, node_id=n.node_id, intra_node=n.intra_node) for n in (a, c)]
-                    t = self.est.comm.p2p_time_s(ep[0], ep[1], nbytes)
+                    t = self.est.comm.p2p_time_s(node_endpoint(a), node_endpoint(c), nbytes)
                     best = t if best is None else min(best, t)
             self._links[key] = None if not best else joint.LinkCost(nbytes / best, 0.0)
         return self._links[key]
@@ -249,8 +246,6 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
         sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus)
-    if not joint.blocks_identical(inp):
-        return inp
     return inp
 
 
@@ -332,13 +327,14 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     best = None  # (objective, solution, inputs)
     greedy_best = None
     # every choice's greedy first (milliseconds each): a good incumbent prunes before any MILP
-    greedies = {}
+    greedies, filled = {}, {}  # filled: inputs with the all-reduce table, reused on the visit
     for lb, combo, inp in prepared:
         if time.perf_counter() - t_start > opts.time_limit_s / 4:
             break
-        greedies[combo] = _best_greedy(with_sync_table(inp, tables), objective, max_cost, min_its)
+        filled[combo] = with_sync_table(inp, tables)
+        greedies[combo] = _best_greedy(filled[combo], objective, max_cost, min_its)
         if greedies[combo] is not None and (greedy_best is None or greedies[combo][0] < greedy_best[0]):
-            greedy_best = (*greedies[combo], inp)
+            greedy_best = (*greedies[combo], filled[combo])
     best = greedy_best
     build_s = solve_s = 0.0
     solved = pruned = 0
@@ -367,7 +363,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             rec.status = "pruned_bound"
             pruned += 1
             continue
-        inp = with_sync_table(inp, tables)
+        inp = filled[combo] if combo in filled else with_sync_table(inp, tables)
         found = greedies[combo] if combo in greedies else _best_greedy(inp, objective, max_cost, min_its)
         g_obj, g = found if found is not None else (None, None)
         if g_obj is not None and (greedy_best is None or g_obj < greedy_best[0]):

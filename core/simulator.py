@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from hetplan.estimators import Endpoint, EstimatorSet, MemoryBreakdown, build_estimators
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.estimators.network import ring_order
-from hetplan.instance import Instance
+from hetplan.instance import Instance, Node
 from hetplan.plan import Plan, Replica, redistribution, validate_plan
 
 
@@ -133,7 +133,11 @@ class SimulationReport:
 
 
 def endpoint(instance: Instance, rep: Replica) -> Endpoint:
-    node = instance.node_by_id[rep.node]
+    return node_endpoint(instance.node_by_id[rep.node])
+
+
+def node_endpoint(node: Node) -> Endpoint:
+    """Where a node's GPUs sit, as the communication estimator needs it."""
     return Endpoint(zone=node.zone, region=node.region, node_id=node.node_id, intra_node=node.intra_node)
 
 
