@@ -200,12 +200,21 @@ def time_lower_bound_s(inp: JointInputs) -> float:
     theta >= max(F / P, D W / N): a stage with G_i GPUs has tau_i G_i >= sum_k x[i,k] t_k step_i(k)
     >= D W_i, where W_i = sum_{l in i} min_k step[k,l] t_k (GPU-seconds of the cheapest way to run a
     unit), so max_i tau_i >= D sum_i W_i / sum_i G_i >= D W / N with N the GPUs available."""
-    fastest = sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    return _fastest_work_s(inp) + (inp.m - 1) * _theta_work_bound_s(inp)
+
+
+def _fastest_work_s(inp: JointInputs) -> float:
+    """F: one microbatch through every unit, each on its fastest pool."""
+    return sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+
+
+def _theta_work_bound_s(inp: JointInputs) -> float:
+    """theta >= max(F / P, D W / N) (see `time_lower_bound_s`)."""
     gpu_work = sum(min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U))
     gpus = sum({p.quota_key: p.avail_gpus for p in inp.pools}.values())
     if inp.max_gpus is not None:
         gpus = min(gpus, inp.max_gpus)
-    return fastest + (inp.m - 1) * max(fastest / inp.P, inp.D * gpu_work / gpus)
+    return max(_fastest_work_s(inp) / inp.P, inp.D * gpu_work / gpus)
 
 
 def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
@@ -332,11 +341,9 @@ def time_lower_bound_tight_s(inp: JointInputs) -> float:
     mu >= 1/P of the cheapest update."""
     if inp.U < 4:
         return time_lower_bound_s(inp)
-    fastest = sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
-    base = time_lower_bound_s(inp)
-    theta_old = (base - fastest) / (inp.m - 1) if inp.m > 1 else 0.0
+    fastest = _fastest_work_s(inp)
     c_node = inp.p2p_s(inp.node) if inp.P > 1 else 0.0
-    theta = max(theta_old, bottleneck_lower_bound_s(inp), c_node / 2)
+    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp), c_node / 2)
     if math.isinf(theta):
         return math.inf
     a, lat = inp.ring_coeff(inp.node, inp.D)
@@ -564,9 +571,13 @@ def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     N = {i: list(block_counts(inp, i)) for i in range(inp.P)}
     choices = [(i, c, n) for i in range(inp.P) for n in N[i] for c in classes if fits[c, i, n]]
     w_idx = sorted({(i, n) for i, _, n in choices})
+    for i in range(inp.P):  # before any row: a stage with no choice would make an empty row "== 1"
+        if not any(i2 == i for i2, _ in w_idx):
+            raise NoStageChoice(i)
     m.nb = pyo.Var(w_idx, domain=pyo.Binary)
     m.z = pyo.Var(range(len(choices)), domain=pyo.Binary)
-    m.choices = choices
+    m.choices, m.class_time_s = choices, time_s  # the warm start names the straggler class with them
+    at_stage = {i: [(j, r, n) for j, (i2, r, n) in enumerate(choices) if i2 == i] for i in range(inp.P)}
     m.one_count = pyo.Constraint(m.I, rule=lambda m, i: sum(m.nb[i, n] for n in N[i] if (i, n) in m.nb) == 1)
     m.every_block = pyo.Constraint(expr=sum(n * m.nb[i, n] for (i, n) in w_idx) == inp.U - 2)
     by_w = {key: [] for key in w_idx}
@@ -574,24 +585,19 @@ def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         by_w[i, n].append(j)
     m.one_class = pyo.Constraint(w_idx, rule=lambda m, i, n: sum(m.z[j] for j in by_w[i, n]) == m.nb[i, n])
     m.stage_time = pyo.Constraint(m.I, rule=lambda m, i: m.tau[i] == sum(
-        time_s[c, i2, n] * m.z[j] for j, (i2, c, n) in enumerate(choices) if i2 == i))
+        time_s[c, i, n] * m.z[j] for j, c, n in at_stage[i]))
 
     def allow(m, i, k):
         c = (inp.pools[k].gpu_type, inp.pools[k].tp)
-        ok = [j for j, (i2, r, n) in enumerate(choices) if i2 == i and fits[c, i, n]
-              and time_s[c, i, n] <= time_s[r, i, n] * (1 + 1e-12)]
+        ok = [j for j, r, n in at_stage[i] if fits[c, i, n] and time_s[c, i, n] <= time_s[r, i, n] * (1 + 1e-12)]
         if not ok:
             return m.x[i, k] == 0
         return m.x[i, k] <= inp.D * sum(m.z[j] for j in ok)
 
     m.allow = pyo.Constraint(m.I, m.K, rule=allow)
-    # w[i, n] with no class fitting n blocks on stage i does not exist: fewer blocks then
-    for i in range(inp.P):
-        if not any((i, n) in m.nb for n in N[i]):
-            raise _NoChoice(i)
 
 
-class _NoChoice(Exception):
+class NoStageChoice(Exception):
     """No pool fits any block count on some stage: the outer choice is infeasible."""
 
     def __init__(self, stage: int):
@@ -661,6 +667,9 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         t_node, t_zone, t_region = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
         expr = t_node + (t_zone - t_node) * m.ez + (t_region - t_zone) * m.er
         tied[0] = tied[inp.P - 1] = expr
+    if inp.sync_table is not None:
+        big = max(big, max(inp.sync_table.values(), default=0.0))
+
     def in_zone(m, i, k):
         if inp.sync_table is not None and m.layers == "blocks":
             own = sum(inp.sync_table[k, position(inp, i), n] * m.nb[i, n] for n in block_counts(inp, i) if (i, n) in m.nb)
@@ -668,8 +677,6 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
             own = a_node * f * gb[i] / inp.pools[k].tp + l_node
         return m.sync[i] >= own - big * (1 - m.u[i, k]) + tied[i]
 
-    if inp.sync_table is not None:
-        big = max(big, max(inp.sync_table.values(), default=0.0))
     m.sync_node = pyo.Constraint(m.I, m.K, rule=in_zone)
     m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_zone * f * gb[i] / inp.pools[k].tp + l_zone
                                  - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
@@ -874,7 +881,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     else:
         ez = er = 0
     sync = []
-    counts = solution_blocks(inp, sol) if (inp.sync_table is not None and blocks_identical(inp)) else None
+    counts = solution_blocks(inp, sol) if inp.sync_table is not None else None  # set only for identical blocks
     for i in range(inp.P):
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
         a, lat = (a_zone, l_zone) if span[i] else (a_node, l_node)
@@ -914,7 +921,7 @@ def _block_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution, sta
     counts = solution_blocks(inp, sol)
     if counts is None:
         return False
-    time_s, _ = _class_figures(inp)
+    time_s = m.class_time_s
     for (i, n) in m.nb:
         start[m.nb[i, n]] = 1 if counts[i] == n else 0
     for j, (i, c, n) in enumerate(m.choices):
