@@ -372,8 +372,12 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             best = (g_obj, g, inp)
         t0 = time.perf_counter()
         cutoff = best[0] if best else None
-        model = joint.build(inp, linearize=linear,
-                            time_cutoff_s=cutoff if (cutoff is not None and objective != "min_cost") else None)
+        try:
+            model = joint.build(inp, linearize=linear,
+                                time_cutoff_s=cutoff if (cutoff is not None and objective != "min_cost") else None)
+        except joint.NoStageChoice:  # some stage position fits no pool at all: nothing to solve
+            rec.status = "infeasible"
+            continue
         if cutoff is not None and objective == "min_cost":
             model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
         start = joint.warm_start(model, inp, g) if (g is not None and g_obj is not None and g_obj <= (cutoff or g_obj)) else None

@@ -167,3 +167,12 @@ def test_model_iteration_time_matches_the_simulator_on_one_pool_stages():
         assert model_T == pytest.approx(sim_T, rel=1e-3), (b, D)
         checked += 1
     assert checked == 3
+
+
+def test_a_stage_no_pool_can_hold_is_reported_not_crashed():
+    """Memory for the lightest unit only: stage 0 (embedding + one block) fits nowhere."""
+    combo, inp = next(iter(combos_of(tiny(), "max_throughput")))
+    inp = dataclasses.replace(inp, P=2, cap_bytes=tuple(
+        min(s + a for s, a in zip(inp.stat_bytes[k], inp.act_bytes[k])) * 2.01 for k in range(inp.K)))
+    with pytest.raises(joint.NoStageChoice):
+        joint.build(inp, layers="blocks")
