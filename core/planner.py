@@ -22,6 +22,7 @@ the first stage.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -297,74 +298,57 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     linear = opts.linearize or opts.backend not in (None, "scip")
     backend = opts.backend or ("highs" if linear else "scip")
 
-    # lower bounds need the model's inputs; compute them lazily in bound order of a cheap proxy
     records: list[ComboRecord] = []
-    prepared = []
+    queue: list = []  # (bound, P, D, b, exact?, combo, inputs): best first, bounds refined lazily
     for combo in combos:
         inp = joint_inputs(instance, tables, quotas, combo, objective, max_cost, min_its, opts.tp_choices)
         if inp is None:
             records.append(ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools"))
             continue
-        # cheap bounds order the search; the tight ones (`_tight_bound`) are computed on a visit
         t_lb = joint.time_lower_bound_s(inp)
         lb = t_lb * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else t_lb
         if min_its is not None and t_lb > 1 / min_its:
             records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
             continue
-        prepared.append((lb, combo, inp))
-    prepared.sort(key=lambda x: (x[0], x[1].P, x[1].D))
-    # tight bounds for as many choices as a quarter of the time allows, then order by the best known
-    tight: dict[Combo, float] = {}
-    for lb, combo, inp in prepared:
-        if time.perf_counter() - t_start > opts.time_limit_s / 4:
-            break
-        tight[combo] = max(lb, _tight_bound(inp, objective, min_its))
-    for combo in [c for c, v in tight.items() if v == float("inf")]:
-        records.append(ComboRecord(combo.P, combo.b, combo.D, float("inf"), "infeasible_by_bound"))
-    prepared = sorted(((tight.get(c, lb), c, inp) for lb, c, inp in prepared if tight.get(c) != float("inf")),
-                      key=lambda x: (x[0], x[1].P, x[1].D))
+        queue.append((lb, combo.P, combo.D, combo.b, False, combo, inp))
+    heapq.heapify(queue)
 
-    best = None  # (objective, solution, inputs)
-    greedy_best = None
-    # every choice's greedy first (milliseconds each): a good incumbent prunes before any MILP
-    greedies, filled = {}, {}  # filled: inputs with the all-reduce table, reused on the visit
-    for lb, combo, inp in prepared:
-        if time.perf_counter() - t_start > opts.time_limit_s / 4:
-            break
-        filled[combo] = with_sync_table(inp, tables)
-        greedies[combo] = _best_greedy(filled[combo], objective, max_cost, min_its)
-        if greedies[combo] is not None and (greedy_best is None or greedies[combo][0] < greedy_best[0]):
-            greedy_best = (*greedies[combo], filled[combo])
-    best = greedy_best
+    best = greedy_best = None  # (objective, solution, inputs)
     build_s = solve_s = 0.0
-    solved = pruned = 0
+    solved = pruned = visited = 0
     open_bounds: list[float] = []
-    for idx, (lb, combo, inp) in enumerate(prepared):
-        rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
-        records.append(rec)
-        if progress:
-            progress(idx, len(prepared), f"P={combo.P} b={combo.b} D={combo.D}")
+    total = len(queue)
+    while queue:
+        lb, _, _, _, exact, combo, inp = heapq.heappop(queue)
         incumbent = best[0] if best else None
         if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
-            rec.status = "pruned_bound"
-            pruned += 1
+            # best first: every choice left has a bound at least this one
+            for rest in [(lb, None, None, None, exact, combo, inp)] + queue:
+                records.append(ComboRecord(rest[5].P, rest[5].b, rest[5].D, rest[0], "pruned_bound"))
+            pruned += 1 + len(queue)
+            break
+        if time.perf_counter() - t_start > opts.time_limit_s - 0.05:
+            for rest in [(lb, None, None, None, exact, combo, inp)] + queue:
+                records.append(ComboRecord(rest[5].P, rest[5].b, rest[5].D, rest[0], "skipped_time"))
+                open_bounds.append(rest[0])
+            break
+        if not exact:
+            # the stronger bound (a dynamic program over stages, milliseconds); the choice goes
+            # back in the queue and is solved only if it is still the most promising one
+            target = None if incumbent is None else incumbent * (1 - opts.rel_gap)
+            lb = max(lb, _tight_bound(inp, objective, min_its, exact=True, target=target))
+            if lb == float("inf"):
+                records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
+                continue
+            heapq.heappush(queue, (lb, combo.P, combo.D, combo.b, True, combo, inp))
             continue
-        remaining = opts.time_limit_s - (time.perf_counter() - t_start)
-        if remaining <= 0.05:
-            rec.status = "skipped_time"
-            open_bounds.append(lb)
-            continue
-        if combo not in tight:
-            lb = rec.lower_bound = max(lb, _tight_bound(inp, objective, min_its))
-        if lb == float("inf"):
-            rec.status = "infeasible_by_bound"
-            continue
-        if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
-            rec.status = "pruned_bound"
-            pruned += 1
-            continue
-        inp = filled[combo] if combo in filled else with_sync_table(inp, tables)
-        found = greedies[combo] if combo in greedies else _best_greedy(inp, objective, max_cost, min_its)
+        visited += 1
+        if progress:
+            progress(visited, total, f"P={combo.P} b={combo.b} D={combo.D}")
+        rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
+        records.append(rec)
+        inp = with_sync_table(inp, tables)
+        found = _best_greedy(inp, objective, max_cost, min_its)
         g_obj, g = found if found is not None else (None, None)
         if g_obj is not None and (greedy_best is None or g_obj < greedy_best[0]):
             greedy_best = (g_obj, g, inp)
@@ -373,16 +357,18 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         t0 = time.perf_counter()
         cutoff = best[0] if best else None
         try:
-            model = joint.build(inp, linearize=linear,
-                                time_cutoff_s=cutoff if (cutoff is not None and objective != "min_cost") else None)
-        except joint.NoStageChoice:  # some stage position fits no pool at all: nothing to solve
+            model = joint.build(inp, linearize=linear, time_cutoff_s=cutoff if objective != "min_cost" else None,
+                                cost_cutoff_usd=cutoff if objective == "min_cost" else None)
+        except joint.NoStageChoice:  # some stage position fits no pool (within the cutoff): nothing to solve
             rec.status = "infeasible"
+            rec.bound = cutoff
             continue
         if cutoff is not None and objective == "min_cost":
             model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
-        start = joint.warm_start(model, inp, g) if (g is not None and g_obj is not None and g_obj <= (cutoff or g_obj)) else None
+        start = joint.warm_start(model, inp, g) if (g is not None and g_obj <= (cutoff or g_obj)) else None
         rec.build_s = time.perf_counter() - t0
         build_s += rec.build_s
+        remaining = opts.time_limit_s - (time.perf_counter() - t_start)
         res = solve(model, backend=backend, options=SolveOptions(time_limit_s=max(min(remaining, opts.combo_time_limit_s), 0.1), rel_gap=opts.rel_gap / 2,
                                                    diagnose_infeasible=False),  # a cutoff makes infeasible normal
                     warm_start=start)
@@ -430,12 +416,15 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         build_s=build_s, solve_s=solve_s, wall_s=time.perf_counter() - t_start, backend=backend, records=records)
 
 
-def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None) -> float:
-    """The stronger (slower) bounds of one outer choice; +inf when it is infeasible by them."""
-    t_lb = joint.time_lower_bound_tight_s(inp)
+def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, exact: bool = False,
+                 target: float | None = None) -> float:
+    """The stronger (slower) bounds of one outer choice; +inf when it is infeasible by them.
+    `exact` adds the dynamic program over stages (`joint.stages_fit_dp`), a few milliseconds more;
+    `target` (an iteration time to rule out, max throughput only) lets it stop early."""
+    t_lb = joint.time_lower_bound_tight_s(inp, exact, target if objective != "min_cost" else None)
     if t_lb == float("inf") or (min_its is not None and t_lb > 1 / min_its):
         return float("inf")
-    return joint.cost_lower_bound_usd(inp) if objective == "min_cost" else t_lb
+    return joint.cost_lower_bound_usd(inp, exact) if objective == "min_cost" else t_lb
 
 
 def _best_greedy(inp: joint.JointInputs, objective: str, max_cost: float | None,

@@ -45,6 +45,8 @@ def brute_force(inp: joint.JointInputs, key: str, layers: str = "staircase") -> 
                     used[inp.pools[k].quota_key] = used.get(inp.pools[k].quota_key, 0) + reps[i][k] * inp.pools[k].tp
             if any(used[q] > next(p.avail_gpus for p in inp.pools if p.quota_key == q) for q in used):
                 continue
+            if inp.max_gpus is not None and sum(used.values()) > inp.max_gpus:
+                continue
             if not all(joint._stage_fits(inp, list(reps[i]), i, *ranges[i]) for i in range(inp.P)):
                 continue
             regions = [{inp.pools[k].region for k in range(inp.K) if reps[i][k]} for i in range(inp.P)]
@@ -176,3 +178,81 @@ def test_a_stage_no_pool_can_hold_is_reported_not_crashed():
         min(s + a for s, a in zip(inp.stat_bytes[k], inp.act_bytes[k])) * 2.01 for k in range(inp.K)))
     with pytest.raises(joint.NoStageChoice):
         joint.build(inp, layers="blocks")
+
+
+def _relaxation_by_enumeration(inp: joint.JointInputs, theta_s: float) -> bool:
+    """What `stages_fit_dp` decides, by enumeration: block counts per stage x replicas per GPU type
+    per stage, each replica at its type's smallest TP that runs the stage within theta_s and fits."""
+    time_s, fits = joint._class_figures(inp)
+    types = sorted({p.gpu_type for p in inp.pools})
+    gpus = {g: sum(n for (t, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items() if t == g) for g in types}
+    counts = [joint.block_counts(inp, i) for i in range(inp.P)]
+    for ns in itertools.product(*counts):
+        if sum(ns) != inp.U - 2:
+            continue
+        need = [{g: min((t for (g2, t) in joint.time_classes(inp) if g2 == g and fits[(g2, t), i, n]
+                         and time_s[(g2, t), i, n] <= theta_s), default=None) for g in types} for i, n in enumerate(ns)]
+        splits = [[c for c in itertools.combinations_with_replacement(types, inp.D) if all(need[i][g] for g in c)]
+                  for i in range(inp.P)]
+        for choice in itertools.product(*splits):
+            used = {g: sum(need[i][g] for i, c in enumerate(choice) for g2 in c if g2 == g) for g in types}
+            if all(used[g] <= gpus[g] for g in types) and (inp.max_gpus is None or sum(used.values()) <= inp.max_gpus):
+                return True
+    return False
+
+
+def _tiny_inputs():
+    for combo, inp in combos_of(tiny(), "max_throughput"):
+        yield combo, inp
+        # more GPUs than stages need, so that the quota is not the only thing that binds
+        pools = tuple(dataclasses.replace(p, avail_gpus=p.avail_gpus * 2) for p in inp.pools)
+        yield combo, dataclasses.replace(inp, pools=pools)
+        yield combo, dataclasses.replace(inp, pools=pools, max_gpus=3)
+
+
+def test_stage_dp_matches_enumeration_of_its_relaxation():
+    """Two GPU types, one zone each: the DP's relaxation merges nothing, so it must be exact."""
+    checked = 0
+    for combo, inp in _tiny_inputs():
+        time_s, _ = joint._class_figures(inp)
+        for theta in sorted(set(time_s.values())):
+            assert joint.stages_fit_dp(inp, theta) == _relaxation_by_enumeration(inp, theta), (combo, theta)
+            checked += 1
+    assert checked >= 30
+
+
+def test_bounds_never_exceed_the_brute_force_optimum():
+    checked = 0
+    for combo, inp in _tiny_inputs():
+        truth = brute_force(inp, "T", "blocks")
+        exact = joint.time_lower_bound_tight_s(inp, exact=True)
+        assert joint.time_lower_bound_s(inp) <= truth * (1 + 1e-9), combo
+        assert joint.time_lower_bound_tight_s(inp) <= exact * (1 + 1e-12), combo
+        assert exact <= truth * (1 + 1e-9), combo
+        # an early-stopped search still returns a valid bound, and one at least the target when it can prove it
+        for target in (truth * 0.9, truth, truth * 1.1):
+            hinted = joint.time_lower_bound_tight_s(inp, exact=True, target_s=target)
+            assert hinted <= truth * (1 + 1e-9), (combo, target)
+        checked += truth < float("inf")
+    assert checked >= 4
+
+
+def test_time_cutoff_keeps_the_optimum_and_only_it():
+    """The cutoff drops stage choices slower than `stage_time_cap_s`: at the optimum the model still
+    finds it, just below it the model is infeasible (or has no stage choice left)."""
+    checked = 0
+    for combo, inp in combos_of(tiny(), "max_throughput"):
+        truth = brute_force(inp, "T", "blocks")
+        if truth == float("inf"):
+            continue
+        res = solve(joint.build(inp, time_cutoff_s=truth * (1 + 1e-6)), backend="highs",
+                    options=SolveOptions(rel_gap=1e-6, time_limit_s=30))
+        assert joint.objective_value(inp, res.objective) == pytest.approx(truth, rel=1e-6), combo
+        try:
+            below = solve(joint.build(inp, time_cutoff_s=truth * (1 - 1e-4)), backend="highs",
+                          options=SolveOptions(time_limit_s=30, diagnose_infeasible=False))
+            assert below.status.value == "infeasible", combo
+        except joint.NoStageChoice:
+            pass
+        checked += 1
+    assert checked >= 4
