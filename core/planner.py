@@ -3,16 +3,19 @@
 Decomposition. The outer loop enumerates (P pipeline stages, b microbatch size, D replicas per
 stage) with B % (D b) == 0; TP per stage and GPU type, replica counts per (stage, GPU type, zone)
 and layer ranges are decided inside one MILP per outer choice (`formulations/joint.py`).
-Outer choices are visited in the order of a cheap valid lower bound (`joint.time_lower_bound_s`;
-for cost, times the cheapest possible cost rate). Before any MILP, every choice's greedy (speed-first
-and cost-first) is scored, so the search starts from a good incumbent. On a visit the tighter bounds
-(`joint.time_lower_bound_tight_s`: a capacity relaxation of the slowest stage; for cost,
-`joint.cost_lower_bound_usd`: the cheapest GPU-seconds of the work) are computed, and a choice whose
-bound cannot beat the incumbent by more than the requested gap is pruned without building a model.
-Each MILP is warm-started from its greedy and given the incumbent as a cutoff. All-reduce and
-boundary transfer times come from the communication estimator (`with_sync_table`,
-`_Tables.effective_link`), so the model's iteration time matches the simulator's on stages of one
-pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16 A100, Sailor profiles).
+
+Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
+lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). The
+choice at the head is refined once with the strong bound (`joint.time_lower_bound_tight_s(exact=
+True)`: a dynamic program over stages on GPUs per type, `joint.stages_fit_dp`; for cost also
+`joint.cost_lower_bound_dp_usd`) and goes back in the queue; a choice that comes out at the head
+with its strong bound is solved: greedy warm start, then the MILP with the incumbent as a cutoff
+(which also drops stage choices too slow to beat it). The search stops when the head's bound
+cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
+All-reduce and boundary transfer times come from the communication estimator
+(`with_sync_table`, `_Tables.effective_link`), so the model's iteration time matches the
+simulator's on stages of one pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16 A100, Sailor
+profiles).
 
 Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit, the lower
 bounds of choices never solved). This is a proven bound over the modelled space: every plan with

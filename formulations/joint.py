@@ -64,8 +64,11 @@ blocks and the head (`block_counts`, `stage_units`). The staircase rows are repl
   nb[i,n] in {0,1}, sum_n nb[i,n] = 1, sum_{i,n} n nb[i,n] = L     (blocks placed once)
   z[i,r,n] in {0,1} for time classes r = (GPU type, TP) that fit n blocks on stage i in memory,
   sum_r z[i,r,n] = nb[i,n];  tau[i] = sum_{r,n} time[r,i,n] z[i,r,n]  (r is the straggler)
-  x[i,k] <= D sum {z[i,r,n] : pool k fits n blocks on stage i and time[k,i,n] <= time[r,i,n]}
-which are exact (no big-M on time or memory); all-reduce times per (pool, position, n) come from
+  xc[(i,r,n),c] >= 0 replicas of class c serving that choice, only for classes c that fit n blocks
+  on stage i and have time[c,i,n] <= time[r,i,n]:  sum_c xc[(i,r,n),c] = D z[i,r,n],
+  sum_{k of class c} x[i,k] = sum_{r,n} xc[(i,r,n),c]
+which are exact (no big-M on time or memory); with a cutoff T* every choice with time[r,i,n] >
+stage_time_cap_s(T*) = (T* - rest_LB) / m is dropped (T >= m tau_i + rest); all-reduce times per (pool, position, n) come from
 the communication estimator (`sync_table`) instead of the ring formula. Time variables are in
 milliseconds and cost rows in micro-dollars (`in_model_units`), for the solvers' tolerances.
 
@@ -474,10 +477,17 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     best[0, 0] = 0.0
     for i in range(inp.P):
         new = np.full_like(best, np.inf)
+        by_need: dict[tuple[float, float], list[int]] = {}  # block counts with the same GPUs per replica
         for n in block_counts(inp, i):
             wa = min((need[g, i, n] for g in left), default=math.inf)
             wb = min((need[g, i, n] for g in right), default=math.inf)
-            _add_stage(new, best, n, wa, wb, D)
+            by_need.setdefault((wa, wb), []).append(n)
+        for (wa, wb), ns in by_need.items():
+            contrib = _stage_contrib(best, wa, wb, D)  # the same for every n: only the row shift differs
+            if contrib is None:
+                continue
+            for n in ns:
+                np.minimum(new[n:], contrib[:L + 1 - n], out=new[n:])
         best = new
     ok = best[L] <= cap_b
     if inp.max_gpus is not None:
@@ -485,38 +495,36 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     return bool(ok.any())
 
 
-def _add_stage(new: np.ndarray, best: np.ndarray, n: int, wa: float, wb: float, D: int) -> None:
-    """new[s + n, a'] = min(new, min over x = 0..D of best[s, a' - x wa] + (D - x) wb): a stage of n
-    blocks with x replicas on the left resource (wa GPUs each) and D - x on the right (wb each).
-    With j = (a' - r) / wa on each residue class r mod wa, the inner min is
+def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray | None:
+    """out[s, a'] = min over x = 0..D of best[s, a' - x wa] + (D - x) wb: one stage with x replicas
+    on the left resource (wa GPUs each) and D - x on the right (wb each); the caller shifts s by the
+    stage's block count. With j = (a' - r) / wa on each residue class r mod wa, the inner min is
     D wb - J wb + min_{J - D <= j <= J} (best_j + j wb): a running minimum along j, one array
-    operation instead of D + 1."""
-    rows, width = best.shape[0] - n, best.shape[1]
-    if rows <= 0 or (math.isinf(wa) and math.isinf(wb)):
-        return
-    src = best[:rows]
+    operation instead of D + 1. None when neither resource can serve the stage."""
+    rows, width = best.shape
+    if math.isinf(wa) and math.isinf(wb):
+        return None
     if math.isinf(wa):  # all D replicas on the right
-        contrib = src + D * wb
-    elif math.isinf(wb):  # all D on the left: shift by D wa
-        contrib = np.full_like(src, np.inf)
+        return best + D * wb
+    if math.isinf(wb):  # all D on the left: shift by D wa
+        out = np.full_like(best, np.inf)
         shift = int(D * wa)
         if shift < width:
-            contrib[:, shift:] = src[:, :width - shift]
+            out[:, shift:] = best[:, :width - shift]
+        return out
+    wa = int(wa)
+    J = -(-width // wa)
+    padded = np.full((rows, J * wa), np.inf)
+    padded[:, :width] = best
+    j = np.arange(J)[None, :, None]
+    shaped = padded.reshape(rows, J, wa) + j * wb
+    if D >= J - 1:  # the window [J - D, J] is the whole prefix
+        low = np.minimum.accumulate(shaped, axis=1)
     else:
-        wa = int(wa)
-        J = -(-width // wa)
-        padded = np.full((rows, J * wa), np.inf)
-        padded[:, :width] = src
-        j = np.arange(J)[None, :, None]
-        shaped = padded.reshape(rows, J, wa) + j * wb
-        if D >= J - 1:  # the window [J - D, J] is the whole prefix
-            low = np.minimum.accumulate(shaped, axis=1)
-        else:
-            low = shaped.copy()
-            for x in range(1, D + 1):
-                np.minimum(low[:, x:], shaped[:, :J - x], out=low[:, x:])
-        contrib = (D * wb - j * wb + low).reshape(rows, J * wa)[:, :width]
-    np.minimum(new[n:], contrib, out=new[n:])
+        low = shaped.copy()
+        for x in range(1, D + 1):
+            np.minimum(low[:, x:], shaped[:, :J - x], out=low[:, x:])
+    return (D * wb - j * wb + low).reshape(rows, J * wa)[:, :width]
 
 
 def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None) -> float:
