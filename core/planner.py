@@ -318,9 +318,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
 
     best = greedy_best = None  # (objective, solution, inputs)
     build_s = solve_s = 0.0
-    solved = pruned = visited = 0
+    solved = pruned = 0
     open_bounds: list[float] = []
-    total = len(queue)
     while queue:
         lb, _, _, _, exact, combo, inp = heapq.heappop(queue)
         incumbent = best[0] if best else None
@@ -345,9 +344,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                 continue
             heapq.heappush(queue, (lb, combo.P, combo.D, combo.b, True, combo, inp))
             continue
-        visited += 1
-        if progress:
-            progress(visited, total, f"P={combo.P} b={combo.b} D={combo.D}")
+        if progress:  # choices settled so far (solved, pruned or infeasible) of all
+            progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
         rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
         records.append(rec)
         inp = with_sync_table(inp, tables)
