@@ -325,20 +325,17 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         incumbent = best[0] if best else None
         if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
             # best first: every choice left has a bound at least this one
-            for rest in [(lb, None, None, None, exact, combo, inp)] + queue:
-                records.append(ComboRecord(rest[5].P, rest[5].b, rest[5].D, rest[0], "pruned_bound"))
-            pruned += 1 + len(queue)
+            pruned += _settle_rest(records, lb, combo, queue, "pruned_bound")
             break
         if time.perf_counter() - t_start > opts.time_limit_s - 0.05:
-            for rest in [(lb, None, None, None, exact, combo, inp)] + queue:
-                records.append(ComboRecord(rest[5].P, rest[5].b, rest[5].D, rest[0], "skipped_time"))
-                open_bounds.append(rest[0])
+            _settle_rest(records, lb, combo, queue, "skipped_time")
+            open_bounds += [lb] + [item[0] for item in queue]
             break
         if not exact:
             # the stronger bound (a dynamic program over stages, milliseconds); the choice goes
             # back in the queue and is solved only if it is still the most promising one
             target = None if incumbent is None else incumbent * (1 - opts.rel_gap)
-            lb = max(lb, _tight_bound(inp, objective, min_its, exact=True, target=target))
+            lb = max(lb, _tight_bound(inp, objective, min_its, target))
             if lb == float("inf"):
                 records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
                 continue
@@ -417,15 +414,21 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         build_s=build_s, solve_s=solve_s, wall_s=time.perf_counter() - t_start, backend=backend, records=records)
 
 
-def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, exact: bool = False,
-                 target: float | None = None) -> float:
-    """The stronger (slower) bounds of one outer choice; +inf when it is infeasible by them.
-    `exact` adds the dynamic program over stages (`joint.stages_fit_dp`), a few milliseconds more;
-    `target` (an iteration time to rule out, max throughput only) lets it stop early."""
-    t_lb = joint.time_lower_bound_tight_s(inp, exact, target if objective != "min_cost" else None)
+def _settle_rest(records: list[ComboRecord], lb: float, combo: Combo, queue: list, status: str) -> int:
+    """Record the popped choice and every choice still queued with `status`; how many that is."""
+    for bound, choice in [(lb, combo)] + [(item[0], item[5]) for item in queue]:
+        records.append(ComboRecord(choice.P, choice.b, choice.D, bound, status))
+    return 1 + len(queue)
+
+
+def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None) -> float:
+    """The strong bounds of one outer choice, with the dynamic program over stages
+    (`joint.stages_fit_dp`, milliseconds); +inf when it is infeasible by them. `target` (an
+    iteration time to rule out, max throughput only) lets the search stop early."""
+    t_lb = joint.time_lower_bound_tight_s(inp, True, target if objective != "min_cost" else None)
     if t_lb == float("inf") or (min_its is not None and t_lb > 1 / min_its):
         return float("inf")
-    return joint.cost_lower_bound_usd(inp, exact) if objective == "min_cost" else t_lb
+    return joint.cost_lower_bound_usd(inp, True) if objective == "min_cost" else t_lb
 
 
 def _best_greedy(inp: joint.JointInputs, objective: str, max_cost: float | None,

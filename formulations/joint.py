@@ -215,7 +215,7 @@ def _fastest_work_s(inp: JointInputs) -> float:
 def _theta_work_bound_s(inp: JointInputs) -> float:
     """theta >= max(F / P, D W / N) (see `time_lower_bound_s`)."""
     gpu_work = sum(min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U))
-    gpus = sum({p.quota_key: p.avail_gpus for p in inp.pools}.values())
+    gpus = sum(_gpus_per_type(inp).values())
     if inp.max_gpus is not None:
         gpus = min(gpus, inp.max_gpus)
     return max(_fastest_work_s(inp) / inp.P, inp.D * gpu_work / gpus)
@@ -307,10 +307,19 @@ def _coverable_tables(inp: JointInputs) -> _CoverableTables:
     return cache["tables"]
 
 
+def _gpus_per_type(inp: JointInputs) -> dict[str, int]:
+    """GPU type -> GPUs available over all its zones (pools of one quota share its GPUs)."""
+    cache = _per_inputs_cache(inp, "gpus")
+    if "gpus" not in cache:
+        gpus: dict[str, int] = {}
+        for (g, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items():
+            gpus[g] = gpus.get(g, 0) + n
+        cache["gpus"] = gpus
+    return cache["gpus"]
+
+
 def _make_coverable_tables(inp: JointInputs) -> _CoverableTables:
-    gpus: dict[str, int] = {}
-    for (g, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items():
-        gpus[g] = gpus.get(g, 0) + n
+    gpus = _gpus_per_type(inp)
     extra = np.zeros((inp.K, inp.P))
     by_mem = np.zeros((inp.K, inp.P))
     for k in range(inp.K):
@@ -344,17 +353,6 @@ def _replicas(gpus: dict[str, int], min_tp: dict[str, int], max_gpus: int | None
         take = int(min(gpus[g] // t, budget // t))
         count, budget = count + take, budget - take * t
     return count
-
-
-def _hall_count(reach: list[int], D: int) -> int:
-    """Most positions servable when position j may use reach[j] replicas (nested sets, in order):
-    a prefix 0..k-1 is servable only if reach[j] >= D (k - j) for every j < k... with the sets
-    shrinking along the order, positions j..k-1 draw on the j-th set only."""
-    best = 0
-    for k in range(1, len(reach) + 1):
-        if all(reach[j] >= D * (k - j) for j in range(k)):
-            best = k
-    return best
 
 
 def bottleneck_lower_bound_s(inp: JointInputs, exact: bool = False, theta_hint_s: float | None = None) -> float:
@@ -396,9 +394,8 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
     if not exact or not blocks_identical(inp):
         return cands[lo]
     # the DP's answer changes only at actual stage times, so search those at or above Hall's answer
-    figures = _class_figures(inp)
-    times = sorted(t for t in set(figures[0].values()) if t >= cands[lo])
-    fits = lambda c: stages_fit_dp(inp, c, figures)  # noqa: E731
+    times = sorted(t for t in set(_class_figures(inp)[0].values()) if t >= cands[lo])
+    fits = lambda c: stages_fit_dp(inp, c)  # noqa: E731
     if not times:
         return math.inf
     hi = len(times) - 1
@@ -429,7 +426,7 @@ def _first_true(pred, cands: list[float], lo: int, hi: int | None = None) -> int
     return lo
 
 
-def stages_fit_dp(inp: JointInputs, theta_s: float, figures: tuple[dict, dict] | None = None) -> bool:
+def stages_fit_dp(inp: JointInputs, theta_s: float) -> bool:
     """Exact test of a relaxation: can P stages of D replicas hold every block with no stage slower
     than theta_s per microbatch, with GPUs counted per type (zones merged, regions ignored)?
 
@@ -441,9 +438,9 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, figures: tuple[dict, dict] |
     sum of the GPUs), which only relaxes further; every merge is a valid test, so all are tried.
     Unlike the Hall count of `blocks_coverable`, this sees that GPUs a stage takes are gone for the
     others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject)."""
-    types = sorted({p.gpu_type for p in inp.pools})
-    gpus = {g: sum(n for (t, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items() if t == g) for g in types}
-    need = _gpus_per_replica(inp, theta_s, types, figures or _class_figures(inp))
+    gpus = _gpus_per_type(inp)
+    types = sorted(gpus)
+    need = _gpus_per_replica(inp, theta_s, types)
     if need is None:
         return False
     splits = [(types[:1], types[1:])] if len(types) <= 2 else [
@@ -451,10 +448,10 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, figures: tuple[dict, dict] |
     return all(_two_resource_dp(inp, need, gpus, left, right) for left, right in splits)
 
 
-def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], figures: tuple[dict, dict]) -> dict | None:
+def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str]) -> dict | None:
     """(g, i, n) -> fewest GPUs per replica of type g on stage i with n blocks within theta_s (inf
     when none); None when some stage has no feasible block count at all."""
-    time_s, fits = figures
+    time_s, fits = _class_figures(inp)
     classes = [(g, sorted(t for g2, t in time_classes(inp) if g2 == g)) for g in types]
     need = {}
     for i in range(inp.P):
@@ -536,20 +533,22 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     then a valid bound that is >= target_s whenever the DP can prove it."""
     if inp.U < 4:
         return time_lower_bound_s(inp)
-    c_node = inp.p2p_s(inp.node) if inp.P > 1 else 0.0
     base = _fastest_work_s(inp) + _rest_lower_bound_s(inp)
     hint = None if target_s is None or inp.m <= 1 else (target_s - base) / (inp.m - 1)
-    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint), c_node / 2)
+    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint), _c_node_s(inp) / 2)
     if math.isinf(theta):
         return math.inf
     return base + (inp.m - 1) * theta
 
 
+def _c_node_s(inp: JointInputs) -> float:
+    """One boundary's transfer inside a zone: the least c_i (0 with one stage)."""
+    return inp.p2p_s(inp.node) if inp.P > 1 else 0.0
+
+
 def _rest_lower_bound_s(inp: JointInputs) -> float:
-    """sum_i c_i + sigma + mu >= (P - 1) c_node + the ring all-reduce of the largest stage (>= 1/P of
-    the gradients) at the largest TP + 1/P of the cheapest update."""
-    c_node = inp.p2p_s(inp.node) if inp.P > 1 else 0.0
-    return (inp.P - 1) * c_node + _sigma_lower_bound_s(inp) + _mu_lower_bound_s(inp)
+    """sum_i c_i + sigma + mu >= (P - 1) c_node + `_sigma_lower_bound_s` + `_mu_lower_bound_s`."""
+    return (inp.P - 1) * _c_node_s(inp) + _sigma_lower_bound_s(inp) + _mu_lower_bound_s(inp)
 
 
 def _sigma_lower_bound_s(inp: JointInputs) -> float:

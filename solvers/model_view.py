@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyomo.environ as pyo
@@ -188,12 +188,11 @@ def _safe_value(expr: Any) -> float:
     return math.nan if val is None else float(val)
 
 
-def _finite_or_raise(x: float, what) -> float:
-    """`what` is a string or a callable giving one: names are built only when there is an error,
-    since Pyomo's `.name` walks the component tree and costs more than the check itself."""
+def _finite_or_raise(x: float, what: Callable[[], str]) -> float:
+    """`what()` names the number, called only when there is an error: Pyomo's `.name` walks the
+    component tree and costs more than the check itself."""
     if isinstance(x, complex) or math.isnan(x) or math.isinf(x):
-        label = what() if callable(what) else what
-        raise SolverError(f"numerical trouble: {label} is {x!r}; every coefficient must be a finite number")
+        raise SolverError(f"numerical trouble: {what()} is {x!r}; every coefficient must be a finite number")
     return float(x)
 
 
@@ -228,7 +227,7 @@ class _Columns:
         return k
 
 
-def _split(expr: Any, cols: _Columns, where) -> tuple[float, list[int], list[float], QuadTerms, Any]:
+def _split(expr: Any, cols: _Columns, where: Callable[[], str]) -> tuple[float, list[int], list[float], QuadTerms, Any]:
     """(constant, linear cols, linear coefs, quadratic terms, nonlinear rest) of one expression;
     `where()` names it in errors (only called when there is one)."""
     try:
@@ -296,10 +295,10 @@ def extract(model: Any) -> ModelView:
     return _assemble(cols, LazyNames(rows), LazyNames(rows, group=True), lbs, ubs, indptr, indices, data, row_quad, row_nl, objective, trivial)
 
 
-def _finite_or_nan_check(x: float, what) -> float:
-    """`what`: a string or a callable giving one (names cost time, see `_finite_or_raise`)."""
+def _finite_or_nan_check(x: float, what: Callable[[], str]) -> float:
+    """`what()` names the number, called only on an error (see `_finite_or_raise`)."""
     if math.isnan(x):
-        raise SolverError(f"numerical trouble: {what() if callable(what) else what} is NaN")
+        raise SolverError(f"numerical trouble: {what()} is NaN")
     return float(x)
 
 
