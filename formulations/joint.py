@@ -426,7 +426,7 @@ def _first_true(pred, cands: list[float], lo: int, hi: int | None = None) -> int
     return lo
 
 
-def stages_fit_dp(inp: JointInputs, theta_s: float) -> bool:
+def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.inf) -> bool:
     """Exact test of a relaxation: can P stages of D replicas hold every block with no stage slower
     than theta_s per microbatch, with GPUs counted per type (zones merged, regions ignored)?
 
@@ -437,10 +437,12 @@ def stages_fit_dp(inp: JointInputs, theta_s: float) -> bool:
     More types are merged pairwise into two resources (a merged type takes the smaller w and the
     sum of the GPUs), which only relaxes further; every merge is a valid test, so all are tried.
     Unlike the Hall count of `blocks_coverable`, this sees that GPUs a stage takes are gone for the
-    others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject)."""
+    others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject).
+    With `extra_cap_s`, a class may serve a stage only if its all-reduce + update there
+    (`_class_extras`) is within the cap (used by `sync_aware_time_bound_s`)."""
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
-    need = _gpus_per_replica(inp, theta_s, types)
+    need = _gpus_per_replica(inp, theta_s, types, extra_cap_s)
     if need is None:
         return False
     splits = [(types[:1], types[1:])] if len(types) <= 2 else [
@@ -448,17 +450,20 @@ def stages_fit_dp(inp: JointInputs, theta_s: float) -> bool:
     return all(_two_resource_dp(inp, need, gpus, left, right) for left, right in splits)
 
 
-def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str]) -> dict | None:
-    """(g, i, n) -> fewest GPUs per replica of type g on stage i with n blocks within theta_s (inf
-    when none); None when some stage has no feasible block count at all."""
+def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_cap_s: float = math.inf) -> dict | None:
+    """(g, i, n) -> fewest GPUs per replica of type g on stage i with n blocks within theta_s and
+    with its all-reduce + update (`_class_extras`) within extra_cap_s (inf when none); None when
+    some stage has no feasible block count at all."""
     time_s, fits = _class_figures(inp)
+    extra = _class_extras(inp) if extra_cap_s < math.inf else None
     classes = [(g, sorted(t for g2, t in time_classes(inp) if g2 == g)) for g in types]
     need = {}
     for i in range(inp.P):
         any_ok = False
         for n in block_counts(inp, i):
             for g, tps in classes:
-                t = next((t for t in tps if fits[(g, t), i, n] and time_s[(g, t), i, n] <= theta_s), math.inf)
+                t = next((t for t in tps if fits[(g, t), i, n] and time_s[(g, t), i, n] <= theta_s
+                          and (extra is None or extra[(g, t), i, n] <= extra_cap_s)), math.inf)
                 need[g, i, n] = t
                 any_ok = any_ok or t < math.inf
         if not any_ok:
@@ -518,10 +523,24 @@ def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray
     if D >= J - 1:  # the window [J - D, J] is the whole prefix
         low = np.minimum.accumulate(shaped, axis=1)
     else:
-        low = shaped.copy()
-        for x in range(1, D + 1):
-            np.minimum(low[:, x:], shaped[:, :J - x], out=low[:, x:])
+        low = _window_min(shaped, D + 1)
     return (D * wb - j * wb + low).reshape(rows, J * wa)[:, :width]
+
+
+def _window_min(a: np.ndarray, width: int) -> np.ndarray:
+    """out[:, j] = min(a[:, max(0, j - width + 1) : j + 1]) along axis 1, in O(log width) array
+    operations: windows of 2^k by doubling, then two overlapping ones cover any width."""
+    out = a.copy()
+    span = 1
+    while 2 * span <= width:
+        np.minimum(out[:, span:], out[:, :-span].copy(), out=out[:, span:])
+        span *= 2
+    rest = width - span  # out covers windows of `span`; shift by the rest to cover `width`
+    if rest > 0:
+        res = out.copy()
+        np.minimum(res[:, rest:], out[:, :-rest], out=res[:, rest:])
+        return res
+    return out
 
 
 def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None) -> float:
@@ -529,16 +548,197 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     F (every unit on its fastest pool), c_i >= c_node, theta >= the larger of
     `bottleneck_lower_bound_s` (with `exact`: its dynamic-programming refinement), F / P and D W / N
     (`time_lower_bound_s`) and the link time / 2, sigma and mu as in `_rest_lower_bound_s`.
-    `target_s` (a T the caller wants to rule out) lets the exact search stop early: the result is
-    then a valid bound that is >= target_s whenever the DP can prove it."""
+    With `exact` (blocks form), also `sync_aware_time_bound_s`, which bounds theta and sigma + mu
+    together. `target_s` (a T the caller wants to rule out) lets the exact search stop early: the
+    result is then a valid bound that is >= target_s whenever the DP can prove it."""
     if inp.U < 4:
         return time_lower_bound_s(inp)
-    base = _fastest_work_s(inp) + _rest_lower_bound_s(inp)
+    base = (sum_tau_lower_bound_s(inp) if exact else _fastest_work_s(inp)) + _rest_lower_bound_s(inp)
     hint = None if target_s is None or inp.m <= 1 else (target_s - base) / (inp.m - 1)
     theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint), _c_node_s(inp) / 2)
     if math.isinf(theta):
         return math.inf
-    return base + (inp.m - 1) * theta
+    out = base + (inp.m - 1) * theta
+    if exact and blocks_identical(inp) and (target_s is None or out < target_s):
+        out = max(out, sync_aware_time_bound_s(inp, theta, target_s))
+    return out
+
+
+def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float | None = None,
+                            grid: int = 8) -> float:
+    """T >= sum tau + (P - 1) c_node + (m - 1) theta + s (sum tau >= `sum_tau_lower_bound_s`), where s = the largest `_class_extras` value of
+    the plan's (stage, class) pairs (<= sigma + mu) and theta its slowest stage: the DP
+    (`stages_fit_dp`) must fit the blocks with both caps. This sees what the separate terms of
+    `time_lower_bound_tight_s` miss: a cheap all-reduce needs a high TP, and D replicas at a high
+    TP may not exist (measured, GPT-Neo on 3 x 256 GPUs, P3 b1 D256: sigma + mu >= 0.073 s alone,
+    0.30 s here; the optimum has 0.44 s).
+
+    theta*(s), the least feasible theta with cap s, does not grow with s. The s axis is cut at a
+    few grid values s_0 < ... < s_q (s_0 = `extra_lower_bound_s`); a plan whose largest
+    extra lies in [s_j, s_j+1) fits with cap s'_j (the largest extra value below s_j+1), so
+    T >= base + (m - 1) theta*(s'_j) + s_j, and the bound is the least over the cells (the last
+    cell has no cap: theta*(inf) >= theta_lo_s, the caller's bottleneck bound). With `target_s`,
+    a cell is only tested at the theta that would beat the target (one DP call), and the grid
+    ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
+    (its lower end is a valid bound)."""
+    extra = _class_extras(inp)
+    time_s, _ = _class_figures(inp)
+    base = sum_tau_lower_bound_s(inp) + (inp.P - 1) * _c_node_s(inp)
+    caps = sorted(set(extra.values()))
+    thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
+    s_first = extra_lower_bound_s(inp)
+    if not thetas or not caps or s_first > caps[-1]:
+        return math.inf
+    w = max(inp.m - 1, 0)
+    no_cap = base + w * theta_lo_s  # + s for s >= the last grid value
+    s_end = caps[-1] if target_s is None else min(caps[-1], target_s - no_cap)
+    if w == 0 or s_first >= s_end:
+        return no_cap + s_first
+    j0 = _first_true(lambda c: c >= s_first, caps, 0)
+    # grid values: extras between s_first and s_end, evenly spread in value
+    marks = [s_first + (s_end - s_first) * q / grid for q in range(grid + 1)]
+    cells = sorted({caps[_first_true(lambda c: c >= v, caps, j0)] for v in marks})
+    cells[0] = min(cells[0], s_first)  # the first cell starts at the bound itself
+    best = no_cap + cells[-1]
+    hi = len(thetas) - 1
+    for s_lo, s_next in zip(cells, cells[1:]):
+        cap = caps[_first_true(lambda c: c >= s_next, caps, j0) - 1]  # largest extra < s_next
+        fits = lambda t, cap=cap: stages_fit_dp(inp, t, cap)  # noqa: E731
+        if target_s is not None:
+            need = (target_s - base - s_lo) / w  # theta must be below this to beat the target
+            below = _first_true(lambda t: t >= need, thetas + [math.inf], 0) - 1
+            if below < 0 or not fits(thetas[below]):
+                nxt = thetas[below + 1] if below + 1 < len(thetas) else math.inf
+                best = min(best, base + w * nxt + s_lo)
+                continue
+            hi = min(hi, below)
+        elif not fits(thetas[hi]):
+            continue  # this cell holds no plan at all (theta*(cap) is beyond every stage time)
+        lo = _bisect_low(fits, thetas, 0, hi, steps=3 if target_s is None else 1)
+        best = min(best, base + w * thetas[lo] + s_lo)
+    return best
+
+
+def _bisect_low(pred, cands: list, lo: int, hi: int, steps: int) -> int:
+    """An index j with pred false below it (so the first true index is >= j), after at most `steps`
+    bisection steps on the monotone pred over cands[lo..hi] (pred(cands[hi]) holds)."""
+    for _ in range(steps):
+        if lo >= hi:
+            break
+        mid = (lo + hi) // 2
+        if pred(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def extra_lower_bound_s(inp: JointInputs) -> float:
+    """A lower bound on sigma + mu that sees the GPU quotas (blocks form), without a DP. Stage i
+    with n blocks needs D replicas of classes whose `_class_extras` value is at most s: s_need(i, n)
+    is the least s for which the GPUs allow D replicas of those classes (each type at its smallest
+    such TP). Every stage holds some count and some stage holds >= ceil(L / P) blocks, so
+    sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
+    cache = _per_inputs_cache(inp, "extra_lb")
+    if "lb" in cache:
+        return cache["lb"]
+    extra = _class_extras(inp)
+    _, fits = _class_figures(inp)
+    gpus = _gpus_per_type(inp)
+    classes = time_classes(inp)
+    n_big = -(-(inp.U - 2) // inp.P)
+
+    def s_need(i: int, n: int) -> float:
+        min_tp: dict[str, int] = {}
+        for v, (g, t) in sorted((extra[c, i, n], c) for c in classes if fits[c, i, n]):
+            min_tp[g] = min(min_tp.get(g, t), t)
+            if _replicas(gpus, min_tp, inp.max_gpus) >= inp.D:
+                return v
+        return math.inf
+
+    # s_need grows with n (a class's extra grows, fewer classes fit): only the least count matters
+    every = max(s_need(i, block_counts(inp, i).start) for i in range(inp.P))
+    big = min((s_need(i, max(n_big, block_counts(inp, i).start)) for i in range(inp.P)
+               if max(n_big, block_counts(inp, i).start) in block_counts(inp, i)), default=math.inf)
+    cache["lb"] = max(every, big)
+    return cache["lb"]
+
+
+def sum_tau_lower_bound_s(inp: JointInputs) -> float:
+    """A lower bound on sum_i tau_i that sees the GPU quotas (blocks form; F otherwise), by
+    Lagrangian relaxation: with a price lam_g >= 0 per GPU of type g (and lam_0 on every GPU under
+    max_gpus), sum tau >= min over plans of sum_i [tau_i + sum of the prices of stage i's GPUs]
+    - sum_g lam_g gpus_g - lam_0 max_gpus, and the min splits by stage: stage i with n blocks and
+    straggler class r costs time[r,i,n] + D x (the cheapest replica among classes no slower than r
+    that fit), then a min-plus DP over stages places the L blocks. Any prices give a valid bound;
+    a few rounds of coordinate search over a grid of prices pick good ones. F (every unit on its
+    fastest pool) misses that the fastest class cannot serve every stage: on GPT-Neo, 3 x 256
+    GPUs, P3 b1 D256, F = 0.070 s where the optimum's sum tau is 0.286 s."""
+    cache = _per_inputs_cache(inp, "sum_tau")
+    if "lb" not in cache:
+        cache["lb"] = max(_fastest_work_s(inp), _sum_tau_lagrangian_s(inp)) if blocks_identical(inp) else _fastest_work_s(inp)
+    return cache["lb"]
+
+
+def _sum_tau_lagrangian_s(inp: JointInputs) -> float:
+    time_s, fits = _class_figures(inp)
+    classes = time_classes(inp)
+    gpus = _gpus_per_type(inp)
+    types = sorted(gpus)
+    L, P = inp.U - 2, inp.P
+    N = L + 1
+    # per (stage, block count): classes sorted by stage time, inf where the class does not fit or
+    # the stage cannot hold that count
+    t = np.full((P, N, len(classes)), np.inf)
+    for ci, c in enumerate(classes):
+        for i in range(P):
+            for n in block_counts(inp, i):
+                if fits[c, i, n]:
+                    t[i, n, ci] = time_s[c, i, n]
+    order = np.argsort(t, axis=2, kind="stable")
+    t_sorted = np.take_along_axis(t, order, axis=2)
+    finite = np.isfinite(t_sorted)
+    gpu_of = np.array([types.index(c[0]) for c in classes])
+    tp = np.array([c[1] for c in classes], dtype=float)
+    # lam[g] per type; lam[-1] on every GPU, against min(all GPUs, max_gpus): single-type prices
+    # alone cannot leave lam = 0 when another type is as fast
+    total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
+    held = np.array([gpus[g] for g in types] + [total], dtype=float)
+    # min-plus convolution of the blocks placed so far with one stage's counts, as one gather
+    s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")  # [s, n]
+    valid = s_idx >= n_idx
+    prev = np.where(valid, s_idx - n_idx, 0)
+
+    def values(lams: np.ndarray) -> np.ndarray:  # (B, types + 1) prices -> (B,) dual values
+        per_gpu = (lams[:, gpu_of] + lams[:, -1:]) * tp  # (B, C) price of one replica per class
+        price = per_gpu[:, order]  # (B, P, N, C) in each (stage, count)'s time order
+        price = np.where(finite, price, np.inf)
+        stage = np.min(t_sorted + inp.D * np.minimum.accumulate(price, axis=3), axis=3)  # (B, P, N)
+        best = np.full((lams.shape[0], N), np.inf)
+        best[:, 0] = 0.0
+        for i in range(P):
+            cand = best[:, prev] + stage[:, i, None, :]  # (B, s, n)
+            best = np.where(valid, cand, np.inf).min(axis=2)
+        return best[:, L] - lams @ held
+
+    lam = np.zeros(len(types) + 1)
+    best_value = float(values(lam[None])[0])
+    if not np.isfinite(best_value):
+        return math.inf
+    unit = max(float(np.min(t_sorted[..., 0][finite[..., 0]])), 1e-12) / inp.D
+    steps = np.array([0.0] + [unit * 2.0 ** k for k in range(-4, 9)])
+    for _ in range(3):  # coordinate search over a grid of prices, all trials of a coordinate at once
+        improved = False
+        for g in [lam.size - 1] + list(range(lam.size - 1)):
+            trials = np.repeat(lam[None], steps.size, axis=0)
+            trials[:, g] = steps
+            vals = values(trials)
+            j = int(np.argmax(vals))
+            if vals[j] > best_value + 1e-15:
+                best_value, lam, improved = float(vals[j]), trials[j], True
+        if not improved:
+            break
+    return best_value
 
 
 def _c_node_s(inp: JointInputs) -> float:
@@ -547,8 +747,12 @@ def _c_node_s(inp: JointInputs) -> float:
 
 
 def _rest_lower_bound_s(inp: JointInputs) -> float:
-    """sum_i c_i + sigma + mu >= (P - 1) c_node + `_sigma_lower_bound_s` + `_mu_lower_bound_s`."""
-    return (inp.P - 1) * _c_node_s(inp) + _sigma_lower_bound_s(inp) + _mu_lower_bound_s(inp)
+    """sum_i c_i + sigma + mu >= (P - 1) c_node + the larger of `_sigma_lower_bound_s` +
+    `_mu_lower_bound_s` and (blocks form) `extra_lower_bound_s`."""
+    sync_update = _sigma_lower_bound_s(inp) + _mu_lower_bound_s(inp)
+    if blocks_identical(inp):
+        sync_update = max(sync_update, extra_lower_bound_s(inp))
+    return (inp.P - 1) * _c_node_s(inp) + sync_update
 
 
 def _sigma_lower_bound_s(inp: JointInputs) -> float:
@@ -764,6 +968,13 @@ def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
 def blocks_identical(inp: JointInputs, rel_tol: float = 1e-9) -> bool:
     """True when units 2..U-2 (every transformer block but the first) have the same figures on every
     pool: then a stage is described by its block count alone (`stage_units`)."""
+    cache = _per_inputs_cache(inp, "identical")
+    if rel_tol not in cache:
+        cache[rel_tol] = _blocks_identical(inp, rel_tol)
+    return cache[rel_tol]
+
+
+def _blocks_identical(inp: JointInputs, rel_tol: float) -> bool:
     if inp.U < 4:
         return False
 
@@ -836,6 +1047,54 @@ def _make_class_figures(inp: JointInputs) -> tuple[dict, dict]:
                 time_s[c, i, n] = step[b] - step[a]
                 fits[c, i, n] = (stat[b] - stat[a]) + nf * (act[b] - act[a]) <= inp.cap_bytes[k]
     return time_s, fits
+
+
+def _class_extras(inp: JointInputs) -> dict:
+    """extra[(r, i, n)]: a lower bound on sync[i] + update of stage i holding n blocks when class r
+    serves it, so sigma + mu >= max over the plan's (stage, class) pairs of extra (sigma >= sync[i],
+    mu >= the update of every class on every stage). sync: the least of the class's pools in the
+    all-reduce table (the ring over the inter-node link without one) plus, on the first and last
+    stage, the least tied-embedding all-reduce; update: the class's optimizer step of those units."""
+    cache = _per_inputs_cache(inp, "extras")
+    if "extras" not in cache:
+        cache["extras"] = _make_class_extras(inp)
+    return cache["extras"]
+
+
+def _make_class_extras(inp: JointInputs) -> dict:
+    tied = min(_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region)) if inp.P > 1 else 0.0
+    sync, upd = _class_sync_update(inp)
+    return {key: sync[key] + upd[key] + (tied if key[1] in (0, inp.P - 1) else 0.0) for key in sync}
+
+
+def _class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
+    """sync[(r, i, n)]: the least all-reduce of stage i holding n blocks over the pools of class r
+    (the table, or the ring over the inter-node link), tied embedding not included;
+    upd[(r, i, n)]: the class's optimizer step of those units."""
+    cache = _per_inputs_cache(inp, "sync_update")
+    if "both" not in cache:
+        cache["both"] = _make_class_sync_update(inp)
+    return cache["both"]
+
+
+def _make_class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
+    a_node, l_node = inp.ring_coeff(inp.node, inp.D)
+    grad = _prefix(inp.grad_bytes)
+    out_sync, out_upd = {}, {}
+    for c in time_classes(inp):
+        ks = [k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c]
+        upd = _prefix(inp.upd_s[ks[0]])
+        for i in range(inp.P):
+            for n in block_counts(inp, i):
+                units = stage_units(inp, i, n)
+                table = [inp.sync_table.get((k, position(inp, i), n)) for k in ks] if inp.sync_table else [None]
+                if None not in table:
+                    sync = min(table)
+                else:  # no table (or not for this stage): the model's ring over the inter-node link
+                    sync = a_node * inp.sync_factor * (grad[units.stop] - grad[units.start]) / c[1] + l_node
+                out_sync[c, i, n] = sync
+                out_upd[c, i, n] = upd[units.stop] - upd[units.start]
+    return out_sync, out_upd
 
 
 def _prefix(values) -> list[float]:
@@ -970,8 +1229,26 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         return m.sync[i] >= own - big * (1 - m.u[i, k]) + tied[i]
 
     m.sync_node = pyo.Constraint(m.I, m.K, rule=in_zone)
+    if m.layers == "blocks":
+        _mean_sync_update_rows(m, inp, tied)
     m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_zone * f * gb[i] / inp.pools[k].tp + l_zone
                                  - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
+
+
+def _mean_sync_update_rows(m: pyo.ConcreteModel, inp: JointInputs, tied: dict) -> None:
+    """Valid cuts in the blocks form: a stage's all-reduce is the slowest over its pools, so it is at
+    least the mean over its D replicas of their class's least all-reduce (`_class_sync_update`),
+    sum_{j at i, c} sync[c,i,n_j] xc[j,c] / D; likewise the update time mu. The big-M rows on
+    u[i,k] say nothing in the LP relaxation (u fractional); these do (measured below)."""
+    sync_c, upd_c = _class_sync_update(inp)
+    at = {i: [] for i in m.I}
+    for j, *c in m.xc:  # Pyomo flattens the (j, (gpu type, tp)) index
+        i, _, n = m.choices[j]
+        at[i].append((j, tuple(c), n))
+    m.sync_mean = pyo.Constraint(m.I, rule=lambda m, i: m.sync[i] >= sum(
+        sync_c[c, i, n] / inp.D * m.xc[j, c] for j, c, n in at[i]) + tied[i])
+    m.update_mean = pyo.Constraint(m.I, rule=lambda m, i: m.mu >= sum(
+        upd_c[c, i, n] / inp.D * m.xc[j, c] for j, c, n in at[i]))
 
 
 def _cost_and_objective(m: pyo.ConcreteModel, inp: JointInputs, linearize: bool, Zs: list[str]) -> None:
