@@ -442,11 +442,14 @@ def _settle_rest(records: list[ComboRecord], lb: float, combo: Combo, queue: lis
 def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None) -> float:
     """The strong bounds of one outer choice, with the dynamic program over stages
     (`joint.stages_fit_dp`, milliseconds); +inf when it is infeasible by them. `target` (an
-    iteration time to rule out, max throughput only) lets the search stop early."""
-    t_lb = joint.time_lower_bound_tight_s(inp, True, target if objective != "min_cost" else None)
+    iteration time to rule out, max throughput only) lets the search stop early; for min cost the
+    time bound only has to rule out the minimum throughput (and enters the cost bound as it is)."""
+    if objective == "min_cost":
+        target = None if min_its is None else 1 / min_its
+    t_lb = joint.time_lower_bound_tight_s(inp, True, target)
     if t_lb == float("inf") or (min_its is not None and t_lb > 1 / min_its):
         return float("inf")
-    return joint.cost_lower_bound_usd(inp, True) if objective == "min_cost" else t_lb
+    return joint.cost_lower_bound_usd(inp, True, t_lb) if objective == "min_cost" else t_lb
 
 
 def _best_greedy(inp: joint.JointInputs, objective: str, max_cost: float | None,

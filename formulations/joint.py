@@ -778,14 +778,15 @@ def stage_time_cap_s(inp: JointInputs, t_max_s: float) -> float:
     return (t_max_s - _rest_lower_bound_s(inp)) / inp.m
 
 
-def cost_lower_bound_usd(inp: JointInputs, exact: bool = False) -> float:
+def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float | None = None) -> float:
     """cost >= rate x T >= the larger of rate_LB x T_LB and the cheapest work: with 1F1B, T >= m tau_i
     ((m - 1) theta + sum tau >= m tau_i) and tau_i >= the stage's step time on each of its replicas,
     so rate x T >= sum_i sum_{r in i} price_r t_r m step_r(i) / 3600
-    >= m D sum_l min_k price_k t_k step[k,l] / 3600."""
+    >= m D sum_l min_k price_k t_k step[k,l] / 3600. `time_lb_s`: a time bound the caller already has."""
     work = inp.m * inp.D * sum(min(p.price_per_gpu_hour_usd * p.tp * inp.step_s[k][l] for k, p in enumerate(inp.pools))
                                for l in range(inp.U)) / 3600
-    out = max(time_lower_bound_tight_s(inp, exact) * rate_lower_bound_usd_per_s(inp), work)
+    t_lb = time_lower_bound_tight_s(inp, exact) if time_lb_s is None else time_lb_s
+    out = max(t_lb * rate_lower_bound_usd_per_s(inp), work)
     return max(out, cost_lower_bound_dp_usd(inp)) if exact else out
 
 
