@@ -5,10 +5,15 @@ stage) with B % (D b) == 0; TP per stage and GPU type, replica counts per (stage
 and layer ranges are decided inside one MILP per outer choice (`formulations/joint.py`).
 
 Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
-lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). The
-choice at the head is refined once with the strong bound (`joint.time_lower_bound_tight_s(exact=
-True)`: a dynamic program over stages on GPUs per type, `joint.stages_fit_dp`; for cost also
-`joint.cost_lower_bound_dp_usd`) and goes back in the queue; a choice that comes out at the head
+lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
+the first strong bound, the greedy runs on every choice and the best becomes the incumbent
+(`_first_incumbent`): the strong bounds then only have to rule out a target. The choice at the
+head is refined once with the strong bound (`joint.time_lower_bound_tight_s(exact=True)`: a
+dynamic program over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone
+and with a cap on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the
+sum of stage times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update,
+`joint.extra_lower_bound_s`; for cost also `joint.cost_lower_bound_dp_usd`) and goes back in the
+queue; a choice that comes out at the head
 with its strong bound is solved: greedy warm start, then the MILP with the incumbent as a cutoff
 (which also drops stage choices too slow to beat it). The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.

@@ -67,7 +67,10 @@ blocks and the head (`block_counts`, `stage_units`). The staircase rows are repl
   xc[(i,r,n),c] >= 0 replicas of class c serving that choice, only for classes c that fit n blocks
   on stage i and have time[c,i,n] <= time[r,i,n]:  sum_c xc[(i,r,n),c] = D z[i,r,n],
   sum_{k of class c} x[i,k] = sum_{r,n} xc[(i,r,n),c]
-which are exact (no big-M on time or memory); with a cutoff T* every choice with time[r,i,n] >
+which are exact (no big-M on time or memory), plus the valid cuts
+  sync[i] >= sum_{j at i, c} sync[c,i,n_j] xc[j,c] / D + tied[i],  mu >= sum_{j at i, c} upd[c,i,n_j] xc[j,c] / D
+(a stage's all-reduce is the slowest of its pools, so at least the mean over its replicas; the big-M
+sync rows are slack in the LP relaxation);  with a cutoff T* every choice with time[r,i,n] >
 stage_time_cap_s(T*) = (T* - rest_LB) / m is dropped (T >= m tau_i + rest); all-reduce times per (pool, position, n) come from
 the communication estimator (`sync_table`) instead of the ring formula. Time variables are in
 milliseconds and cost rows in micro-dollars (`in_model_units`), for the solvers' tolerances.
@@ -414,10 +417,14 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
     return times[_first_true(fits, times, failed + 1, probe)]
 
 
-def _first_true(pred, cands: list[float], lo: int, hi: int | None = None) -> int:
-    """The first index in [lo, hi] where the monotone `pred` holds (hi, default the last, must hold)."""
+def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps: int | None = None) -> int:
+    """The first index in [lo, hi] where the monotone `pred` holds (hi, default the last, must hold).
+    With `steps`, stop after that many bisection steps: the index returned is then a lower end
+    (pred is false below it), which is all a lower bound needs."""
     hi = len(cands) - 1 if hi is None else hi
-    while lo < hi:
+    for _ in range(len(cands) if steps is None else steps):
+        if lo >= hi:
+            break
         mid = (lo + hi) // 2
         if pred(cands[mid]):
             hi = mid
@@ -614,23 +621,9 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
             hi = min(hi, below)
         elif not fits(thetas[hi]):
             continue  # this cell holds no plan at all (theta*(cap) is beyond every stage time)
-        lo = _bisect_low(fits, thetas, 0, hi, steps=3 if target_s is None else 1)
+        lo = _first_true(fits, thetas, 0, hi, steps=3 if target_s is None else 1)
         best = min(best, base + w * thetas[lo] + s_lo)
     return best
-
-
-def _bisect_low(pred, cands: list, lo: int, hi: int, steps: int) -> int:
-    """An index j with pred false below it (so the first true index is >= j), after at most `steps`
-    bisection steps on the monotone pred over cands[lo..hi] (pred(cands[hi]) holds)."""
-    for _ in range(steps):
-        if lo >= hi:
-            break
-        mid = (lo + hi) // 2
-        if pred(cands[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def extra_lower_bound_s(inp: JointInputs) -> float:
