@@ -2,6 +2,7 @@
 import dataclasses
 import itertools
 
+import numpy as np
 import pytest
 
 from hetplan.estimators import build_estimators
@@ -276,3 +277,15 @@ def test_time_cutoff_keeps_the_optimum_and_only_it():
             pass
         checked += 1
     assert checked >= 4
+
+
+def test_window_min_matches_the_naive_sliding_minimum():
+    """The stage DP's O(log width) sliding minimum against slicing, with inf entries and widths
+    past the array's end."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows, length, width = int(rng.integers(1, 4)), int(rng.integers(1, 40)), int(rng.integers(1, 45))
+        a = rng.random((rows, length, 3))
+        a[a < 0.1] = np.inf
+        naive = np.stack([a[:, max(0, j - width + 1):j + 1].min(axis=1) for j in range(length)], axis=1)
+        assert np.array_equal(joint._window_min(a, width), naive), (rows, length, width)
