@@ -429,8 +429,9 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     takes about a millisecond, and a target from the start lets every strong bound stop early
     (measured on GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds)."""
     best = None
-    for item in queue:
+    for idx, item in enumerate(queue):
         combo, inp = item[5], with_sync_table(item[6], tables)
+        queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
         greedies[combo] = found = _best_greedy(inp, objective, max_cost, min_its)
         if found is not None and (best is None or found[0] < best[0]):
             best = (*found, inp)

@@ -176,7 +176,8 @@ def test_model_iteration_time_matches_the_simulator_on_one_pool_stages():
 def test_a_stage_no_pool_can_hold_is_reported_not_crashed():
     """Memory for the lightest unit only: stage 0 (embedding + one block) fits nowhere."""
     combo, inp = next(iter(combos_of(tiny(), "max_throughput")))
-    inp = dataclasses.replace(inp, P=2, cap_bytes=tuple(
+    # the all-reduce table was built for this choice's P; with P changed the ring formula stands in
+    inp = dataclasses.replace(inp, P=2, sync_table=None, cap_bytes=tuple(
         min(s + a for s, a in zip(inp.stat_bytes[k], inp.act_bytes[k])) * 2.01 for k in range(inp.K)))
     with pytest.raises(joint.NoStageChoice):
         joint.build(inp, layers="blocks")
