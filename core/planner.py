@@ -6,15 +6,18 @@ and layer ranges are decided inside one MILP per outer choice (`formulations/joi
 
 Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
 lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
-the first strong bound, the greedy runs on every choice and the best becomes the incumbent
+the search, the heuristics (the greedy and the stage DP of `formulations/joint_dp_heuristic.py`)
+run on the choices with the least cheap bound and the best plan becomes the incumbent
 (`_first_incumbent`): the strong bounds then only have to rule out a target. The choice at the
-head is refined once with the strong bound (`joint.time_lower_bound_tight_s(exact=True)`: a
-dynamic program over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone
-and with a cap on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the
-sum of stage times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update,
-`joint.extra_lower_bound_s`; for cost also `joint.cost_lower_bound_dp_usd`) and goes back in the
-queue; a choice that comes out at the head
-with its strong bound is solved: greedy warm start, then the MILP with the incumbent as a cutoff
+head is refined twice, going back in the queue each time: first with the medium bound
+(`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a
+few milliseconds; the first `heuristic_choices` choices it keeps also get the stage-DP heuristic),
+then with the strong bound (`exact=True`: a dynamic program over stages on GPUs per type,
+`joint.stages_fit_dp`, for the slowest stage alone and with a cap on all-reduce + update,
+`joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage times,
+`joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`; for cost
+also `joint.cost_lower_bound_dp_usd`). A choice that comes out at the head with its strong bound
+is solved: heuristic warm start, then the MILP with the incumbent as a cutoff
 (which also drops stage choices too slow to beat it). The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
 All-reduce and boundary transfer times come from the communication estimator
@@ -41,6 +44,7 @@ from hetplan.errors import InfeasibleError, SolverError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
+from hetplan.formulations.joint_dp_heuristic import dp_heuristic
 from hetplan.instance import Instance
 from hetplan.plan import Plan
 from hetplan.simulator import SimulationReport, node_endpoint, simulate
@@ -62,6 +66,7 @@ class PlannerOptions:
     tp_choices: tuple[int, ...] = TP_CHOICES
     linearize: bool = True  # False keeps rate x T bilinear (SCIP solves it as an MINLP)
     available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
+    heuristic_choices: int = 16  # choices (least cheap bound first) the stage DP heuristic runs on first
 
 
 @dataclass(frozen=True)
@@ -318,16 +323,19 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         if min_its is not None and t_lb > 1 / min_its:
             records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
             continue
-        queue.append((lb, combo.P, combo.D, combo.b, False, combo, inp))
+        queue.append((lb, combo.P, combo.D, combo.b, 0, combo, inp))
     heapq.heapify(queue)
 
-    best = greedy_best = None  # (objective, solution, inputs)
-    greedies: dict[Combo, tuple | None] = {}  # greedy results computed before the choice is solved
+    # the first incumbent: heuristics on the most promising choices, so the bounds have a target
+    greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
+    best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
+                                          opts.heuristic_choices)
+    dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the medium bound keeps
     build_s = solve_s = 0.0
     solved = pruned = 0
     open_bounds: list[float] = []
     while queue:
-        lb, _, _, _, exact, combo, inp = heapq.heappop(queue)
+        lb, _, _, _, level, combo, inp = heapq.heappop(queue)
         incumbent = best[0] if best else None
         if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
             # best first: every choice left has a bound at least this one
@@ -337,25 +345,33 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             _settle_rest(records, lb, combo, queue, "skipped_time")
             open_bounds += [lb] + [item[0] for item in queue]
             break
-        if not exact:
-            # the stronger bound (a dynamic program over stages, milliseconds); the choice goes
-            # back in the queue and is solved only if it is still the most promising one
-            inp = with_sync_table(inp, tables)  # the all-reduce times enter the strong bound
-            if best is None:  # a first incumbent lets the bounds stop early (`_first_incumbent`)
-                best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies)
-                incumbent = best[0] if best else None
-            target = None if incumbent is None else incumbent * (1 - opts.rel_gap)
-            lb = max(lb, _tight_bound(inp, objective, min_its, target))
+        if level < 2:
+            # refine in two steps, each choice going back in the queue: the medium bound (quota
+            # aware, no DP: a few milliseconds), then the strong one (dynamic programs over stages,
+            # tens of milliseconds); a choice is solved only if it is still the most promising one
+            inp = with_sync_table(inp, tables)  # the all-reduce times enter both
+            if level == 1 and dp_runs_left > 0 and not greedies.get(combo, (None, False))[1]:
+                dp_runs_left -= 1
+                found = _best_heuristic(inp, objective, max_cost, min_its)
+                greedies[combo] = (found, True)
+                if found is not None and (greedy_best is None or found[0] < greedy_best[0]):
+                    greedy_best = (*found, inp)
+                if found is not None and (best is None or found[0] < best[0]):
+                    best = (*found, inp)
+            target = None if best is None else best[0] * (1 - opts.rel_gap)
+            lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level == 1))
             if lb == float("inf"):
                 records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
                 continue
-            heapq.heappush(queue, (lb, combo.P, combo.D, combo.b, True, combo, inp))
+            heapq.heappush(queue, (lb, combo.P, combo.D, combo.b, level + 1, combo, inp))
             continue
         if progress:  # choices settled so far (solved, pruned or infeasible) of all
             progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
         rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
         records.append(rec)
-        found = greedies[combo] if combo in greedies else _best_greedy(inp, objective, max_cost, min_its)
+        found, with_dp = greedies.get(combo, (None, False))
+        if not with_dp:
+            found = _best_heuristic(inp, objective, max_cost, min_its)
         g_obj, g = found if found is not None else (None, None)
         if g_obj is not None and (greedy_best is None or g_obj < greedy_best[0]):
             greedy_best = (g_obj, g, inp)
@@ -424,15 +440,23 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,
-                     min_its: float | None, greedies: dict) -> tuple | None:
-    """The best greedy over the queued choices, (objective, solution, inputs), or None. One greedy
-    takes about a millisecond, and a target from the start lets every strong bound stop early
-    (measured on GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds)."""
+                     min_its: float | None, greedies: dict, heuristic_choices: int) -> tuple | None:
+    """The best heuristic plan over the most promising queued choices, (objective, solution,
+    inputs), or None. A target from the start lets every strong bound stop early (measured on
+    GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds). The
+    `heuristic_choices` choices with the least cheap bound get the greedy and the stage DP
+    (`joint_dp_heuristic`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
+    and only until some plan is found."""
     best = None
-    for idx, item in enumerate(queue):
+    order = sorted(range(len(queue)), key=lambda idx: queue[idx][:4])
+    for rank, idx in enumerate(order):
+        if rank >= heuristic_choices and best is not None:
+            break
+        item = queue[idx]
         combo, inp = item[5], with_sync_table(item[6], tables)
         queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
-        greedies[combo] = found = _best_greedy(inp, objective, max_cost, min_its)
+        found = _best_heuristic(inp, objective, max_cost, min_its, dp=rank < heuristic_choices)
+        greedies[combo] = (found, rank < heuristic_choices)
         if found is not None and (best is None or found[0] < best[0]):
             best = (*found, inp)
     return best
@@ -445,22 +469,33 @@ def _settle_rest(records: list[ComboRecord], lb: float, combo: Combo, queue: lis
     return 1 + len(queue)
 
 
-def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None) -> float:
-    """The strong bounds of one outer choice, with the dynamic program over stages
-    (`joint.stages_fit_dp`, milliseconds); +inf when it is infeasible by them. `target` (an
-    iteration time to rule out, max throughput only) lets the search stop early; for min cost the
-    time bound only has to rule out the minimum throughput (and enters the cost bound as it is)."""
-    if objective == "min_cost":
-        target = None if min_its is None else 1 / min_its
-    t_lb = joint.time_lower_bound_tight_s(inp, True, target)
-    if t_lb == float("inf") or (min_its is not None and t_lb > 1 / min_its):
+def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None,
+                 exact: bool = True) -> float:
+    """The medium (`exact=False`: Hall counts, no DP) or strong (`exact=True`: dynamic programs over
+    stages, `joint.stages_fit_dp`) bounds of one outer choice; +inf when it is infeasible by them.
+    `target` (an objective value to rule out, e.g. from the incumbent) lets the search stop early.
+    For min cost the time bound only has to rule out the minimum throughput; the strong time bound
+    is skipped when the cost bounds alone reach the target (it costs more than they do)."""
+    floor_s = None if min_its is None else 1 / min_its
+    if objective != "min_cost":
+        t_lb = joint.time_lower_bound_tight_s(inp, exact, target)
+        return float("inf") if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s) else t_lb
+    t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
+    if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
         return float("inf")
-    return joint.cost_lower_bound_usd(inp, True, t_lb) if objective == "min_cost" else t_lb
+    cost = joint.cost_lower_bound_usd(inp, exact, t_lb)
+    if not exact or (target is not None and cost >= target):
+        return cost
+    t_lb = joint.time_lower_bound_tight_s(inp, True, floor_s)
+    if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
+        return float("inf")
+    return max(cost, t_lb * joint.rate_lower_bound_usd_per_s(inp))
 
 
-def _best_greedy(inp: joint.JointInputs, objective: str, max_cost: float | None,
-                 min_its: float | None) -> tuple[float, joint.JointSolution] | None:
-    """The better of the speed-first and cost-first greedy that meets the limits, with its objective."""
+def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | None,
+                    min_its: float | None, dp: bool = True) -> tuple[float, joint.JointSolution] | None:
+    """The best of the speed-first and cost-first greedy and (with `dp`, blocks form) the stage DP
+    heuristic that meets the limits, with its objective."""
     best = None
     for order in ("speed", "cost"):
         g = joint.greedy(inp, order)
@@ -472,6 +507,10 @@ def _best_greedy(inp: joint.JointInputs, objective: str, max_cost: float | None,
         obj = ev["cost"] if objective == "min_cost" else ev["T"]
         if best is None or obj < best[0]:
             best = (obj, g)
+    if dp:
+        found = dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp))
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
     return best
 
 

@@ -794,7 +794,7 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
     microbatches) and every stage runs within theta, so rate >= R(theta), the least rate of P
     stages of D replicas holding the L blocks with classes that run their stage within theta and
     fit it in memory (a dynamic program over stages, vectorised over all thetas at once). Hence
-        cost >= min over theta in [theta_LB, cap] of R(theta) (m theta + rest),
+        cost >= min over theta in [theta_LB, cap] of R(theta) ((m - 1) theta + max(theta, sum tau LB) + rest),
     theta_LB from `bottleneck_lower_bound_s(exact=True)` (GPU counts), cap from a minimum
     throughput (`stage_time_cap_s`). Every replica pays for the bottleneck, not for its own stage
     time, which the per-unit bound of `cost_lower_bound_usd` misses. Blocks form only."""
@@ -822,7 +822,10 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
                     rate = np.where(time_s[c, i, n] <= thetas, np.minimum(rate, inp.D * pc), rate)
             np.minimum(new[:, n:], best[:, :L + 1 - n] + rate[:, None], out=new[:, n:])
         best = new
-    return float(np.min(best[:, L] * (inp.m * thetas + _rest_lower_bound_s(inp))))
+    # T >= (m - 1) theta + sum tau + rest, and sum tau >= theta (the slowest stage) and >= the
+    # quota-aware `sum_tau_lower_bound_s`
+    sum_tau = np.maximum(thetas, sum_tau_lower_bound_s(inp))
+    return float(np.min(best[:, L] * ((inp.m - 1) * thetas + sum_tau + _rest_lower_bound_s(inp))))
 
 
 def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:

@@ -1,0 +1,242 @@
+"""A dynamic-programming heuristic for one outer choice of the joint model (blocks form).
+
+The greedy of `joint.greedy` fills stages with the fastest pools in turn and splits layers in
+proportion to speed; it cannot trade a stage's TP degree against its memory, and on mixed A100 +
+V100 clusters it often finds no plan or one far from the optimum (GPT-Neo, 32 A100 + 96 V100,
+P5 b1 D16: no plan, where the optimum puts the embedding stage on V100 at TP 4). This heuristic
+searches plans of *homogeneous* stages exactly, by a dynamic program over the stages:
+
+  For a cap theta on the stage time, stage i may hold n blocks on D replicas of one time class
+  r = (GPU type g, TP t) when r fits n blocks in memory there and time[r,i,n] <= theta
+  (`joint._class_figures`). The state after stages 0..i is (blocks placed s, GPUs used per type
+  in units of D q GPUs), the value the least sum of stage times (value="time") or the least GPU
+  rate (value="cost"):
+      V_i[s + n, u + e_g ceil(t / q)] = min(V_{i-1}[s, u] + val(r, i, n))
+  q = 1 unless the state space would be too large; then usage is rounded up (still within quota).
+  A plan ends at s = L with usage within every type's GPUs. theta is swept over the class stage
+  times from the least one the DP accepts, and each plan is scored with `joint.evaluate` (the
+  model's own T and cost, with all-reduce, update and boundary terms), so the best one kept is
+  exactly what the MILP would charge for it.
+
+Zones are merged in the DP; a plan is then placed stage by stage in one zone with room for all
+of its replicas, or spread over the zones of one region (Sailor H5), or dropped. Mixed stages (two
+classes in one stage) are outside this heuristic's space: the MILP covers them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hetplan.formulations import joint
+
+MAX_USAGE_STATES = 4096  # product over (GPU type, region) of the usage axis lengths
+
+
+class _Space:
+    """The DP's usage axes: per (GPU type, region), units of D q GPUs."""
+
+    def __init__(self, inp: joint.JointInputs):
+        gpus: dict[tuple[str, str], int] = {}
+        for p in {p.quota_key: p for p in inp.pools}.values():
+            gpus[p.gpu_type, p.region] = gpus.get((p.gpu_type, p.region), 0) + p.avail_gpus
+        self.keys = sorted(gpus)
+        self.q = 1
+        while math.prod(gpus[key] // (inp.D * self.q) + 1 for key in self.keys) > MAX_USAGE_STATES:
+            self.q *= 2
+        self.dims = tuple(gpus[key] // (inp.D * self.q) + 1 for key in self.keys)
+
+    def units(self, tp: int) -> int:
+        return -(-tp // self.q)
+
+
+Choice = tuple[tuple[str, int], str, int]  # (time class (GPU type, TP), region, blocks)
+
+
+def _options(inp: joint.JointInputs, theta_s: float, value: str) -> list[list[tuple[Choice, float]]]:
+    """Per stage: every homogeneous choice within theta_s that fits in memory, with its value."""
+    time_s, fits = joint._class_figures(inp)
+    price: dict[tuple[tuple[str, int], str], float] = {}  # USD per GPU-second
+    for p in inp.pools:
+        key = ((p.gpu_type, p.tp), p.region)
+        price[key] = min(price.get(key, math.inf), p.price_per_gpu_hour_usd / 3600)
+    out = []
+    for i in range(inp.P):
+        row = []
+        for n in joint.block_counts(inp, i):
+            for (c, region), usd in price.items():
+                if fits[c, i, n] and time_s[c, i, n] <= theta_s:
+                    t = time_s[c, i, n]
+                    # cost: the GPU rate; the stage time breaks ties (it is what T pays besides theta)
+                    row.append(((c, region, n), t if value == "time" else inp.D * c[1] * usd + 1e-9 * t))
+        out.append(row)
+    return out
+
+
+def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time") -> list[Choice] | None:
+    """The best plan of homogeneous stages within theta_s, a choice per stage, or None. The state
+    also keeps the last stage's region: a pipeline boundary between regions adds its transfer
+    time (value "time") and is allowed only when it fits in theta_s (links are full duplex:
+    c / 2 <= theta, as in the model)."""
+    space = _Space(inp)
+    options = _options(inp, theta_s, value)
+    if any(not row for row in options):
+        return None
+    regions = inp.regions
+    cross = inp.p2p_s(inp.region) - inp.p2p_s(inp.node)
+    may_cross = inp.p2p_s(inp.region) / 2 <= theta_s
+    L = inp.U - 2
+    shape = (len(regions), L + 1, *space.dims)
+    best = np.full(shape, np.inf)
+    best[(slice(None),) + (0,) * (len(shape) - 1)] = 0.0  # stage 0 may start in any region
+    picks = []
+    for i, row in enumerate(options):
+        # best over the previous stage's region, per target region: staying, or crossing at a price
+        entering = []
+        for r in range(len(regions)):
+            if may_cross and i > 0 and len(regions) > 1:
+                step = cross if value == "time" else 0.0
+                via = np.stack([best[rp] + (0.0 if rp == r else step) for rp in range(len(regions))])
+                entering.append((via.min(axis=0), via.argmin(axis=0)))
+            else:
+                entering.append((best[r], np.full(best[r].shape, r)))
+        new = np.full(shape, np.inf)
+        pick = np.full(shape, -1, dtype=np.int32)
+        came = np.zeros(shape, dtype=np.int32)
+        for code, ((c, region, n), val) in enumerate(row):
+            r = regions.index(region)
+            axis, u = 1 + space.keys.index((c[0], region)), space.units(c[1])
+            if u >= shape[axis + 1]:
+                continue
+            dst = [slice(None)] * (len(shape) - 1)
+            src = [slice(None)] * (len(shape) - 1)
+            dst[0], src[0] = slice(n, None), slice(0, L + 1 - n)
+            dst[axis], src[axis] = slice(u, None), slice(0, shape[axis + 1] - u)
+            dst, src = (r, *dst), tuple(src)
+            base, origin = entering[r]
+            cand = base[src] + val
+            better = cand < new[dst]
+            new[dst] = np.where(better, cand, new[dst])
+            pick[dst] = np.where(better, code, pick[dst])
+            came[dst] = np.where(better, origin[src], came[dst])
+        best = new
+        picks.append((pick, came))
+    final = best[:, L]
+    if inp.max_gpus is not None:  # rounded-up usage: a state within the cap is a valid plan
+        usage = sum(np.indices(space.dims)[a] * inp.D * space.q for a in range(len(space.dims)))
+        final = np.where(usage[None] <= inp.max_gpus, final, np.inf)
+    if not np.isfinite(final).any():
+        return None
+    r, *usage_at = np.unravel_index(int(np.argmin(final)), final.shape)
+    state = [L, *usage_at]
+    stages = []
+    for i in range(inp.P - 1, -1, -1):
+        pick, came = picks[i]
+        at = (r, *state)
+        (c, region, n), _ = options[i][int(pick[at])]
+        stages.append((c, region, n))
+        r = int(came[at])
+        state[0] -= n
+        state[1 + space.keys.index((c[0], region))] -= space.units(c[1])
+    return stages[::-1]
+
+
+def place(inp: joint.JointInputs, stages: list[Choice]) -> joint.JointSolution | None:
+    """Replicas per pool for homogeneous stages, in stage order, each in its region: all D
+    replicas in one zone if one has room, preferring the previous stage's zone (a pipeline boundary
+    across zones costs transfer time and egress), then the most room; else spread over the zones
+    of the region, the fullest first. None when the zones are too fragmented (the DP counts GPUs
+    per region)."""
+    left = {p.quota_key: p.avail_gpus for p in inp.pools}
+    replicas, prev_zone = [], None
+    for c, region, _ in stages:
+        ks = [k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c and p.region == region]
+        row = _place_stage(inp, ks, c[1], left, prev_zone)
+        if row is None:
+            return None
+        replicas.append(tuple(row))
+        prev_zone = inp.pools[max(range(inp.K), key=lambda k: row[k])].zone
+    ranges, start = [], 0
+    for i, (_, _, n) in enumerate(stages):  # stage 0: the embedding + n blocks; the last: n blocks + the head
+        width = n + (i == 0) + (i == inp.P - 1)
+        ranges.append((start, start + width))
+        start += width
+    return joint.JointSolution(tuple(ranges), tuple(replicas), float("nan"), float("nan"))
+
+
+def _place_stage(inp: joint.JointInputs, ks: list[int], tp: int, left: dict, prev_zone: str | None) -> list[int] | None:
+    row = [0] * inp.K
+    room = lambda k: left[inp.pools[k].quota_key] // tp  # noqa: E731  replicas the zone still has
+    ks = sorted(ks, key=lambda k: (inp.pools[k].zone != prev_zone, -room(k)))
+    whole = [k for k in ks if room(k) >= inp.D]
+    if whole:
+        ks = whole[:1]
+    elif sum(room(k) for k in ks) < inp.D:
+        return None
+    else:
+        ks = sorted(ks, key=lambda k: -room(k))
+    todo = inp.D
+    for k in ks:
+        take = min(todo, room(k))
+        row[k], todo = take, todo - take
+        left[inp.pools[k].quota_key] -= take * tp
+    return row
+
+
+def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_cost_usd: float | None = None,
+                 min_iters_per_s: float | None = None, theta_lo_s: float = 0.0,
+                 sweep: int = 4) -> tuple[float, joint.JointSolution] | None:
+    """(objective, solution) of the best plan the stage DP finds for this outer choice within the
+    limits, or None (not the blocks form, or no plan of homogeneous stages). `theta_lo_s`: a known
+    lower bound on the bottleneck (the search starts there)."""
+    if not joint.blocks_identical(inp):
+        return None
+    time_s, _ = joint._class_figures(inp)
+    thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
+    if min_iters_per_s:
+        cap = joint.stage_time_cap_s(inp, 1 / min_iters_per_s)
+        thetas = [t for t in thetas if t <= cap]
+    if not thetas:
+        return None
+    feasible = lambda t: stage_dp(inp, t) is not None  # noqa: E731
+    if not feasible(thetas[-1]):
+        return None
+    first = joint._first_true(feasible, thetas, 0)
+    best, kept = None, 0
+    caps = _caps_to_try(first, len(thetas), objective, sweep)
+    if max_cost_usd is not None and objective != "min_cost":  # under a budget, the cheap caps too
+        caps = sorted(set(caps) | set(_caps_to_try(first, len(thetas), "min_cost", sweep)))
+    for j in caps:
+        found = False
+        for value in ("time", "cost"):
+            stages = stage_dp(inp, thetas[j], value)
+            sol = place(inp, stages) if stages is not None else None
+            if sol is None:
+                continue
+            ev = joint.evaluate(inp, sol)
+            if (max_cost_usd is not None and ev["cost"] > max_cost_usd) or (
+                    min_iters_per_s is not None and ev["T"] > 1 / min_iters_per_s):
+                continue
+            found = True
+            obj = ev["cost"] if objective == "min_cost" else ev["T"]
+            if best is None or obj < best[0]:
+                best = (obj, sol)
+        kept += found
+        if kept >= sweep and max_cost_usd is None:
+            break
+    return best
+
+
+def _caps_to_try(first: int, count: int, objective: str, sweep: int) -> list[int]:
+    """Indices of the stage-time caps to try from the least feasible one: for max throughput the
+    next few and then doubling steps (the optimum sits near the least bottleneck, but a plan may
+    not place in the zones or meet a budget there); for min cost spread evenly up to the last (a
+    slower, cheaper bottleneck may win)."""
+    if objective == "min_cost":
+        return sorted({first + round(j * (count - 1 - first) / sweep) for j in range(sweep + 1)})
+    out = list(range(first, min(first + sweep, count)))
+    step = 2
+    while out and out[-1] + step < count:
+        out.append(out[-1] + step)
+        step *= 2
+    return out
