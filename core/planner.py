@@ -97,7 +97,7 @@ class PlannerResult:
     model_objective: float  # iteration time (s) or cost (USD) as the model computes it
     bound: float  # proven bound on the model objective over the modelled space
     gap: float
-    greedy_objective: float | None
+    greedy_objective: float | None  # the best heuristic plan (greedy or stage DP) found in the search
     greedy_report: SimulationReport | None
     combos_total: int
     combos_pruned: int
@@ -269,11 +269,14 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
         return inp
     table = {}
     stages = sorted({0, min(1, inp.P - 1), inp.P - 1})  # one stage of each position
+    grad = [0.0]
+    for g in inp.grad_bytes:  # prefix sums: a stage's units are one contiguous range
+        grad.append(grad[-1] + g)
+    nbytes = {(i, n): grad[u.stop] - grad[u.start] for i in stages for n in joint.block_counts(inp, i)
+              for u in [joint.stage_units(inp, i, n)]}
     for k, pool in enumerate(inp.pools):
-        for i in stages:
-            for n in joint.block_counts(inp, i):
-                nbytes = sum(inp.grad_bytes[l] for l in joint.stage_units(inp, i, n))
-                table[k, joint.position(inp, i), n] = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, nbytes)
+        for (i, n), size in nbytes.items():
+            table[k, joint.position(inp, i), n] = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, size)
     return replace(inp, sync_table=table)
 
 

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         render_simulation(res.report, f"hetplan plan for {inst.name} ({res.objective_kind})")
         unit = "s/iteration" if res.objective_kind == "max_throughput" else "USD/iteration"
         table = Table(title="search")
-        for col in ("model objective", "proven bound", "gap", "greedy objective", "outer choices",
+        for col in ("model objective", "proven bound", "gap", "heuristic objective", "outer choices",
                     "pruned by bound", "solved", "build s", "solve s", "wall s", "solver"):
             table.add_column(col)
         table.add_row(f"{res.model_objective:.5g} {unit}", f"{res.bound:.5g}", f"{100 * res.gap:.2f} %",
