@@ -357,10 +357,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                 dp_runs_left -= 1
                 found = _best_heuristic(inp, objective, max_cost, min_its)
                 greedies[combo] = (found, True)
-                if found is not None and (greedy_best is None or found[0] < greedy_best[0]):
-                    greedy_best = (*found, inp)
-                if found is not None and (best is None or found[0] < best[0]):
-                    best = (*found, inp)
+                if found is not None:
+                    greedy_best, best = _better(greedy_best, (*found, inp)), _better(best, (*found, inp))
             target = None if best is None else best[0] * (1 - opts.rel_gap)
             lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level == 1))
             if lb == float("inf"):
@@ -376,10 +374,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         if not with_dp:
             found = _best_heuristic(inp, objective, max_cost, min_its)
         g_obj, g = found if found is not None else (None, None)
-        if g_obj is not None and (greedy_best is None or g_obj < greedy_best[0]):
-            greedy_best = (g_obj, g, inp)
-        if g_obj is not None and (best is None or g_obj < best[0]):
-            best = (g_obj, g, inp)
+        if found is not None:
+            greedy_best, best = _better(greedy_best, (*found, inp)), _better(best, (*found, inp))
         t0 = time.perf_counter()
         cutoff = best[0] if best else None
         try:
@@ -460,8 +456,8 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
         queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
         found = _best_heuristic(inp, objective, max_cost, min_its, dp=rank < heuristic_choices)
         greedies[combo] = (found, rank < heuristic_choices)
-        if found is not None and (best is None or found[0] < best[0]):
-            best = (*found, inp)
+        if found is not None:
+            best = _better(best, (*found, inp))
     return best
 
 
@@ -504,17 +500,19 @@ def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | No
         g = joint.greedy(inp, order)
         if g is None:
             continue
-        ev = joint.evaluate(inp, g)
-        if (max_cost is not None and ev["cost"] > max_cost) or (min_its is not None and ev["T"] > 1 / min_its):
-            continue
-        obj = ev["cost"] if objective == "min_cost" else ev["T"]
-        if best is None or obj < best[0]:
-            best = (obj, g)
+        obj = joint.objective_within_limits(inp, g, objective, max_cost, min_its)
+        if obj is not None:
+            best = _better(best, (obj, g))
     if dp:
-        found = dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp))
-        if found is not None and (best is None or found[0] < best[0]):
-            best = found
+        best = _better(best, dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp)))
     return best
+
+
+def _better(current: tuple | None, candidate: tuple | None) -> tuple | None:
+    """The one of two (objective, ...) results with the smaller objective; None counts as none."""
+    if candidate is None or (current is not None and current[0] <= candidate[0]):
+        return current
+    return candidate
 
 
 def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its: float | None) -> str:

@@ -1468,6 +1468,17 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
             "zones": zones, "regions": regions}
 
 
+def objective_within_limits(inp: JointInputs, sol: JointSolution, objective: str, max_cost_usd: float | None = None,
+                            min_iters_per_s: float | None = None) -> float | None:
+    """The plan's objective (cost for min cost, T otherwise) by the model's own figures
+    (`evaluate`), or None when it breaks the budget or the minimum throughput."""
+    ev = evaluate(inp, sol)
+    if (max_cost_usd is not None and ev["cost"] > max_cost_usd) or (
+            min_iters_per_s is not None and ev["T"] > 1 / min_iters_per_s):
+        return None
+    return ev["cost"] if objective == "min_cost" else ev["T"]
+
+
 def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:
     """Blocks per stage of `sol` in the compact form, or None when it lies outside it (stage 0
     holding the embedding alone)."""

@@ -213,12 +213,10 @@ def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_
             sol = place(inp, stages) if stages is not None else None
             if sol is None:
                 continue
-            ev = joint.evaluate(inp, sol)
-            if (max_cost_usd is not None and ev["cost"] > max_cost_usd) or (
-                    min_iters_per_s is not None and ev["T"] > 1 / min_iters_per_s):
+            obj = joint.objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
+            if obj is None:
                 continue
             found = True
-            obj = ev["cost"] if objective == "min_cost" else ev["T"]
             if best is None or obj < best[0]:
                 best = (obj, sol)
         kept += found
