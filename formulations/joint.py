@@ -465,23 +465,43 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
 
 def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_cap_s: float = math.inf) -> dict | None:
     """(g, i, n) -> fewest GPUs per replica of type g on stage i with n blocks within theta_s and
-    with its all-reduce + update (`_class_extras`) within extra_cap_s (inf when none); None when
-    some stage has no feasible block count at all."""
+    with its all-reduce + update within extra_cap_s (inf when none); None when some stage has no
+    feasible block count at all. Under a cap, a class may serve a stage by its in-zone value
+    (`_class_extras`) only if some zone has GPUs for D replicas of such classes; otherwise the
+    stage spans zones and its classes must meet the cap by their spanning value
+    (`_class_extras_span`)."""
     time_s, fits = _class_figures(inp)
-    extra = _class_extras(inp) if extra_cap_s < math.inf else None
+    capped = extra_cap_s < math.inf
+    extra_in = _class_extras(inp) if capped else None
+    extra_span = _class_extras_span(inp) if capped else None
+    zones = _gpus_per_group(inp, "zone")
     classes = [(g, sorted(t for g2, t in time_classes(inp) if g2 == g)) for g in types]
     need = {}
     for i in range(inp.P):
         any_ok = False
         for n in block_counts(inp, i):
-            for g, tps in classes:
-                t = next((t for t in tps if fits[(g, t), i, n] and time_s[(g, t), i, n] <= theta_s
-                          and (extra is None or extra[(g, t), i, n] <= extra_cap_s)), math.inf)
-                need[g, i, n] = t
-                any_ok = any_ok or t < math.inf
+            ok = {(g, t) for g, tps in classes for t in tps
+                  if fits[(g, t), i, n] and time_s[(g, t), i, n] <= theta_s}
+            if capped:
+                in_zone = {c for c in ok if extra_in[c, i, n] <= extra_cap_s}
+                if _most_replicas(zones, _least_tp(in_zone)) < inp.D:
+                    in_zone = set()
+                ok = in_zone | {c for c in ok if extra_span[c, i, n] <= extra_cap_s}
+            least = _least_tp(ok)
+            for g, _ in classes:
+                need[g, i, n] = least.get(g, math.inf)
+            any_ok = any_ok or bool(least)
         if not any_ok:
             return None
     return need
+
+
+def _least_tp(classes) -> dict[str, int]:
+    """GPU type -> the smallest TP among these (type, TP) classes."""
+    out: dict[str, int] = {}
+    for g, t in classes:
+        out[g] = min(out.get(g, t), t)
+    return out
 
 
 def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> bool:
@@ -563,7 +583,61 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     (`time_lower_bound_s`) and the link time / 2, sigma and mu as in `_rest_lower_bound_s`.
     With `exact` (blocks form), also `sync_aware_time_bound_s`, which bounds theta and sigma + mu
     together. `target_s` (a T the caller wants to rule out) lets the exact search stop early: the
-    result is then a valid bound that is >= target_s whenever the DP can prove it."""
+    result is then a valid bound that is >= target_s whenever the DP can prove it.
+    With several regions, `exact` also splits the plans by the regions they use
+    (`region_split_time_bound_s`)."""
+    out = _time_lower_bound_merged_s(inp, exact, target_s)
+    if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
+        out = max(out, region_split_time_bound_s(inp, out, target_s))
+    return out
+
+
+def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None) -> float:
+    """The bounds above merge every region, but a stage's replicas sit in one region (H5) and a
+    boundary between regions costs c_region. A plan either
+      - lies in one region r: T >= the bound of the inputs cut down to r's pools (`in_region`);
+      - uses several regions with the first and last stage in one region: then it crosses a region
+        boundary at least twice, T >= merged_s + 2 (c_region - c_node);
+      - or puts its ends in different regions: one crossing, and the tied-embedding all-reduce
+        crosses regions too, T >= sum tau + (P - 1) c_node + (c_region - c_node) + (m - 1) theta
+        + tied(region) + mu, each term bounded alone.
+    The least of these is a bound (measured: OPT-350M on 5 zones in 2 regions, P5 b1 D64, the
+    merged bound is 1.50 s, the optimum 1.654 s: the small region can hold one stage only at the
+    cost of two crossings)."""
+    c_node, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.region)
+    hop = c_region - c_node
+    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, True), c_region / 2)
+    ends_apart = (sum_tau_lower_bound_s(inp) + (inp.P - 1) * c_node + hop + (inp.m - 1) * theta
+                  + _tied_s(inp, inp.region) + _mu_lower_bound_s(inp))
+    out = min(merged_s + 2 * hop, ends_apart)
+    for sub in _region_inputs(inp).values():
+        if target_s is not None and out < target_s:
+            target_s = out  # beyond the least so far, a region's bound changes nothing
+        out = min(out, _time_lower_bound_merged_s(sub, True, target_s))
+    return out
+
+
+def _region_inputs(inp: JointInputs) -> dict[str, "JointInputs"]:
+    """region -> these inputs with only the pools of that region (cached: their own bound caches
+    live as long as these inputs)."""
+    return _cached_for(inp, "regions", lambda inp: {r: in_region(inp, r) for r in inp.regions})
+
+
+def in_region(inp: JointInputs, region: str) -> JointInputs:
+    """The same outer choice with only `region`'s pools (the all-reduce table re-indexed)."""
+    keep = [k for k, p in enumerate(inp.pools) if p.region == region]
+    new_index = {k: j for j, k in enumerate(keep)}
+    pick = lambda rows: tuple(rows[k] for k in keep)  # noqa: E731
+    table = None if inp.sync_table is None else {
+        (new_index[k], pos, n): v for (k, pos, n), v in inp.sync_table.items() if k in new_index}
+    return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
+                   stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
+                   sync_table=table)
+
+
+def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None) -> float:
+    if not inp.pools:
+        return math.inf
     if inp.U < 4:
         return time_lower_bound_s(inp)
     base = (sum_tau_lower_bound_s(inp) if exact else _fastest_work_s(inp)) + _rest_lower_bound_s(inp)
@@ -594,10 +668,9 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     a cell is only tested at the theta that would beat the target (one DP call), and the grid
     ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
     (its lower end is a valid bound)."""
-    extra = _class_extras(inp)
     time_s, _ = _class_figures(inp)
     base = sum_tau_lower_bound_s(inp) + (inp.P - 1) * _c_node_s(inp)
-    caps = sorted(set(extra.values()))
+    caps = sorted(set(_class_extras(inp).values()) | set(_class_extras_span(inp).values()))
     thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
     s_first = extra_lower_bound_s(inp)
     if not thetas or not caps or s_first > caps[-1]:
@@ -634,27 +707,33 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
 
 def extra_lower_bound_s(inp: JointInputs) -> float:
     """A lower bound on sigma + mu that sees the GPU quotas (blocks form), without a DP. Stage i
-    with n blocks needs D replicas of classes whose `_class_extras` value is at most s: s_need(i, n)
-    is the least s for which the GPUs allow D replicas of those classes (each type at its smallest
-    such TP). Every stage holds some count and some stage holds >= ceil(L / P) blocks, so
-    sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
+    with n blocks needs D replicas of classes whose extra value is at most s: s_need(i, n) is the
+    least s for which the GPUs allow that (each type at its smallest such TP), either in one zone
+    with the in-zone values (`_class_extras`) or over all zones with the spanning values
+    (`_class_extras_span`). Every stage holds some count and some stage holds >= ceil(L / P)
+    blocks, so sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
     return _cached_for(inp, "extra_lb", _make_extra_lower_bound)
 
 
 def _make_extra_lower_bound(inp: JointInputs) -> float:
-    extra = _class_extras(inp)
+    extra_in, extra_span = _class_extras(inp), _class_extras_span(inp)
     _, fits = _class_figures(inp)
     gpus = _gpus_per_type(inp)
+    zones = _gpus_per_group(inp, "zone")
     classes = time_classes(inp)
     n_big = -(-(inp.U - 2) // inp.P)
 
-    def s_need(i: int, n: int) -> float:
+    def least_s(extra: dict, i: int, n: int, enough) -> float:
         min_tp: dict[str, int] = {}
         for v, (g, t) in sorted((extra[c, i, n], c) for c in classes if fits[c, i, n]):
             min_tp[g] = min(min_tp.get(g, t), t)
-            if _replicas(gpus, min_tp, inp.max_gpus) >= inp.D:
+            if enough(min_tp):
                 return v
         return math.inf
+
+    def s_need(i: int, n: int) -> float:
+        return min(least_s(extra_in, i, n, lambda tp: _most_replicas(zones, tp) >= inp.D),
+                   least_s(extra_span, i, n, lambda tp: _replicas(gpus, tp, inp.max_gpus) >= inp.D))
 
     # s_need grows with n (a class's extra grows, fewer classes fit): only the least count matters
     counts = [block_counts(inp, i) for i in range(inp.P)]
@@ -1050,17 +1129,75 @@ def _make_class_figures(inp: JointInputs) -> tuple[dict, dict]:
 
 def _class_extras(inp: JointInputs) -> dict:
     """extra[(r, i, n)]: a lower bound on sync[i] + update of stage i holding n blocks when class r
-    serves it, so sigma + mu >= max over the plan's (stage, class) pairs of extra (sigma >= sync[i],
-    mu >= the update of every class on every stage). sync: the least of the class's pools in the
-    all-reduce table (the ring over the inter-node link without one) plus, on the first and last
-    stage, the least tied-embedding all-reduce; update: the class's optimizer step of those units."""
-    return _cached_for(inp, "extras", _make_class_extras)
+    serves it and the stage sits in one zone, so sigma + mu >= max over the plan's (stage, class)
+    pairs of extra (sigma >= sync[i], mu >= the update of every class on every stage). sync: the
+    least of the class's pools in the all-reduce table (the ring over the inter-node link without
+    one) plus, on the first and last stage, the least tied-embedding all-reduce the GPUs allow
+    (`_ends_tied_s`); update: the class's optimizer step of those units."""
+    return _cached_for(inp, "extras", lambda inp: _make_class_extras(inp, spanning=False))
 
 
-def _make_class_extras(inp: JointInputs) -> dict:
-    tied = min(_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region)) if inp.P > 1 else 0.0
+def _class_extras_span(inp: JointInputs) -> dict:
+    """`_class_extras` for a stage that spans zones: its all-reduce is also at least the ring over
+    the inter-zone link (the model's sync_zone row), and an end stage that spans puts the tied
+    embedding across zones (ez >= span)."""
+    return _cached_for(inp, "extras_span", lambda inp: _make_class_extras(inp, spanning=True))
+
+
+def _make_class_extras(inp: JointInputs, spanning: bool) -> dict:
+    tied = _ends_tied_s(inp)[1 if spanning else 0]
     sync, upd = _class_sync_update(inp)
-    return {key: sync[key] + upd[key] + (tied if key[1] in (0, inp.P - 1) else 0.0) for key in sync}
+    out = {}
+    if spanning:
+        a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
+        grad = _prefix(inp.grad_bytes)
+    for key in sync:
+        c, i, n = key
+        s = sync[key]
+        if spanning:
+            units = stage_units(inp, i, n)
+            s = max(s, a_zone * inp.sync_factor * (grad[units.stop] - grad[units.start]) / c[1] + l_zone)
+        out[key] = s + upd[key] + (tied if i in (0, inp.P - 1) else 0.0)
+    return out
+
+
+def _ends_tied_s(inp: JointInputs) -> tuple[float, float]:
+    """(least tied-embedding all-reduce of the first and last stage when both sit in one zone each,
+    the same when one of them spans zones). Both ends in one zone need 2 D replicas there, both in
+    one region 2 D replicas there; when no zone (region) has GPUs for that, the all-reduce crosses
+    zones (regions) in every plan (ez = 1, er = 1 in the model: `ends_forced`)."""
+    if inp.P <= 1:
+        return 0.0, 0.0
+    t_node, t_zone, t_region = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
+    ez, er = ends_forced(inp)
+    far = t_region if er else t_zone
+    return (far if ez else min(t_node, far)), far
+
+
+def ends_forced(inp: JointInputs) -> tuple[bool, bool]:
+    """(ez, er) forced to 1: no zone (region) has GPUs for the 2 D replicas of the first and last
+    stage, each type counted at its smallest TP (P > 1)."""
+    if inp.P <= 1:
+        return False, False
+    min_tp = _least_tp(time_classes(inp))
+    return (_most_replicas(_gpus_per_group(inp, "zone"), min_tp) < 2 * inp.D,
+            _most_replicas(_gpus_per_group(inp, "region"), min_tp) < 2 * inp.D)
+
+
+def _gpus_per_group(inp: JointInputs, attr: str) -> dict[str, dict[str, int]]:
+    """zone (attr="zone") or region -> GPU type -> GPUs there."""
+    def make(inp: JointInputs) -> dict:
+        out: dict[str, dict[str, int]] = {}
+        for p in {p.quota_key: p for p in inp.pools}.values():
+            per = out.setdefault(getattr(p, attr), {})
+            per[p.gpu_type] = per.get(p.gpu_type, 0) + p.avail_gpus
+        return out
+    return _cached_for(inp, f"gpus_per_{attr}", make)
+
+
+def _most_replicas(groups: dict[str, dict[str, int]], min_tp: dict[str, int]) -> int:
+    """The most replicas any one group (zone or region) holds with type g at TP min_tp[g]."""
+    return max((sum(gpus[g] // t for g, t in min_tp.items() if g in gpus) for gpus in groups.values()), default=0)
 
 
 def _class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
@@ -1171,6 +1308,11 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
     m.ends_span_last = pyo.Constraint(expr=m.ez >= m.span[last])
     m.ends_region = pyo.Constraint(pairs_r or [("", "")], rule=lambda m, r1, r2: (
         m.er >= m.rho[0, r1] + m.rho[last, r2] - 1) if r1 else pyo.Constraint.Skip)
+    ez, er = ends_forced(inp)  # valid: no zone (region) holds both ends; the LP relaxation does not see it
+    if ez:
+        m.ez.setlb(1)
+    if er:
+        m.er.setlb(1)
 
 
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:

@@ -28,6 +28,23 @@ def tiny(objective="max_throughput", constraints=None):
     })
 
 
+def tiny_regions():
+    """Two A100 zones in region r1, one V100 zone in region r2, two GPUs each: both ends of a
+    two-replica pipeline never fit one zone, and a plan that uses r2 crosses regions."""
+    return instance_from_dict({
+        "name": "tiny-regions",
+        "cluster": {"node_groups": [
+            {"name": "a1", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1, "zone": "r1-a", "price_per_gpu_hour_usd": 3.0},
+            {"name": "a2", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1, "zone": "r1-b", "price_per_gpu_hour_usd": 3.0},
+            {"name": "v", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "r2-a", "price_per_gpu_hour_usd": 1.0},
+        ]},
+        "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                                        "vocab_size": 32000, "seq_len": 1024}},
+                     "global_batch_size": 8, "precision": "fp16", "flash_attention": True},
+        "objective": {"kind": "max_throughput"},
+    })
+
+
 def brute_force(inp: joint.JointInputs, key, layers: str = "staircase") -> float:
     """Every contiguous split x every multiset of D pools per stage, scored by the model's own formula
     (`key`: a name in `joint.evaluate`'s figures, or a function of them).
@@ -74,13 +91,14 @@ def combos_of(inst, objective, max_cost=None):
             yield combo, with_sync_table(inp, tables)
 
 
+@pytest.mark.parametrize("instance", [tiny, tiny_regions])
 @pytest.mark.parametrize("layers", ["blocks", "staircase"])
 @pytest.mark.parametrize("backend", ["highs", "scip"])
-def test_joint_milp_matches_brute_force_per_outer_choice(backend, layers):
+def test_joint_milp_matches_brute_force_per_outer_choice(backend, layers, instance):
     if not get_backend(backend).available():
         pytest.skip(f"{backend} not installed")
     checked = 0
-    for combo, inp in combos_of(tiny(), "max_throughput"):
+    for combo, inp in combos_of(instance(), "max_throughput"):
         assert joint.blocks_identical(inp) and inp.sync_table is not None
         if layers == "staircase":
             inp = dataclasses.replace(inp, sync_table=None)
@@ -290,3 +308,29 @@ def test_window_min_matches_the_naive_sliding_minimum():
         a[a < 0.1] = np.inf
         naive = np.stack([a[:, max(0, j - width + 1):j + 1].min(axis=1) for j in range(length)], axis=1)
         assert np.array_equal(joint._window_min(a, width), naive), (rows, length, width)
+
+
+def test_region_split_and_forced_ends_hold_on_every_plan():
+    """Two regions: the region-split time bound, the forced cross-zone tied all-reduce (ez = 1) and
+    the zone-aware sigma + mu bound against enumeration of every plan; the split must be strictly
+    tighter than the merged-region bound and the ends forced somewhere, or nothing is exercised."""
+    checked = tighter = forced = 0
+    for combo, inp in combos_of(tiny_regions(), "max_throughput"):
+        truth = brute_force(inp, "T", "blocks")
+        if truth == float("inf"):
+            continue
+        merged = joint._time_lower_bound_merged_s(inp, True, None)
+        split = joint.time_lower_bound_tight_s(inp, exact=True)
+        assert merged <= truth * (1 + 1e-9) and split <= truth * (1 + 1e-9), combo
+        for target in (truth * 0.9, truth, truth * 1.1):
+            assert joint.time_lower_bound_tight_s(inp, exact=True, target_s=target) <= truth * (1 + 1e-9), (combo, target)
+        assert joint.extra_lower_bound_s(inp) <= brute_force(inp, lambda ev: ev["sigma"] + ev["mu"], "blocks") * (1 + 1e-9)
+        ez, er = joint.ends_forced(inp)
+        if ez:
+            assert brute_force(inp, "ez", "blocks") == 1, combo
+        if er:
+            assert brute_force(inp, "er", "blocks") == 1, combo
+        forced += ez
+        tighter += split > merged * (1 + 1e-6)
+        checked += 1
+    assert checked >= 8 and tighter >= 3 and forced >= 2, (checked, tighter, forced)
