@@ -298,8 +298,6 @@ def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> 
 # ---- the search -------------------------------------------------------------------------------------
 def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: EstimatorSet | None = None,
          progress: Callable[[int, int, str], None] | None = None) -> PlannerResult:
-    from hetplan.solvers import SolveOptions, solve
-
     opts = opts or PlannerOptions()
     t_start = time.perf_counter()
     est = estimators or build_estimators(instance)
@@ -334,15 +332,18 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
                                           opts.heuristic_choices)
     dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the medium bound keeps
-    build_s = solve_s = 0.0
+    milp = _MilpSettings(backend, linear, opts.rel_gap)
     solved = pruned = 0
-    open_bounds: list[float] = []
+    open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
+    unfinished: list[_Unfinished] = []  # choices whose MILP stopped at its time limit
+    errored: list[_Unfinished] = []  # choices a back-end error left open
     while queue:
         lb, _, _, _, level, combo, inp = heapq.heappop(queue)
         incumbent = best[0] if best else None
         if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
             # best first: every choice left has a bound at least this one
             pruned += _settle_rest(records, lb, combo, queue, "pruned_bound")
+            open_bounds.append(lb)
             break
         if time.perf_counter() - t_start > opts.time_limit_s - 0.05:
             _settle_rest(records, lb, combo, queue, "skipped_time")
@@ -373,47 +374,33 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         found, with_dp = greedies.get(combo, (None, False))
         if not with_dp:
             found = _best_heuristic(inp, objective, max_cost, min_its)
-        g_obj, g = found if found is not None else (None, None)
         if found is not None:
             greedy_best, best = _better(greedy_best, (*found, inp)), _better(best, (*found, inp))
-        t0 = time.perf_counter()
-        cutoff = best[0] if best else None
-        try:
-            model = joint.build(inp, linearize=linear, time_cutoff_s=cutoff if objective != "min_cost" else None,
-                                cost_cutoff_usd=cutoff if objective == "min_cost" else None)
-        except joint.NoStageChoice:  # some stage position fits no pool (within the cutoff): nothing to solve
-            rec.status = "infeasible"
-            rec.bound = cutoff
-            continue
-        if cutoff is not None and objective == "min_cost":
-            model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
-        start = joint.warm_start(model, inp, g) if (g is not None and g_obj <= (cutoff or g_obj)) else None
-        rec.build_s = time.perf_counter() - t0
-        build_s += rec.build_s
         remaining = opts.time_limit_s - (time.perf_counter() - t_start)
-        res = solve(model, backend=backend, options=SolveOptions(time_limit_s=max(min(remaining, opts.combo_time_limit_s), 0.1), rel_gap=opts.rel_gap / 2,
-                                                   diagnose_infeasible=False),  # a cutoff makes infeasible normal
-                    warm_start=start)
-        rec.solve_s = res.solve_s
-        solve_s += res.solve_s
+        item = _solve_choice(rec, inp, found, best, objective, milp, min(remaining, opts.combo_time_limit_s))
         solved += 1
-        rec.status = f"solved:{res.status.value}"
-        if res.status.has_solution:
-            sol = joint.decode(model, inp)
-            ev = joint.evaluate(inp, sol)
-            obj = ev["cost"] if objective == "min_cost" else ev["T"]
-            rec.objective, rec.bound = obj, (None if res.bound is None else joint.objective_value(inp, res.bound))
-            if best is None or obj < best[0]:
-                best = (obj, sol, inp)
-            if res.status.value != "optimal" and res.bound is not None:
-                open_bounds.append(max(joint.objective_value(inp, res.bound), lb))
-        elif res.status.value == "infeasible":
-            rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
-        elif res.status.value == "time_limit_no_solution":
-            open_bounds.append(lb)
-        else:  # a back-end error on one choice leaves that choice open: its lower bound stays in the bound
-            rec.status = f"error:{res.message[:80]}"
-            open_bounds.append(lb)
+        if item is not None:
+            best = _better(best, item.solution)
+            _file(item, unfinished, errored, open_bounds)
+    # time left (every choice settled early): the choices whose MILP stopped at its own limit get
+    # the rest, least bound first, in equal shares
+    unfinished.sort(key=lambda item: item.bound)
+    while unfinished:
+        item = unfinished[0]
+        remaining = opts.time_limit_s - (time.perf_counter() - t_start)
+        if best is not None and item.bound >= best[0] * (1 - opts.rel_gap):
+            open_bounds.append(unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
+            continue
+        if remaining < 1.0:
+            break
+        unfinished.pop(0)
+        again = _solve_choice(item.record, item.inputs, item.start, best, objective, milp,
+                              remaining / (len(unfinished) + 1), item.bound)
+        if again is not None:
+            best = _better(best, again.solution)
+            _file(again, unfinished, errored, open_bounds)
+            unfinished.sort(key=lambda item: item.bound)
+    open_bounds += [item.bound for item in unfinished + errored]
     if best is None:
         if any(r.status in ("skipped_time", "solved:time_limit_no_solution") for r in records):
             raise SolverError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
@@ -435,7 +422,82 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         plan=plan_out, report=report, objective_kind=objective, model_objective=obj, bound=bound,
         gap=(obj - bound) / max(abs(obj), 1e-12), greedy_objective=greedy_best[0] if greedy_best else None,
         greedy_report=greedy_report, combos_total=len(combos), combos_pruned=pruned, combos_solved=solved,
-        build_s=build_s, solve_s=solve_s, wall_s=time.perf_counter() - t_start, backend=backend, records=records)
+        build_s=sum(r.build_s for r in records), solve_s=sum(r.solve_s for r in records), wall_s=time.perf_counter() - t_start, backend=backend, records=records)
+
+
+@dataclass(frozen=True)
+class _MilpSettings:
+    backend: str
+    linear: bool
+    rel_gap: float
+
+
+@dataclass
+class _Unfinished:
+    """A choice whose MILP stopped at its time limit: its bound and how to go on."""
+    bound: float
+    record: ComboRecord
+    inputs: joint.JointInputs
+    start: tuple | None  # (objective, solution) to warm-start from
+    solution: tuple | None  # (objective, solution, inputs) found, or None
+    open: bool = True
+    retry: bool = True  # False after a back-end error: the choice stays open, not solved again
+
+
+def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
+                  objective: str, milp: _MilpSettings, limit_s: float, lb: float | None = None) -> _Unfinished | None:
+    """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
+    `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
+    proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
+    None when nothing in the choice beats the cutoff (infeasible under it)."""
+    from hetplan.solvers import SolveOptions, solve
+
+    lb = rec.lower_bound if lb is None else lb
+    cutoff = best[0] if best else None
+    t0 = time.perf_counter()
+    try:
+        model = joint.build(inp, linearize=milp.linear, time_cutoff_s=cutoff if objective != "min_cost" else None,
+                            cost_cutoff_usd=cutoff if objective == "min_cost" else None)
+    except joint.NoStageChoice:  # some stage position fits no pool (within the cutoff): nothing to solve
+        rec.status, rec.bound = "infeasible", cutoff
+        return None
+    if cutoff is not None and objective == "min_cost":
+        model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
+    start = None
+    if found is not None and found[0] <= (cutoff if cutoff is not None else found[0]):
+        start = joint.warm_start(model, inp, found[1])
+    rec.build_s += time.perf_counter() - t0
+    res = solve(model, backend=milp.backend, warm_start=start,
+                options=SolveOptions(time_limit_s=max(limit_s, 0.1), rel_gap=milp.rel_gap / 2,
+                                     diagnose_infeasible=False))  # a cutoff makes infeasible normal
+    rec.solve_s += res.solve_s
+    rec.status = f"solved:{res.status.value}"
+    if res.status.has_solution:
+        sol = joint.decode(model, inp)
+        ev = joint.evaluate(inp, sol)
+        obj = ev["cost"] if objective == "min_cost" else ev["T"]
+        rec.objective = obj if rec.objective is None else min(rec.objective, obj)
+        rec.bound = None if res.bound is None else joint.objective_value(inp, res.bound)
+        optimal = res.status.value == "optimal"  # within the MILP's own gap: its bound still counts
+        bound = (obj if optimal else lb) if res.bound is None else max(joint.objective_value(inp, res.bound), lb)
+        return _Unfinished(min(bound, obj), rec, inp, (obj, sol), (obj, sol, inp), open=not optimal)
+    if res.status.value == "infeasible":
+        rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
+        return None
+    if res.status.value == "time_limit_no_solution":
+        return _Unfinished(lb, rec, inp, found, None)
+    # a back-end error on one choice leaves that choice open: its lower bound stays in the bound
+    rec.status = f"error:{res.message[:80]}"
+    return _Unfinished(lb, rec, inp, found, None, retry=False)
+
+
+def _file(item: _Unfinished, unfinished: list, errored: list, bounds: list) -> None:
+    """Put a solved choice where it belongs: to solve again (stopped at its limit), left open (a
+    back-end error), or done, its bound kept for the reported bound."""
+    if not item.open:
+        bounds.append(item.bound)
+    else:
+        (unfinished if item.retry else errored).append(item)
 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,

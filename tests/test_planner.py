@@ -28,7 +28,7 @@ def tiny(objective="max_throughput", constraints=None):
     })
 
 
-def tiny_regions():
+def tiny_regions(objective="max_throughput"):
     """Two A100 zones in region r1, one V100 zone in region r2, two GPUs each: both ends of a
     two-replica pipeline never fit one zone, and a plan that uses r2 crosses regions."""
     return instance_from_dict({
@@ -41,7 +41,7 @@ def tiny_regions():
         "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
                                         "vocab_size": 32000, "seq_len": 1024}},
                      "global_batch_size": 8, "precision": "fp16", "flash_attention": True},
-        "objective": {"kind": "max_throughput"},
+        "objective": {"kind": objective},
     })
 
 
@@ -334,3 +334,26 @@ def test_region_split_and_forced_ends_hold_on_every_plan():
         tighter += split > merged * (1 + 1e-6)
         checked += 1
     assert checked >= 8 and tighter >= 3 and forced >= 2, (checked, tighter, forced)
+
+
+def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
+    """The min-cost bounds (rate x time, and the coupled rate / stage-time DP) against enumeration,
+    with and without a minimum throughput; the DP must be strictly tighter than rate_LB x T_LB
+    somewhere, or this test would not exercise it."""
+    checked = tighter = 0
+    for make in (tiny, tiny_regions):
+        for combo, inp in combos_of(make("min_cost"), "min_cost"):
+            fastest = brute_force(inp, "T", "blocks")
+            if fastest == float("inf"):
+                continue
+            for floor_s in (None, fastest * 1.05):
+                cut = inp if floor_s is None else dataclasses.replace(inp, min_iters_per_s=1 / floor_s)
+                truth = brute_force(cut, lambda ev: ev["cost"] if floor_s is None or ev["T"] <= floor_s else float("inf"),
+                                    "blocks")
+                dp = joint.cost_lower_bound_dp_usd(cut)
+                assert dp <= truth * (1 + 1e-9), (combo, floor_s)
+                assert joint.cost_lower_bound_usd(cut, exact=True) <= truth * (1 + 1e-9), (combo, floor_s)
+                simple = joint.time_lower_bound_tight_s(cut, True) * joint.rate_lower_bound_usd_per_s(cut)
+                tighter += dp > simple * (1 + 1e-6)
+                checked += 1
+    assert checked >= 12 and tighter >= 3, (checked, tighter)
