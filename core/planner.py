@@ -20,13 +20,16 @@ also `joint.cost_lower_bound_dp_usd`). A choice that comes out at the head with 
 is solved: heuristic warm start, then the MILP with the incumbent as a cutoff
 (which also drops stage choices too slow to beat it). The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
+Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
+least bound first, in equal shares. With several regions the strong time bound also splits the
+plans by the regions they use (`joint.region_split_time_bound_s`).
 All-reduce and boundary transfer times come from the communication estimator
 (`with_sync_table`, `_Tables.effective_link`), so the model's iteration time matches the
 simulator's on stages of one pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16 A100, Sailor
 profiles).
 
-Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit, the lower
-bounds of choices never solved). This is a proven bound over the modelled space: every plan with
+Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
+within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap). This is a proven bound over the modelled space: every plan with
 uniform microbatch shares, the same D on every stage, per-stage DP traffic inside one region and,
 where the blocks are identical (the compact form of `formulations/joint.py`), at least one block on
 the first stage.
@@ -335,8 +338,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     milp = _MilpSettings(backend, linear, opts.rel_gap)
     solved = pruned = 0
     open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
-    unfinished: list[_Unfinished] = []  # choices whose MILP stopped at its time limit
-    errored: list[_Unfinished] = []  # choices a back-end error left open
+    unfinished: list[_ChoiceResult] = []  # choices whose MILP stopped at its time limit
+    errored: list[_ChoiceResult] = []  # choices a back-end error left open
     while queue:
         lb, _, _, _, level, combo, inp = heapq.heappop(queue)
         incumbent = best[0] if best else None
@@ -433,8 +436,9 @@ class _MilpSettings:
 
 
 @dataclass
-class _Unfinished:
-    """A choice whose MILP stopped at its time limit: its bound and how to go on."""
+class _ChoiceResult:
+    """One choice's MILP outcome: its proven bound, the plan found, and how to go on if it stopped
+    at its time limit (`open`)."""
     bound: float
     record: ComboRecord
     inputs: joint.JointInputs
@@ -445,7 +449,7 @@ class _Unfinished:
 
 
 def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
-                  objective: str, milp: _MilpSettings, limit_s: float, lb: float | None = None) -> _Unfinished | None:
+                  objective: str, milp: _MilpSettings, limit_s: float, lb: float | None = None) -> _ChoiceResult | None:
     """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
     `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
     proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
@@ -480,18 +484,18 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         rec.bound = None if res.bound is None else joint.objective_value(inp, res.bound)
         optimal = res.status.value == "optimal"  # within the MILP's own gap: its bound still counts
         bound = (obj if optimal else lb) if res.bound is None else max(joint.objective_value(inp, res.bound), lb)
-        return _Unfinished(min(bound, obj), rec, inp, (obj, sol), (obj, sol, inp), open=not optimal)
+        return _ChoiceResult(min(bound, obj), rec, inp, (obj, sol), (obj, sol, inp), open=not optimal)
     if res.status.value == "infeasible":
         rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
         return None
     if res.status.value == "time_limit_no_solution":
-        return _Unfinished(lb, rec, inp, found, None)
+        return _ChoiceResult(lb, rec, inp, found, None)
     # a back-end error on one choice leaves that choice open: its lower bound stays in the bound
     rec.status = f"error:{res.message[:80]}"
-    return _Unfinished(lb, rec, inp, found, None, retry=False)
+    return _ChoiceResult(lb, rec, inp, found, None, retry=False)
 
 
-def _file(item: _Unfinished, unfinished: list, errored: list, bounds: list) -> None:
+def _file(item: _ChoiceResult, unfinished: list, errored: list, bounds: list) -> None:
     """Put a solved choice where it belongs: to solve again (stopped at its limit), left open (a
     back-end error), or done, its bound kept for the reported bound."""
     if not item.open:
