@@ -13,13 +13,16 @@ from hetplan.planner import (Combo, PlannerOptions, _quotas, _Tables, enumerate_
 from hetplan.solvers import SolveOptions, get_backend, solve
 
 
-def tiny(objective="max_throughput", constraints=None):
+def _node_group(name: str, gpu_type: str, zone: str, price: float) -> dict:
+    return {"name": name, "gpu_type": gpu_type, "gpus_per_node": 2, "count": 1, "zone": zone,
+            "price_per_gpu_hour_usd": price}
+
+
+def _tiny_instance(name: str, node_groups: list[dict], objective: str, constraints: dict | None = None):
+    """A four-layer model on two-GPU nodes: small enough to enumerate every plan."""
     return instance_from_dict({
-        "name": "tiny",
-        "cluster": {"node_groups": [
-            {"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1, "zone": "r1-a", "price_per_gpu_hour_usd": 3.0},
-            {"name": "v", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "r1-b", "price_per_gpu_hour_usd": 1.0},
-        ]},
+        "name": name,
+        "cluster": {"node_groups": node_groups},
         "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
                                         "vocab_size": 32000, "seq_len": 1024}},
                      "global_batch_size": 8, "precision": "fp16", "flash_attention": True},
@@ -28,21 +31,17 @@ def tiny(objective="max_throughput", constraints=None):
     })
 
 
+def tiny(objective="max_throughput", constraints=None):
+    return _tiny_instance("tiny", [_node_group("a", "A100-40", "r1-a", 3.0), _node_group("v", "V100-16", "r1-b", 1.0)],
+                          objective, constraints)
+
+
 def tiny_regions(objective="max_throughput"):
     """Two A100 zones in region r1, one V100 zone in region r2, two GPUs each: both ends of a
     two-replica pipeline never fit one zone, and a plan that uses r2 crosses regions."""
-    return instance_from_dict({
-        "name": "tiny-regions",
-        "cluster": {"node_groups": [
-            {"name": "a1", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1, "zone": "r1-a", "price_per_gpu_hour_usd": 3.0},
-            {"name": "a2", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1, "zone": "r1-b", "price_per_gpu_hour_usd": 3.0},
-            {"name": "v", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "r2-a", "price_per_gpu_hour_usd": 1.0},
-        ]},
-        "workload": {"model": {"arch": {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
-                                        "vocab_size": 32000, "seq_len": 1024}},
-                     "global_batch_size": 8, "precision": "fp16", "flash_attention": True},
-        "objective": {"kind": objective},
-    })
+    return _tiny_instance("tiny-regions", [_node_group("a1", "A100-40", "r1-a", 3.0),
+                                           _node_group("a2", "A100-40", "r1-b", 3.0),
+                                           _node_group("v", "V100-16", "r2-a", 1.0)], objective)
 
 
 def brute_force(inp: joint.JointInputs, key, layers: str = "staircase") -> float:
