@@ -29,10 +29,10 @@ simulator's on stages of one pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16
 profiles).
 
 Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
-within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap). This is a proven bound over the modelled space: every plan with
-uniform microbatch shares, the same D on every stage, per-stage DP traffic inside one region and,
-where the blocks are identical (the compact form of `formulations/joint.py`), at least one block on
-the first stage.
+within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
+This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
+same D on every stage, per-stage DP traffic inside one region and, where the blocks are identical
+(the compact form of `formulations/joint.py`), at least one block on the first stage.
 """
 from __future__ import annotations
 
@@ -339,7 +339,6 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     solved = pruned = 0
     open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
     unfinished: list[_ChoiceResult] = []  # choices whose MILP stopped at its time limit
-    errored: list[_ChoiceResult] = []  # choices a back-end error left open
     while queue:
         lb, _, _, _, level, combo, inp = heapq.heappop(queue)
         incumbent = best[0] if best else None
@@ -384,7 +383,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         solved += 1
         if item is not None:
             best = _better(best, item.solution)
-            _file(item, unfinished, errored, open_bounds)
+            _file(item, unfinished, open_bounds)
     # time left (every choice settled early): the choices whose MILP stopped at its own limit get
     # the rest, least bound first, in equal shares
     unfinished.sort(key=lambda item: item.bound)
@@ -401,9 +400,9 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                               remaining / (len(unfinished) + 1), item.bound)
         if again is not None:
             best = _better(best, again.solution)
-            _file(again, unfinished, errored, open_bounds)
+            _file(again, unfinished, open_bounds)
             unfinished.sort(key=lambda item: item.bound)
-    open_bounds += [item.bound for item in unfinished + errored]
+    open_bounds += [item.bound for item in unfinished]
     if best is None:
         if any(r.status in ("skipped_time", "solved:time_limit_no_solution") for r in records):
             raise SolverError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
@@ -425,7 +424,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         plan=plan_out, report=report, objective_kind=objective, model_objective=obj, bound=bound,
         gap=(obj - bound) / max(abs(obj), 1e-12), greedy_objective=greedy_best[0] if greedy_best else None,
         greedy_report=greedy_report, combos_total=len(combos), combos_pruned=pruned, combos_solved=solved,
-        build_s=sum(r.build_s for r in records), solve_s=sum(r.solve_s for r in records), wall_s=time.perf_counter() - t_start, backend=backend, records=records)
+        build_s=sum(r.build_s for r in records), solve_s=sum(r.solve_s for r in records),
+        wall_s=time.perf_counter() - t_start, backend=backend, records=records)
 
 
 @dataclass(frozen=True)
@@ -438,14 +438,13 @@ class _MilpSettings:
 @dataclass
 class _ChoiceResult:
     """One choice's MILP outcome: its proven bound, the plan found, and how to go on if it stopped
-    at its time limit (`open`)."""
+    at its time limit (`open`: worth solving again)."""
     bound: float
     record: ComboRecord
     inputs: joint.JointInputs
     start: tuple | None  # (objective, solution) to warm-start from
     solution: tuple | None  # (objective, solution, inputs) found, or None
     open: bool = True
-    retry: bool = True  # False after a back-end error: the choice stays open, not solved again
 
 
 def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
@@ -490,18 +489,18 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         return None
     if res.status.value == "time_limit_no_solution":
         return _ChoiceResult(lb, rec, inp, found, None)
-    # a back-end error on one choice leaves that choice open: its lower bound stays in the bound
+    # a back-end error on one choice: not solved again, and its lower bound stays in the bound
     rec.status = f"error:{res.message[:80]}"
-    return _ChoiceResult(lb, rec, inp, found, None, retry=False)
+    return _ChoiceResult(lb, rec, inp, found, None, open=False)
 
 
-def _file(item: _ChoiceResult, unfinished: list, errored: list, bounds: list) -> None:
-    """Put a solved choice where it belongs: to solve again (stopped at its limit), left open (a
-    back-end error), or done, its bound kept for the reported bound."""
-    if not item.open:
-        bounds.append(item.bound)
+def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:
+    """A choice stopped at its limit is solved again if time is left; any other keeps its bound
+    for the reported bound."""
+    if item.open:
+        unfinished.append(item)
     else:
-        (unfinished if item.retry else errored).append(item)
+        bounds.append(item.bound)
 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,

@@ -163,6 +163,13 @@ class JointInputs:
         """Forward activation + backward gradient of one microbatch over one boundary."""
         return 2 * (link.latency_s + self.boundary_bytes / link.bandwidth_Bps)
 
+    def ring_s(self, link: LinkCost, nbytes, tp: int = 1):
+        """Seconds of the model's ring all-reduce of `nbytes` gradient bytes (all TP shards, each
+        worker holding 1/tp of them) over the D replicas on this link; nbytes may be a Pyomo
+        expression."""
+        a, lat = self.ring_coeff(link, self.D)
+        return a * self.sync_factor * nbytes / tp + lat
+
     def ring_coeff(self, link: LinkCost, members: int) -> tuple[float, float]:
         """(seconds per byte, latency seconds) of a ring all-reduce over `members` on this link."""
         if members <= 1:
@@ -193,8 +200,7 @@ class JointSolution:
 def time_upper_bound_s(inp: JointInputs) -> float:
     """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
     worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
-    a, lat = inp.ring_coeff(inp.region, inp.D)
-    worst_sync = a * inp.sync_factor * sum(inp.grad_bytes) + lat
+    worst_sync = inp.ring_s(inp.region, sum(inp.grad_bytes))
     a2, lat2 = inp.ring_coeff(inp.region, 2 * inp.D)
     worst_sync += a2 * inp.tied_grad_bytes + lat2
     worst_c = inp.p2p_s(inp.region) * max(inp.P - 1, 0)
@@ -314,8 +320,9 @@ def _gpus_per_type(inp: JointInputs) -> dict[str, int]:
 
 def _make_gpus_per_type(inp: JointInputs) -> dict[str, int]:
     gpus: dict[str, int] = {}
-    for (g, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items():
-        gpus[g] = gpus.get(g, 0) + n
+    for per_type in _gpus_per_group(inp, "zone").values():
+        for g, n in per_type.items():
+            gpus[g] = gpus.get(g, 0) + n
     return gpus
 
 
@@ -475,20 +482,19 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
     extra_in = _class_extras(inp) if capped else None
     extra_span = _class_extras_span(inp) if capped else None
     zones = _gpus_per_group(inp, "zone")
-    classes = [(g, sorted(t for g2, t in time_classes(inp) if g2 == g)) for g in types]
+    classes = [c for c in time_classes(inp) if c[0] in types]
     need = {}
     for i in range(inp.P):
         any_ok = False
         for n in block_counts(inp, i):
-            ok = {(g, t) for g, tps in classes for t in tps
-                  if fits[(g, t), i, n] and time_s[(g, t), i, n] <= theta_s}
+            ok = {c for c in classes if fits[c, i, n] and time_s[c, i, n] <= theta_s}
             if capped:
                 in_zone = {c for c in ok if extra_in[c, i, n] <= extra_cap_s}
                 if _most_replicas(zones, _least_tp(in_zone)) < inp.D:
                     in_zone = set()
                 ok = in_zone | {c for c in ok if extra_span[c, i, n] <= extra_cap_s}
             least = _least_tp(ok)
-            for g, _ in classes:
+            for g in types:
                 need[g, i, n] = least.get(g, math.inf)
             any_ok = any_ok or bool(least)
         if not any_ok:
@@ -898,7 +904,8 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
         c = (p.gpu_type, p.tp)
         price[c] = min(price.get(c, math.inf), p.price_per_gpu_hour_usd * p.tp / 3600)
     classes = sorted(price)
-    L, D = inp.U - 2, inp.D
+    L = inp.U - 2
+    r = np.array([inp.D * price[c] for c in classes])  # USD/s of D replicas per class
     # per (stage, count): (theta, class r) -> time of r within theta, and the least rate of classes no slower
     stage_time, stage_rate = {}, {}
     for i in range(inp.P):
@@ -906,7 +913,6 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
             t = np.array([time_s[c, i, n] if fits[c, i, n] else math.inf for c in classes])
             ok = t[None, :] <= thetas[:, None]  # (theta, class)
             stage_time[i, n] = np.where(ok, t[None, :], math.inf)
-            r = np.array([D * price[c] for c in classes])
             # cheapest replica among classes no slower than r (and within theta, as r is)
             no_slower = t[None, :] <= t[:, None]  # [r, c]
             cheapest = np.where(no_slower, r[None, :], math.inf).min(axis=1)
@@ -1173,16 +1179,14 @@ def _class_extras_span(inp: JointInputs) -> dict:
 def _make_class_extras(inp: JointInputs, spanning: bool) -> dict:
     tied = _ends_tied_s(inp)[1 if spanning else 0]
     sync, upd = _class_sync_update(inp)
+    grad = _prefix(inp.grad_bytes)
     out = {}
-    if spanning:
-        a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
-        grad = _prefix(inp.grad_bytes)
     for key in sync:
         c, i, n = key
         s = sync[key]
         if spanning:
             units = stage_units(inp, i, n)
-            s = max(s, a_zone * inp.sync_factor * (grad[units.stop] - grad[units.start]) / c[1] + l_zone)
+            s = max(s, inp.ring_s(inp.zone, grad[units.stop] - grad[units.start], c[1]))
         out[key] = s + upd[key] + (tied if i in (0, inp.P - 1) else 0.0)
     return out
 
@@ -1234,7 +1238,6 @@ def _class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
 
 
 def _make_class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
-    a_node, l_node = inp.ring_coeff(inp.node, inp.D)
     grad = _prefix(inp.grad_bytes)
     out_sync, out_upd = {}, {}
     for c in time_classes(inp):
@@ -1246,7 +1249,7 @@ def _make_class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
                 if inp.sync_table is not None:
                     sync = min(inp.sync_table[k, position(inp, i), n] for k in ks)
                 else:  # the model's ring over the inter-node link
-                    sync = a_node * inp.sync_factor * (grad[units.stop] - grad[units.start]) / c[1] + l_node
+                    sync = inp.ring_s(inp.node, grad[units.stop] - grad[units.start], c[1])
                 out_sync[c, i, n] = sync
                 out_upd[c, i, n] = upd[units.stop] - upd[units.start]
     return out_sync, out_upd
@@ -1367,11 +1370,8 @@ def _tied_s(inp: JointInputs, link: LinkCost) -> float:
 
 
 def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
-    a_node, l_node = inp.ring_coeff(inp.node, inp.D)
-    a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
-    f = inp.sync_factor
     gb = {i: stage_sum(m, inp, i, inp.grad_bytes) for i in m.I}
-    big = a_zone * f * sum(inp.grad_bytes) + l_zone
+    big = inp.ring_s(inp.zone, sum(inp.grad_bytes))
     tied = {i: 0.0 for i in m.I}
     if inp.P > 1:
         # the tied-embedding all-reduce joins the first and last stage (ez/er: they differ in zone/region)
@@ -1385,13 +1385,13 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         if inp.sync_table is not None and m.layers == "blocks":
             own = sum(inp.sync_table[k, position(inp, i), n] * m.nb[i, n] for n in block_counts(inp, i) if (i, n) in m.nb)
         else:
-            own = a_node * f * gb[i] / inp.pools[k].tp + l_node
+            own = inp.ring_s(inp.node, gb[i], inp.pools[k].tp)
         return m.sync[i] >= own - big * (1 - m.u[i, k]) + tied[i]
 
     m.sync_node = pyo.Constraint(m.I, m.K, rule=in_zone)
     if m.layers == "blocks":
         _mean_sync_update_rows(m, inp, tied)
-    m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= a_zone * f * gb[i] / inp.pools[k].tp + l_zone
+    m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= inp.ring_s(inp.zone, gb[i], inp.pools[k].tp)
                                  - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
 
 
@@ -1614,8 +1614,8 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     counts = solution_blocks(inp, sol) if inp.sync_table is not None else None  # set only for identical blocks
     for i in range(inp.P):
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
-        a, lat = (a_zone, l_zone) if span[i] else (a_node, l_node)
-        own = [a * inp.sync_factor * gbi / inp.pools[k].tp + lat for k in range(inp.K) if used[i][k]]
+        link = inp.zone if span[i] else inp.node
+        own = [inp.ring_s(link, gbi, inp.pools[k].tp) for k in range(inp.K) if used[i][k]]
         if counts is not None:
             table = [inp.sync_table[k, position(inp, i), counts[i]] for k in range(inp.K) if used[i][k]]
             own = [max(x, y) for x, y in zip(own, table)] if span[i] else table
