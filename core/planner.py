@@ -351,11 +351,13 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             _settle_rest(records, lb, combo, queue, "skipped_time")
             open_bounds += [lb] + [item[0] for item in queue]
             break
-        if level < 2:
-            # refine in two steps, each choice going back in the queue: the medium bound (quota
-            # aware, no DP: a few milliseconds), then the strong one (dynamic programs over stages,
-            # tens of milliseconds); a choice is solved only if it is still the most promising one
-            inp = with_sync_table(inp, tables)  # the all-reduce times enter both
+        if level < 3:
+            # refine in three steps, each choice going back in the queue: the medium bound (quota
+            # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
+            # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
+            # incumbent gives them a target); a choice is solved only if it is still the most
+            # promising one
+            inp = with_sync_table(inp, tables)  # the all-reduce times enter all
             if level == 1 and dp_runs_left > 0 and not greedies.get(combo, (None, False))[1]:
                 dp_runs_left -= 1
                 found = _best_heuristic(inp, objective, max_cost, min_its)
@@ -363,7 +365,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                 if found is not None:
                     greedy_best, best = _better(greedy_best, (*found, inp)), _better(best, (*found, inp))
             target = None if best is None else best[0] * (1 - opts.rel_gap)
-            lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level == 1))
+            if level < 2 or target is not None:
+                lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level >= 1, strongest=level == 2))
             if lb == float("inf"):
                 records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
                 continue
@@ -534,7 +537,7 @@ def _settle_rest(records: list[ComboRecord], lb: float, combo: Combo, queue: lis
 
 
 def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None,
-                 exact: bool = True) -> float:
+                 exact: bool = True, strongest: bool = False) -> float:
     """The medium (`exact=False`: Hall counts, no DP) or strong (`exact=True`: dynamic programs over
     stages, `joint.stages_fit_dp`) bounds of one outer choice; +inf when it is infeasible by them.
     `target` (an objective value to rule out, e.g. from the incumbent) lets the search stop early.
@@ -542,7 +545,7 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     is skipped when the cost bounds alone reach the target (it costs more than they do)."""
     floor_s = None if min_its is None else 1 / min_its
     if objective != "min_cost":
-        t_lb = joint.time_lower_bound_tight_s(inp, exact, target)
+        t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest)
         return float("inf") if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s) else t_lb
     t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
@@ -550,7 +553,7 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     cost = joint.cost_lower_bound_usd(inp, exact, t_lb)
     if not exact or (target is not None and cost >= target):
         return cost
-    t_lb = joint.time_lower_bound_tight_s(inp, True, floor_s)
+    t_lb = joint.time_lower_bound_tight_s(inp, True, floor_s, strongest)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
         return float("inf")
     return max(cost, t_lb * joint.rate_lower_bound_usd_per_s(inp))

@@ -582,7 +582,8 @@ def _window_min(a: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None) -> float:
+def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None,
+                             strongest: bool = False) -> float:
     """T >= sum_i tau_i + sum_i c_i + (m - 1) theta + sigma + mu, each term bounded alone: sum tau >=
     F (every unit on its fastest pool), c_i >= c_node, theta >= the larger of
     `bottleneck_lower_bound_s` (with `exact`: its dynamic-programming refinement), F / P and D W / N
@@ -591,14 +592,16 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     together. `target_s` (a T the caller wants to rule out) lets the exact search stop early: the
     result is then a valid bound that is >= target_s whenever the DP can prove it.
     With several regions, `exact` also splits the plans by the regions they use
-    (`region_split_time_bound_s`)."""
-    out = _time_lower_bound_merged_s(inp, exact, target_s)
+    (`region_split_time_bound_s`). `strongest` (with `exact`) adds the replica-level DP on the sum
+    of stage times (`capped_sum_tau_s`), tens of milliseconds more."""
+    out = _time_lower_bound_merged_s(inp, exact, target_s, strongest)
     if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
-        out = max(out, region_split_time_bound_s(inp, out, target_s))
+        out = max(out, region_split_time_bound_s(inp, out, target_s, strongest))
     return out
 
 
-def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None) -> float:
+def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None,
+                              strongest: bool = False) -> float:
     """The bounds above merge every region, but a stage's replicas sit in one region (H5) and a
     boundary between regions costs c_region. A plan either
       - lies in one region r: T >= the bound of the inputs cut down to r's pools (`in_region`);
@@ -619,7 +622,7 @@ def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float
     for sub in _region_inputs(inp).values():
         if target_s is not None and out < target_s:
             target_s = out  # beyond the least so far, a region's bound changes nothing
-        out = min(out, _time_lower_bound_merged_s(sub, True, target_s))
+        out = min(out, _time_lower_bound_merged_s(sub, True, target_s, strongest))
     return out
 
 
@@ -641,7 +644,8 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
                    sync_table=table)
 
 
-def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None) -> float:
+def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None,
+                               strongest: bool = False) -> float:
     if not inp.pools:
         return math.inf
     if inp.U < 4:
@@ -653,12 +657,12 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
         return math.inf
     out = base + (inp.m - 1) * theta
     if exact and blocks_identical(inp) and (target_s is None or out < target_s):
-        out = max(out, sync_aware_time_bound_s(inp, theta, target_s))
+        out = max(out, sync_aware_time_bound_s(inp, theta, target_s, strongest=strongest))
     return out
 
 
 def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float | None = None,
-                            grid: int = 8) -> float:
+                            grid: int = 8, strongest: bool = False) -> float:
     """T >= sum tau + (P - 1) c_node + (m - 1) theta + s (sum tau >= `sum_tau_lower_bound_s`), where s = the largest `_class_extras` value of
     the plan's (stage, class) pairs (<= sigma + mu) and theta its slowest stage: the DP
     (`stages_fit_dp`) must fit the blocks with both caps. This sees what the separate terms of
@@ -675,14 +679,32 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
     (its lower end is a valid bound)."""
     time_s, _ = _class_figures(inp)
-    base = sum_tau_lower_bound_s(inp) + (inp.P - 1) * _c_node_s(inp)
+    sum_tau = sum_tau_lower_bound_s(inp)
+    links = (inp.P - 1) * _c_node_s(inp)
+    base = sum_tau + links
     caps = sorted(set(_class_extras(inp).values()) | set(_class_extras_span(inp).values()))
     thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
     s_first = extra_lower_bound_s(inp)
     if not thetas or not caps or s_first > caps[-1]:
         return math.inf
     w = max(inp.m - 1, 0)
-    no_cap = base + w * theta_lo_s  # + s for s >= the last grid value
+
+    arr = _class_arrays(inp)
+
+    def cell(j: int, s_lo: float, cap: float) -> float:
+        """T over the plans with theta >= thetas[j] and largest extra in [s_lo, cap]: such a plan
+        has a (stage, class) pair with extra >= s_lo, and its slowest stage is no faster."""
+        slowest = arr.time_s[arr.extra_hi_s >= s_lo]
+        j = max(j, _first_true(lambda t: t >= float(slowest.min()), thetas + [math.inf], 0)) if slowest.size \
+            else len(thetas)
+        out = base + w * (thetas[j] if j < len(thetas) else math.inf) + s_lo
+        if target_s is not None and out >= target_s:
+            return out
+        goal = None if target_s is None else target_s - links - s_lo
+        return max(out, _lifted_cell_s(inp, thetas, j, cap, sum_tau, w, goal, 8 if target_s is not None else 3,
+                                       strongest) + links + s_lo)
+
+    no_cap = cell(0, 0.0, math.inf)  # + s for s >= the last grid value
     s_end = caps[-1] if target_s is None else min(caps[-1], target_s - no_cap)
     if w == 0 or s_first >= s_end:
         return no_cap + s_first
@@ -691,7 +713,7 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     marks = [s_first + (s_end - s_first) * q / grid for q in range(grid + 1)]
     cells = sorted({caps[_first_true(lambda c: c >= v, caps, j0)] for v in marks})
     cells[0] = min(cells[0], s_first)  # the first cell starts at the bound itself
-    best = no_cap + cells[-1]
+    best = cell(0, cells[-1], math.inf)
     hi = len(thetas) - 1
     for s_lo, s_next in zip(cells, cells[1:]):
         cap = caps[_first_true(lambda c: c >= s_next, caps, j0) - 1]  # largest extra < s_next
@@ -700,15 +722,33 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
             need = (target_s - base - s_lo) / w  # theta must be below this to beat the target
             below = _first_true(lambda t: t >= need, thetas + [math.inf], 0) - 1
             if below < 0 or not fits(thetas[below]):
-                nxt = thetas[below + 1] if below + 1 < len(thetas) else math.inf
-                best = min(best, base + w * nxt + s_lo)
+                best = min(best, cell(below + 1, s_lo, cap))
                 continue
             hi = min(hi, below)
         elif not fits(thetas[hi]):
             continue  # this cell holds no plan at all (theta*(cap) is beyond every stage time)
         lo = _first_true(fits, thetas, 0, hi, steps=3 if target_s is None else 1)
-        best = min(best, base + w * thetas[lo] + s_lo)
+        best = min(best, cell(lo, s_lo, cap))
     return best
+
+
+def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, sum_tau: float, w: int,
+                   goal: float | None = None, depth: int = 6, strong: bool = False) -> float:
+    """min over the plans with theta >= thetas[j] and every extra <= cap of sum tau + w theta.
+    A plan's slowest stage takes one of `thetas`; if that is among thetas[lo:hi], its sum tau is
+    >= `capped_sum_tau_s`(thetas[hi - 1], cap) and its theta >= thetas[lo]. The range is halved
+    (at most `depth` times) until each part's bound reaches `goal` (the value the caller needs).
+    `strong`: a part the plain DP leaves below the goal also gets the replica-level DPs."""
+    def bound(lo: int, hi: int, d: int) -> float:
+        out = max(sum_tau, capped_sum_tau_s(inp, thetas[hi - 1], cap)) + w * thetas[lo]
+        if strong and (goal is None or out < goal):
+            out = max(out, capped_sum_tau_s(inp, thetas[hi - 1], cap, True) + w * thetas[lo])
+        if d == 0 or hi - lo == 1 or (goal is not None and out >= goal):
+            return out
+        mid = (lo + hi) // 2
+        return max(out, min(bound(lo, mid, d - 1), bound(mid, hi, d - 1)))
+
+    return bound(j, len(thetas), depth) if j < len(thetas) else math.inf
 
 
 def extra_lower_bound_s(inp: JointInputs) -> float:
@@ -764,36 +804,68 @@ def sum_tau_lower_bound_s(inp: JointInputs) -> float:
 
 
 def _sum_tau_lagrangian_s(inp: JointInputs) -> float:
+    return _sum_tau_prices(inp)[0]
+
+
+@dataclass(frozen=True)
+class _ClassArrays:
+    """Per (stage, block count, class) figures as arrays, for the sum-of-stage-times DPs."""
+    time_s: np.ndarray  # (P, N, C) stage seconds, inf where the class does not fit or n is not allowed
+    extra_s: np.ndarray  # (P, N, C) the least of `_class_extras` and `_class_extras_span`
+    extra_hi_s: np.ndarray  # (P, N, C) the larger of the two
+    tp: np.ndarray  # (C,)
+    gpu_of: np.ndarray  # (C,) index into types
+    types: list[str]
+    held: np.ndarray  # (types + 1,) GPUs per type, then min(all GPUs, max_gpus)
+
+
+def _class_arrays(inp: JointInputs) -> _ClassArrays:
+    return _cached_for(inp, "class_arrays", _make_class_arrays)
+
+
+def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
     time_s, fits = _class_figures(inp)
+    ex_in, ex_span = _class_extras(inp), _class_extras_span(inp)
     classes = time_classes(inp)
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
-    L, P = inp.U - 2, inp.P
-    N = L + 1
-    # per (stage, block count): classes sorted by stage time, inf where the class does not fit or
-    # the stage cannot hold that count
+    P, N = inp.P, inp.U - 1
     t = np.full((P, N, len(classes)), np.inf)
+    e = np.full_like(t, np.inf)
+    e_hi = np.full_like(t, -np.inf)
     for ci, c in enumerate(classes):
         for i in range(P):
             for n in block_counts(inp, i):
                 if fits[c, i, n]:
                     t[i, n, ci] = time_s[c, i, n]
+                    e[i, n, ci] = min(ex_in[c, i, n], ex_span[c, i, n])
+                    e_hi[i, n, ci] = max(ex_in[c, i, n], ex_span[c, i, n])
+    total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
+    return _ClassArrays(t, e, e_hi, np.array([c[1] for c in classes], dtype=float),
+                        np.array([types.index(c[0]) for c in classes]), types,
+                        np.array([gpus[g] for g in types] + [total], dtype=float))
+
+
+def _sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
+    """(the Lagrangian bound of `sum_tau_lower_bound_s`, the prices that reach it)."""
+    return _cached_for(inp, "sum_tau_prices", _make_sum_tau_prices)
+
+
+def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
+    arr = _class_arrays(inp)
+    t = arr.time_s
+    L, P = inp.U - 2, inp.P
+    N = L + 1
+    # per (stage, block count): classes sorted by stage time
     order = np.argsort(t, axis=2, kind="stable")
     t_sorted = np.take_along_axis(t, order, axis=2)
     finite = np.isfinite(t_sorted)
-    gpu_of = np.array([types.index(c[0]) for c in classes])
-    tp = np.array([c[1] for c in classes], dtype=float)
     # lam[g] per type; lam[-1] on every GPU, against min(all GPUs, max_gpus): single-type prices
     # alone cannot leave lam = 0 when another type is as fast
-    total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
-    held = np.array([gpus[g] for g in types] + [total], dtype=float)
-    # min-plus convolution of the blocks placed so far with one stage's counts, as one gather
-    s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")  # [s, n]
-    valid = s_idx >= n_idx
-    prev = np.where(valid, s_idx - n_idx, 0)
+    prev, valid = _minplus_index(N)
 
     def values(lams: np.ndarray) -> np.ndarray:  # (B, types + 1) prices -> (B,) dual values
-        per_gpu = (lams[:, gpu_of] + lams[:, -1:]) * tp  # (B, C) price of one replica per class
+        per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp  # (B, C) price of one replica per class
         price = per_gpu[:, order]  # (B, P, N, C) in each (stage, count)'s time order
         price = np.where(finite, price, np.inf)
         stage = np.min(t_sorted + inp.D * np.minimum.accumulate(price, axis=3), axis=3)  # (B, P, N)
@@ -802,12 +874,12 @@ def _sum_tau_lagrangian_s(inp: JointInputs) -> float:
         for i in range(P):
             cand = best[:, prev] + stage[:, i, None, :]  # (B, s, n)
             best = np.where(valid, cand, np.inf).min(axis=2)
-        return best[:, L] - lams @ held
+        return best[:, L] - lams @ arr.held
 
-    lam = np.zeros(len(types) + 1)
+    lam = np.zeros(len(arr.types) + 1)
     best_value = float(values(lam[None])[0])
     if not np.isfinite(best_value):
-        return math.inf
+        return math.inf, lam
     unit = max(float(np.min(t_sorted[..., 0][finite[..., 0]])), 1e-12) / inp.D
     steps = np.array([0.0] + [unit * 2.0 ** k for k in range(-4, 9)])
     for _ in range(3):  # coordinate search over a grid of prices, all trials of a coordinate at once
@@ -821,7 +893,138 @@ def _sum_tau_lagrangian_s(inp: JointInputs) -> float:
                 best_value, lam, improved = float(vals[j]), trials[j], True
         if not improved:
             break
-    return best_value
+    return best_value, lam
+
+
+def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prev[s, n] = s - n where valid, valid[s, n] = s >= n): one stage's min-plus step as a gather."""
+    s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
+    valid = s_idx >= n_idx
+    return np.where(valid, s_idx - n_idx, 0), valid
+
+
+def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
+                     strong: bool = False) -> float:
+    """A lower bound on sum_i tau_i over the plans whose stages all run within theta_cap_s and whose
+    (stage, class) extras (`_class_extras`, or `_class_extras_span` where smaller) are within
+    extra_cap_s (blocks form). A DP over (blocks placed, GPUs used in units of D) keeps the GPU
+    total exact: a stage whose straggler is class r holds D replicas of classes no slower than r,
+    so at least D x (the least TP among them) GPUs, a whole number of units, and the units of all
+    stages fit min(all GPUs, max_gpus) / D. The per-type quotas enter by Lagrangian prices: those
+    `sum_tau_lower_bound_s` found and none, the larger result counts. The caps are what make this
+    strong: with theta at its bound, the fast (high-TP) classes cannot take every block, and the
+    GPUs they need are gone for the other stages (measured: GPT-Neo on 256 A100, P5 b1 D32, sum tau
+    >= 0.090 s uncapped, 0.145 s at the bottleneck bound, the optimum's sum tau).
+
+    `strong` also takes `_replica_sum_tau_s` for every split of the GPU types into one type and
+    the rest, which sees the quota of that type exactly (measured: A100 + V100, 32 + 96 GPUs,
+    P5 b1 D16, at the optimum's theta and extras: 0.627 s here, 0.882 s with it, the optimum's)."""
+    key = (theta_cap_s, extra_cap_s, strong)
+    cache = _per_inputs_cache(inp, "capped_sum_tau")
+    if key not in cache:
+        out = capped_sum_tau_s(inp, theta_cap_s, extra_cap_s) if strong else \
+            _capped_sum_tau_s(inp, theta_cap_s, extra_cap_s)
+        if strong and out < math.inf:
+            types = _class_arrays(inp).types
+            for g in (types if len(types) > 2 else types[:1]):
+                out = max(out, _replica_sum_tau_s(inp, theta_cap_s, extra_cap_s, g))
+        cache[key] = out
+    return cache[key]
+
+
+def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) -> float:
+    arr = _class_arrays(inp)
+    ok = (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
+    t = np.where(ok, arr.time_s, np.inf)
+    L, P, D = inp.U - 2, inp.P, inp.D
+    N = L + 1
+    order = np.argsort(t, axis=2, kind="stable")
+    t_sorted = np.take_along_axis(t, order, axis=2)
+    finite = np.isfinite(t_sorted)
+    if not finite[..., 0].any(axis=1).all():
+        return math.inf  # some stage has no allowed count
+    least_tp = np.minimum.accumulate(np.where(finite, arr.tp[order], np.inf), axis=2)  # (P, N, C)
+    units = sorted({int(u) for u in arr.tp})
+    V = min(int(arr.held[-1] // D), P * units[-1])  # more units than P stages can take never bind
+    lams = np.stack([np.zeros_like(arr.held), _sum_tau_prices(inp)[1]])  # (2, types + 1)
+    per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp
+    price = np.where(finite, per_gpu[:, order], np.inf)  # (2, P, N, C)
+    cost_r = t_sorted + D * np.minimum.accumulate(price, axis=3)
+    # cost[u]: a stage taking u units: the best straggler whose least TP is <= u
+    cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (2, P, N) each
+    prev, valid = _minplus_index(N)
+    best = np.full((2, N, V + 1), np.inf)  # best[., s, v]: s blocks placed on v units
+    best[:, 0, 0] = 0.0
+    for i in range(P):
+        new = np.full_like(best, np.inf)
+        for u, c in zip(units, cost):
+            if u > V:
+                continue
+            cand = best[:, prev, : V + 1 - u] + c[:, i, None, :, None]  # (2, s, n, v)
+            cand = np.where(valid[None, :, :, None], cand, np.inf).min(axis=2)
+            np.minimum(new[:, :, u:], cand, out=new[:, :, u:])
+        best = new
+    values = best[:, L, :].min(axis=1) - lams @ arr.held
+    return float(values.max())
+
+
+def _replica_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, left: str) -> float:
+    """A lower bound on sum tau (caps as in `capped_sum_tau_s`) that counts the GPUs of type `left`
+    exactly, replica by replica, and prices the GPUs of the other types (merged into one) at mu
+    per GPU (Lagrangian: any mu >= 0 gives a bound; the dual is concave in mu, searched on a
+    doubling grid). A stage with n blocks whose slowest class takes tau holds x replicas of `left`
+    at the least TP w_a among its classes no slower than tau, and D - x of the others at their
+    least such TP w_b, in any mix: best'[s + n, a + x w_a] = min(best[s, a] + tau + mu (D - x) w_b)
+    over x = 0..D (`_stage_contrib`), a <= the GPUs of `left`; the bound is
+    min_a best[L, a] - mu (the other GPUs)."""
+    arr = _class_arrays(inp)
+    t = np.where((arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s), arr.time_s, np.inf)
+    gpus = _gpus_per_type(inp)
+    in_left = arr.gpu_of == arr.types.index(left)
+    cap_a, cap_b = gpus[left], sum(v for g, v in gpus.items() if g != left)
+    L, D = inp.U - 2, inp.D
+    stages = [_replica_stage_choices(inp, t[i], i, in_left, arr.tp) for i in range(inp.P)]
+
+    def value(mu: float) -> float:
+        best = np.full((L + 1, cap_a + 1), np.inf)
+        best[0, 0] = 0.0
+        for choices in stages:
+            new = np.full_like(best, np.inf)
+            for (wa, wb), per_n in choices.items():
+                contrib = _stage_contrib(best, wa, mu * wb if wb < math.inf else wb, D)
+                if contrib is None:
+                    continue
+                for n, tau in per_n:
+                    np.minimum(new[n:], contrib[:L + 1 - n] + tau, out=new[n:])
+            best = new
+        return float(best[L].min()) - mu * cap_b
+
+    finite = t[np.isfinite(t)]
+    if finite.size == 0:
+        return math.inf
+    unit = float(finite.min()) / D
+    out, last = value(0.0), -math.inf
+    for k in range(0, 16, 2):  # rises, then flat or falling (concave in mu)
+        v = value(unit * 2.0 ** k)
+        out = max(out, v)
+        if v <= last + 1e-12 * abs(last):
+            break
+        last = v
+    return out
+
+
+def _replica_stage_choices(inp: JointInputs, t_i: np.ndarray, i: int, in_left: np.ndarray,
+                           tp: np.ndarray) -> dict[tuple[float, float], list[tuple[int, float]]]:
+    """(w_a, w_b) -> [(n, least tau with those GPUs per replica)] for stage i (`_replica_sum_tau_s`)."""
+    out: dict[tuple[float, float], dict[int, float]] = {}
+    for n in block_counts(inp, i):
+        row = t_i[n]
+        for tau in sorted(set(row[np.isfinite(row)].tolist())):
+            allowed = row <= tau
+            wa = float(tp[allowed & in_left].min()) if (allowed & in_left).any() else math.inf
+            wb = float(tp[allowed & ~in_left].min()) if (allowed & ~in_left).any() else math.inf
+            out.setdefault((wa, wb), {}).setdefault(n, tau)
+    return {key: list(per_n.items()) for key, per_n in out.items()}
 
 
 def _c_node_s(inp: JointInputs) -> float:
@@ -1173,6 +1376,8 @@ def _class_extras_span(inp: JointInputs) -> dict:
     """`_class_extras` for a stage that spans zones: its all-reduce is also at least the ring over
     the inter-zone link (the model's sync_zone row), and an end stage that spans puts the tied
     embedding across zones (ez >= span)."""
+    if len(inp.zones) == 1:
+        return _class_extras(inp)  # no stage can span zones
     return _cached_for(inp, "extras_span", lambda inp: _make_class_extras(inp, spanning=True))
 
 

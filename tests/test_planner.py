@@ -276,6 +276,30 @@ def test_sum_tau_and_sync_update_bounds_hold_on_every_plan():
     assert tighter_tau >= 1 and tighter_extra >= 1, (tighter_tau, tighter_extra)
 
 
+def test_capped_sum_tau_holds_on_every_plan_and_the_strongest_bound_too():
+    """`capped_sum_tau_s` (the units DP, and with `strong` the replica-level DPs) against every
+    plan whose slowest stage is within the cap, and the strongest time bound against the
+    optimum; the replica DPs must be strictly tighter somewhere, or nothing is exercised."""
+    checked = tighter = 0
+    for combo, inp in _tiny_inputs():
+        plans: list[tuple[float, float]] = []
+        brute_force(inp, lambda ev: plans.append((sum(ev["tau"]), max(ev["tau"]))) or 0.0, "blocks")
+        if not plans:
+            continue
+        truth = brute_force(inp, "T", "blocks")
+        for theta in sorted({t for _, t in plans}):
+            least = min(total for total, slowest in plans if slowest <= theta)
+            cap = theta * (1 + 1e-9)  # the class tables sum the units in another order than evaluate
+            plain = joint.capped_sum_tau_s(inp, cap)
+            strong = joint.capped_sum_tau_s(inp, cap, strong=True)
+            assert plain <= strong and strong <= least * (1 + 1e-9), (combo, theta, plain, strong, least)
+            tighter += strong > plain * (1 + 1e-6)
+            checked += 1
+        for target in (truth * 0.99, truth, truth * 1.1):
+            assert joint.time_lower_bound_tight_s(inp, True, target, strongest=True) <= truth * (1 + 1e-9), combo
+    assert checked >= 10 and tighter >= 1, (checked, tighter)
+
+
 def test_time_cutoff_keeps_the_optimum_and_only_it():
     """The cutoff drops stage choices slower than `stage_time_cap_s`: at the optimum the model still
     finds it, just below it the model is infeasible (or has no stage choice left)."""
@@ -323,6 +347,7 @@ def test_region_split_and_forced_ends_hold_on_every_plan():
         assert merged <= truth * (1 + 1e-9) and split <= truth * (1 + 1e-9), combo
         for target in (truth * 0.9, truth, truth * 1.1):
             assert joint.time_lower_bound_tight_s(inp, exact=True, target_s=target) <= truth * (1 + 1e-9), (combo, target)
+            assert joint.time_lower_bound_tight_s(inp, True, target, strongest=True) <= truth * (1 + 1e-9), (combo, target)
         assert joint.extra_lower_bound_s(inp) <= brute_force(inp, lambda ev: ev["sigma"] + ev["mu"], "blocks") * (1 + 1e-9)
         ez, er = joint.ends_forced(inp)
         if ez:
