@@ -132,6 +132,7 @@ class _Tables:
         self._mem: dict = {}
         self._sync: dict = {}
         self._links: dict = {}
+        self.sync_tables: dict = {}  # with_sync_table: (D, pools, bytes per position) -> table
 
     def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
         key = (g, t, b)
@@ -270,16 +271,20 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     """`inp` with the estimator's all-reduce times per (pool, stage position, blocks) filled in."""
     if inp.sync_table is not None or not joint.blocks_identical(inp):
         return inp
-    table = {}
     stages = sorted({0, min(1, inp.P - 1), inp.P - 1})  # one stage of each position
     grad = [0.0]
     for g in inp.grad_bytes:  # prefix sums: a stage's units are one contiguous range
         grad.append(grad[-1] + g)
-    nbytes = {(i, n): grad[u.stop] - grad[u.start] for i in stages for n in joint.block_counts(inp, i)
-              for u in [joint.stage_units(inp, i, n)]}
-    for k, pool in enumerate(inp.pools):
-        for (i, n), size in nbytes.items():
-            table[k, joint.position(inp, i), n] = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, size)
+    nbytes = {(joint.position(inp, i), n): grad[u.stop] - grad[u.start] for i in stages
+              for n in joint.block_counts(inp, i) for u in [joint.stage_units(inp, i, n)]}
+    # choices with the same D and pools share the table (P and b change neither the bytes of a
+    # position's n blocks nor the replicas that all-reduce them)
+    key = (inp.D, inp.pools, tuple(sorted(nbytes.items())))
+    table = tables.sync_tables.get(key)
+    if table is None:
+        table = tables.sync_tables[key] = {
+            (k, pos, n): tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, size)
+            for k, pool in enumerate(inp.pools) for (pos, n), size in nbytes.items()}
     return replace(inp, sync_table=table)
 
 
