@@ -16,8 +16,11 @@ then with the strong bound (`exact=True`: a dynamic program over stages on GPUs 
 `joint.stages_fit_dp`, for the slowest stage alone and with a cap on all-reduce + update,
 `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage times,
 `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`; for cost
-also `joint.cost_lower_bound_dp_usd`). A choice that comes out at the head with its strong bound
-is solved: heuristic warm start, then the MILP with the incumbent as a cutoff
+also `joint.cost_lower_bound_dp_usd`). Each (slowest stage, all-reduce + update) cell of the
+sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
+a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice that comes out at the
+head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
+GPU type exactly and price the others), and only a choice still at the head after that is solved: heuristic warm start, then the MILP with the incumbent as a cutoff
 (which also drops stage choices too slow to beat it). The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
 Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
@@ -549,8 +552,8 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     For min cost the time bound only has to rule out the minimum throughput; the strong time bound
     is skipped when the cost bounds alone reach the target (it costs more than they do)."""
     floor_s = None if min_its is None else 1 / min_its
-    if objective != "min_cost":
-        t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest)
+    if objective != "min_cost":  # (`strongest` needs a target: it only lifts what falls short of one)
+        t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest and target is not None)
         return float("inf") if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s) else t_lb
     t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
@@ -558,7 +561,7 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     cost = joint.cost_lower_bound_usd(inp, exact, t_lb)
     if not exact or (target is not None and cost >= target):
         return cost
-    t_lb = joint.time_lower_bound_tight_s(inp, True, floor_s, strongest)
+    t_lb = joint.time_lower_bound_tight_s(inp, True, floor_s)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
         return float("inf")
     return max(cost, t_lb * joint.rate_lower_bound_usd_per_s(inp))

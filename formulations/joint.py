@@ -592,8 +592,9 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     together. `target_s` (a T the caller wants to rule out) lets the exact search stop early: the
     result is then a valid bound that is >= target_s whenever the DP can prove it.
     With several regions, `exact` also splits the plans by the regions they use
-    (`region_split_time_bound_s`). `strongest` (with `exact`) adds the replica-level DP on the sum
-    of stage times (`capped_sum_tau_s`), tens of milliseconds more."""
+    (`region_split_time_bound_s`). `strongest` (with `exact` and a target) adds the replica-level
+    DPs on the sum of stage times (`capped_sum_tau_s`) where a cell falls short of the target."""
+    strongest = strongest and target_s is not None  # without a target it would lift every cell
     out = _time_lower_bound_merged_s(inp, exact, target_s, strongest)
     if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
         out = max(out, region_split_time_bound_s(inp, out, target_s, strongest))
@@ -698,8 +699,8 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
         j = max(j, _first_true(lambda t: t >= float(slowest.min()), thetas + [math.inf], 0)) if slowest.size \
             else len(thetas)
         out = base + w * (thetas[j] if j < len(thetas) else math.inf) + s_lo
-        if target_s is not None and out >= target_s:
-            return out
+        if target_s is not None and not 0.9 * target_s <= out < target_s:
+            return out  # reached, or too far below for the DPs to lift it there (a min-cost floor)
         goal = None if target_s is None else target_s - links - s_lo
         return max(out, _lifted_cell_s(inp, thetas, j, cap, sum_tau, w, goal, 8 if target_s is not None else 3,
                                        strongest) + links + s_lo)
@@ -746,7 +747,10 @@ def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, su
         if d == 0 or hi - lo == 1 or (goal is not None and out >= goal):
             return out
         mid = (lo + hi) // 2
-        return max(out, min(bound(lo, mid, d - 1), bound(mid, hi, d - 1)))
+        left = bound(lo, mid, d - 1)
+        # short of the goal on the left: the node is too, so the right half gets no halving
+        right = bound(mid, hi, 0 if goal is not None and left < goal else d - 1)
+        return max(out, min(left, right))
 
     return bound(j, len(thetas), depth) if j < len(thetas) else math.inf
 
