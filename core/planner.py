@@ -20,8 +20,9 @@ also `joint.cost_lower_bound_dp_usd`). Each (slowest stage, all-reduce + update)
 sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
 a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice that comes out at the
 head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
-GPU type exactly and price the others), and only a choice still at the head after that is solved: heuristic warm start, then the MILP with the incumbent as a cutoff
-(which also drops stage choices too slow to beat it). The search stops when the head's bound
+GPU type exactly and price the others), and only a choice still at the head after that is solved:
+heuristic warm start, then the MILP with the incumbent as a cutoff (which also drops stage choices
+too slow to beat it). The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
 Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
 least bound first, in equal shares. With several regions the strong time bound also splits the
@@ -550,10 +551,11 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     stages, `joint.stages_fit_dp`) bounds of one outer choice; +inf when it is infeasible by them.
     `target` (an objective value to rule out, e.g. from the incumbent) lets the search stop early.
     For min cost the time bound only has to rule out the minimum throughput; the strong time bound
-    is skipped when the cost bounds alone reach the target (it costs more than they do)."""
+    is skipped when the cost bounds alone reach the target (it costs more than they do).
+    `strongest` (max throughput, with a target): the replica-level DPs of the time bound too."""
     floor_s = None if min_its is None else 1 / min_its
-    if objective != "min_cost":  # (`strongest` needs a target: it only lifts what falls short of one)
-        t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest and target is not None)
+    if objective != "min_cost":
+        t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest)
         return float("inf") if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s) else t_lb
     t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):

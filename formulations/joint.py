@@ -678,7 +678,9 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     cell has no cap: theta*(inf) >= theta_lo_s, the caller's bottleneck bound). With `target_s`,
     a cell is only tested at the theta that would beat the target (one DP call), and the grid
     ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
-    (its lower end is a valid bound)."""
+    (its lower end is a valid bound). A cell's theta is also at least the fastest (stage, class)
+    pair whose extra reaches s_j, and base is lifted by the least sum tau under the cell's caps
+    (`_lifted_cell_s`; only for cells within 10 % below the target when there is one)."""
     time_s, _ = _class_figures(inp)
     sum_tau = sum_tau_lower_bound_s(inp)
     links = (inp.P - 1) * _c_node_s(inp)
@@ -803,12 +805,8 @@ def sum_tau_lower_bound_s(inp: JointInputs) -> float:
     a few rounds of coordinate search over a grid of prices pick good ones. F (every unit on its
     fastest pool) misses that the fastest class cannot serve every stage: on GPT-Neo, 3 x 256
     GPUs, P3 b1 D256, F = 0.070 s where the optimum's sum tau is 0.286 s."""
-    return _cached_for(inp, "sum_tau", lambda inp: max(_fastest_work_s(inp), _sum_tau_lagrangian_s(inp))
+    return _cached_for(inp, "sum_tau", lambda inp: max(_fastest_work_s(inp), _sum_tau_prices(inp)[0])
                        if blocks_identical(inp) else _fastest_work_s(inp))
-
-
-def _sum_tau_lagrangian_s(inp: JointInputs) -> float:
-    return _sum_tau_prices(inp)[0]
 
 
 @dataclass(frozen=True)
@@ -855,24 +853,33 @@ def _sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     return _cached_for(inp, "sum_tau_prices", _make_sum_tau_prices)
 
 
+class _ByStageTime:
+    """Classes of every (stage, block count) sorted by stage time (inf: not allowed there)."""
+
+    def __init__(self, t: np.ndarray):
+        self.order = np.argsort(t, axis=2, kind="stable")
+        self.t_sorted = np.take_along_axis(t, self.order, axis=2)
+        self.finite = np.isfinite(self.t_sorted)
+
+    def costs(self, arr: _ClassArrays, lams: np.ndarray, D: int) -> np.ndarray:
+        """(B, P, N, C): the r-th class as straggler costs its stage time + D x the price of the
+        cheapest replica among classes no slower than r, at prices lams (B, types + 1)."""
+        per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp  # (B, C) price of one replica per class
+        price = np.where(self.finite, per_gpu[:, self.order], np.inf)  # in each (stage, count)'s time order
+        return self.t_sorted + D * np.minimum.accumulate(price, axis=3)
+
+
 def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     arr = _class_arrays(inp)
-    t = arr.time_s
     L, P = inp.U - 2, inp.P
     N = L + 1
-    # per (stage, block count): classes sorted by stage time
-    order = np.argsort(t, axis=2, kind="stable")
-    t_sorted = np.take_along_axis(t, order, axis=2)
-    finite = np.isfinite(t_sorted)
+    by_time = _ByStageTime(arr.time_s)
     # lam[g] per type; lam[-1] on every GPU, against min(all GPUs, max_gpus): single-type prices
     # alone cannot leave lam = 0 when another type is as fast
     prev, valid = _minplus_index(N)
 
     def values(lams: np.ndarray) -> np.ndarray:  # (B, types + 1) prices -> (B,) dual values
-        per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp  # (B, C) price of one replica per class
-        price = per_gpu[:, order]  # (B, P, N, C) in each (stage, count)'s time order
-        price = np.where(finite, price, np.inf)
-        stage = np.min(t_sorted + inp.D * np.minimum.accumulate(price, axis=3), axis=3)  # (B, P, N)
+        stage = by_time.costs(arr, lams, inp.D).min(axis=3)  # (B, P, N)
         best = np.full((lams.shape[0], N), np.inf)
         best[:, 0] = 0.0
         for i in range(P):
@@ -884,7 +891,7 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     best_value = float(values(lam[None])[0])
     if not np.isfinite(best_value):
         return math.inf, lam
-    unit = max(float(np.min(t_sorted[..., 0][finite[..., 0]])), 1e-12) / inp.D
+    unit = max(float(np.min(by_time.t_sorted[..., 0][by_time.finite[..., 0]])), 1e-12) / inp.D
     steps = np.array([0.0] + [unit * 2.0 ** k for k in range(-4, 9)])
     for _ in range(3):  # coordinate search over a grid of prices, all trials of a coordinate at once
         improved = False
@@ -942,18 +949,14 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
     t = np.where(ok, arr.time_s, np.inf)
     L, P, D = inp.U - 2, inp.P, inp.D
     N = L + 1
-    order = np.argsort(t, axis=2, kind="stable")
-    t_sorted = np.take_along_axis(t, order, axis=2)
-    finite = np.isfinite(t_sorted)
-    if not finite[..., 0].any(axis=1).all():
+    by_time = _ByStageTime(t)
+    if not by_time.finite[..., 0].any(axis=1).all():
         return math.inf  # some stage has no allowed count
-    least_tp = np.minimum.accumulate(np.where(finite, arr.tp[order], np.inf), axis=2)  # (P, N, C)
+    least_tp = np.minimum.accumulate(np.where(by_time.finite, arr.tp[by_time.order], np.inf), axis=2)  # (P, N, C)
     units = sorted({int(u) for u in arr.tp})
     V = min(int(arr.held[-1] // D), P * units[-1])  # more units than P stages can take never bind
     lams = np.stack([np.zeros_like(arr.held), _sum_tau_prices(inp)[1]])  # (2, types + 1)
-    per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp
-    price = np.where(finite, per_gpu[:, order], np.inf)  # (2, P, N, C)
-    cost_r = t_sorted + D * np.minimum.accumulate(price, axis=3)
+    cost_r = by_time.costs(arr, lams, D)  # (2, P, N, C)
     # cost[u]: a stage taking u units: the best straggler whose least TP is <= u
     cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (2, P, N) each
     prev, valid = _minplus_index(N)
