@@ -826,25 +826,21 @@ def _class_arrays(inp: JointInputs) -> _ClassArrays:
 
 
 def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
-    time_s, fits = _class_figures(inp)
-    ex_in, ex_span = _class_extras(inp), _class_extras_span(inp)
-    classes = time_classes(inp)
+    tab, lay = _class_tables(inp), _pair_layout(inp)
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
-    P, N = inp.P, inp.U - 1
-    t = np.full((P, N, len(classes)), np.inf)
-    e = np.full_like(t, np.inf)
-    e_hi = np.full_like(t, -np.inf)
-    for ci, c in enumerate(classes):
-        for i in range(P):
-            for n in block_counts(inp, i):
-                if fits[c, i, n]:
-                    t[i, n, ci] = time_s[c, i, n]
-                    e[i, n, ci] = min(ex_in[c, i, n], ex_span[c, i, n])
-                    e_hi[i, n, ci] = max(ex_in[c, i, n], ex_span[c, i, n])
+    shape = (inp.P, inp.U - 1, len(tab.classes))
+
+    def spread(values: np.ndarray, missing: float) -> np.ndarray:  # (C, M) -> (P, N, C), missing where unfit
+        out = np.full(shape, missing)
+        out[lay.stage, lay.count, :] = np.where(tab.fits, values, missing).T
+        return out
+
     total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
-    return _ClassArrays(t, e, e_hi, np.array([c[1] for c in classes], dtype=float),
-                        np.array([types.index(c[0]) for c in classes]), types,
+    return _ClassArrays(spread(tab.time_s, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
+                        spread(np.maximum(tab.extra_in_s, tab.extra_span_s), -np.inf),
+                        np.array([c[1] for c in tab.classes], dtype=float),
+                        np.array([types.index(c[0]) for c in tab.classes]), types,
                         np.array([gpus[g] for g in types] + [total], dtype=float))
 
 
@@ -1302,7 +1298,9 @@ def _blocks_identical(inp: JointInputs, rel_tol: float) -> bool:
         return False
 
     def same(rows) -> bool:
-        return all(abs(r[l] - r[2]) <= rel_tol * max(abs(r[2]), 1e-30) for r in rows for l in range(3, inp.U - 1))
+        arr = np.asarray(rows, dtype=float)
+        ref = arr[:, 2:3]
+        return bool(np.all(np.abs(arr[:, 3:inp.U - 1] - ref) <= rel_tol * np.maximum(np.abs(ref), 1e-30)))
 
     return all(same(rows) for rows in (inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, (inp.grad_bytes,)))
 
@@ -1350,23 +1348,121 @@ def time_classes(inp: JointInputs) -> list[tuple[str, int]]:
 
 def _class_figures(inp: JointInputs) -> tuple[dict, dict]:
     """time[(r, i, n)] stage seconds per microbatch on class r, fits[(r, i, n)] memory fits a worker."""
-    return _cached_for(inp, "figures", _make_class_figures)
+    return _cached_for(inp, "figures", lambda inp: _class_tables(inp).as_dicts("time_s", "fits"))
 
 
-def _make_class_figures(inp: JointInputs) -> tuple[dict, dict]:
-    rep = {c: next(k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c) for c in time_classes(inp)}
-    time_s, fits = {}, {}
-    for c, k in rep.items():
-        # prefix sums: stage_units is a contiguous range, so every stage sum is one difference
-        step, stat, act = (_prefix(row[k]) for row in (inp.step_s, inp.stat_bytes, inp.act_bytes))
-        for i in range(inp.P):
-            nf = inp.in_flight(i)
-            for n in block_counts(inp, i):
-                units = stage_units(inp, i, n)
-                a, b = units.start, units.stop
-                time_s[c, i, n] = step[b] - step[a]
-                fits[c, i, n] = (stat[b] - stat[a]) + nf * (act[b] - act[a]) <= inp.cap_bytes[k]
-    return time_s, fits
+@dataclass(frozen=True)
+class _PairLayout:
+    """Every (stage i, block count n) pair of the compact form for one (P, U), in stage order, with
+    the unit range [lo, hi) of `stage_units` and the position index (0 first/only, 1 middle, 2 last)."""
+    pairs: list  # [(i, n)]
+    stage: np.ndarray
+    count: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    pos: np.ndarray
+    positions: tuple  # position names by index
+
+
+_LAYOUTS: dict[tuple[int, int], _PairLayout] = {}
+_KEYS: dict[tuple, list] = {}
+
+
+def _pair_layout(inp: JointInputs) -> _PairLayout:
+    """The pairs of `block_counts` and their `stage_units`, shared by every choice with this P."""
+    key = (inp.P, inp.U)
+    if key not in _LAYOUTS:
+        pairs = [(i, n) for i in range(inp.P) for n in block_counts(inp, i)]
+        ranges = [stage_units(inp, i, n) for i, n in pairs]
+        names = ("only",) if inp.P == 1 else ("first", "middle", "last")
+        pos = [names.index(position(inp, i)) for i, _ in pairs]
+        _LAYOUTS[key] = _PairLayout(pairs, *(np.array(v, dtype=np.int64) for v in (
+            [i for i, _ in pairs], [n for _, n in pairs], [u.start for u in ranges], [u.stop for u in ranges], pos)),
+            names)
+    return _LAYOUTS[key]
+
+
+def _table_keys(classes: list, inp: JointInputs) -> list:
+    """[(r, i, n)] for every class and pair, class-major: the keys of the class dicts."""
+    key = (tuple(classes), inp.P, inp.U)
+    if key not in _KEYS:
+        if len(_KEYS) > 512:
+            _KEYS.clear()
+        _KEYS[key] = [(c, i, n) for c in classes for i, n in _pair_layout(inp).pairs]
+    return _KEYS[key]
+
+
+@dataclass(frozen=True)
+class _ClassTables:
+    """Per (class r, pair (i, n)) arrays (C, M) of the class figures, computed with numpy for every
+    pair at once (the dict views of `_class_figures`, `_class_sync_update` and `_class_extras`
+    are built from them)."""
+    classes: list
+    keys: list
+    time_s: np.ndarray
+    fits: np.ndarray
+    sync_s: np.ndarray
+    upd_s: np.ndarray
+    extra_in_s: np.ndarray
+    extra_span_s: np.ndarray
+
+    def as_dicts(self, *names: str) -> tuple[dict, ...]:
+        return tuple(dict(zip(self.keys, getattr(self, name).ravel().tolist())) for name in names)
+
+
+def _class_tables(inp: JointInputs) -> _ClassTables:
+    return _cached_for(inp, "class_tables", _make_class_tables)
+
+
+def _prefix_rows(rows) -> np.ndarray:
+    """(R, U + 1) running sums of each row, from 0 (sequential sums, as `_prefix`)."""
+    arr = np.asarray(rows, dtype=float)
+    return np.concatenate([np.zeros((arr.shape[0], 1)), np.cumsum(arr, axis=1)], axis=1)
+
+
+def _make_class_tables(inp: JointInputs) -> _ClassTables:
+    lay = _pair_layout(inp)
+    classes = time_classes(inp)
+    members = [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c] for c in classes]
+    rep = [ks[0] for ks in members]
+
+    def over_pairs(rows) -> np.ndarray:  # (C, M) stage sums of a per-unit figure
+        pre = _prefix_rows([rows[k] for k in rep])
+        return pre[:, lay.hi] - pre[:, lay.lo]
+
+    time_s = over_pairs(inp.step_s)
+    nf = np.minimum(inp.P - lay.stage, inp.m)
+    fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= np.array([inp.cap_bytes[k] for k in rep])[:, None]
+    upd_s = over_pairs(inp.upd_s)
+    grad = _prefix_rows([inp.grad_bytes])[0]
+    nbytes = grad[lay.hi] - grad[lay.lo]
+    tp = np.array([c[1] for c in classes], dtype=float)[:, None]
+    if inp.sync_table is not None:
+        per_pool = _sync_by_pool(inp, lay)  # (K, M)
+        sync_s = np.stack([per_pool[ks].min(axis=0) for ks in members])
+    else:  # the model's ring over the inter-node link
+        a, lat = inp.ring_coeff(inp.node, inp.D)
+        sync_s = a * inp.sync_factor * nbytes[None, :] / tp + lat
+    ends = (lay.stage == 0) | (lay.stage == inp.P - 1)
+    tied_in, tied_span = _ends_tied_s(inp)
+    extra_in = sync_s + upd_s + np.where(ends, tied_in, 0.0)
+    if len(inp.zones) == 1:
+        extra_span = extra_in
+    else:
+        a, lat = inp.ring_coeff(inp.zone, inp.D)
+        span_sync = np.maximum(sync_s, a * inp.sync_factor * nbytes[None, :] / tp + lat)
+        extra_span = span_sync + upd_s + np.where(ends, tied_span, 0.0)
+    return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
+
+
+def _sync_by_pool(inp: JointInputs, lay: _PairLayout) -> np.ndarray:
+    """(K, M) the all-reduce table's entry of every pool at every pair."""
+    N = inp.U - 1
+    grid = np.full((inp.K, len(lay.positions), N), np.inf)
+    for (k, pos, n), v in inp.sync_table.items():
+        if pos in lay.positions:
+            grid[k, lay.positions.index(pos), n] = v
+    return grid[:, lay.pos, lay.count]
 
 
 def _class_extras(inp: JointInputs) -> dict:
@@ -1376,7 +1472,7 @@ def _class_extras(inp: JointInputs) -> dict:
     least of the class's pools in the all-reduce table (the ring over the inter-node link without
     one) plus, on the first and last stage, the least tied-embedding all-reduce the GPUs allow
     (`_ends_tied_s`); update: the class's optimizer step of those units."""
-    return _cached_for(inp, "extras", lambda inp: _make_class_extras(inp, spanning=False))
+    return _cached_for(inp, "extras", lambda inp: _class_tables(inp).as_dicts("extra_in_s")[0])
 
 
 def _class_extras_span(inp: JointInputs) -> dict:
@@ -1385,22 +1481,7 @@ def _class_extras_span(inp: JointInputs) -> dict:
     embedding across zones (ez >= span)."""
     if len(inp.zones) == 1:
         return _class_extras(inp)  # no stage can span zones
-    return _cached_for(inp, "extras_span", lambda inp: _make_class_extras(inp, spanning=True))
-
-
-def _make_class_extras(inp: JointInputs, spanning: bool) -> dict:
-    tied = _ends_tied_s(inp)[1 if spanning else 0]
-    sync, upd = _class_sync_update(inp)
-    grad = _prefix(inp.grad_bytes)
-    out = {}
-    for key in sync:
-        c, i, n = key
-        s = sync[key]
-        if spanning:
-            units = stage_units(inp, i, n)
-            s = max(s, inp.ring_s(inp.zone, grad[units.stop] - grad[units.start], c[1]))
-        out[key] = s + upd[key] + (tied if i in (0, inp.P - 1) else 0.0)
-    return out
+    return _cached_for(inp, "extras_span", lambda inp: _class_tables(inp).as_dicts("extra_span_s")[0])
 
 
 def _ends_tied_s(inp: JointInputs) -> tuple[float, float]:
@@ -1446,25 +1527,7 @@ def _class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
     """sync[(r, i, n)]: the least all-reduce of stage i holding n blocks over the pools of class r
     (the table, or the ring over the inter-node link), tied embedding not included;
     upd[(r, i, n)]: the class's optimizer step of those units."""
-    return _cached_for(inp, "sync_update", _make_class_sync_update)
-
-
-def _make_class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
-    grad = _prefix(inp.grad_bytes)
-    out_sync, out_upd = {}, {}
-    for c in time_classes(inp):
-        ks = [k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c]
-        upd = _prefix(inp.upd_s[ks[0]])
-        for i in range(inp.P):
-            for n in block_counts(inp, i):
-                units = stage_units(inp, i, n)
-                if inp.sync_table is not None:
-                    sync = min(inp.sync_table[k, position(inp, i), n] for k in ks)
-                else:  # the model's ring over the inter-node link
-                    sync = inp.ring_s(inp.node, grad[units.stop] - grad[units.start], c[1])
-                out_sync[c, i, n] = sync
-                out_upd[c, i, n] = upd[units.stop] - upd[units.start]
-    return out_sync, out_upd
+    return _cached_for(inp, "sync_update", lambda inp: _class_tables(inp).as_dicts("sync_s", "upd_s"))
 
 
 def _prefix(values) -> list[float]:
