@@ -150,23 +150,35 @@ class _Tables:
             self._upd[key] = tuple(self.est.time.update_time_s(g, range(l, l + 1), t, D) for l in range(self.U))
         return self._upd[key]
 
-    def sync_s(self, g: str, zone: str, t: int, D: int, nbytes: float) -> float:
-        """All-reduce of `nbytes` (all TP shards) over D replicas of (g, TP t) packed on the zone's
-        nodes, as the communication estimator (and so the simulator) times it."""
-        key = (g, zone, t, D, nbytes)
-        if key not in self._sync:
+    def sync_s(self, g: str, zone: str, t: int, D: int, sizes: list[float]) -> list[float]:
+        """All-reduces of each of `sizes` bytes (all TP shards) over D replicas of (g, TP t) packed on
+        the zone's nodes, as the communication estimator (and so the simulator) times them. An
+        estimator with `allreduce_times_s` (both bundled ones) reads the members' ring once for all
+        sizes: per size, a call would walk every member again."""
+        missing = [n for n in dict.fromkeys(sizes) if (g, zone, t, D, n) not in self._sync]
+        if missing:
             if D <= 1:
-                self._sync[key] = 0.0
+                values = [0.0] * len(missing)
             else:
-                nodes = [n for n in self.inst.nodes if n.gpu_type == g and n.zone == zone]
-                members = []
-                for node in nodes * (1 + D // max(1, len(nodes))):  # more replicas than GPUs: reuse nodes
-                    members += [node_endpoint(node)] * (node.num_gpus // t)
-                    if len(members) >= D:
-                        break
+                members = self._members(g, zone, t, D)
                 factor = sync_volume_factor(self.inst.workload.zero_stage)
-                self._sync[key] = self.est.comm.allreduce_time_s(members[:D], factor * nbytes / t)
-        return self._sync[key]
+                scaled = [factor * n / t for n in missing]
+                many = getattr(self.est.comm, "allreduce_times_s", None)
+                values = many(members, scaled) if many is not None else [
+                    self.est.comm.allreduce_time_s(members, x) for x in scaled]
+            for n, v in zip(missing, values):
+                self._sync[g, zone, t, D, n] = v
+        return [self._sync[g, zone, t, D, n] for n in sizes]
+
+    def _members(self, g: str, zone: str, t: int, D: int) -> list:
+        """Endpoints of D replicas of (g, TP t) packed on the zone's nodes, node by node."""
+        nodes = [n for n in self.inst.nodes if n.gpu_type == g and n.zone == zone]
+        members = []
+        for node in nodes * (1 + D // max(1, len(nodes))):  # more replicas than GPUs: reuse nodes
+            members += [node_endpoint(node)] * (node.num_gpus // t)
+            if len(members) >= D:
+                break
+        return members[:D]
 
     def effective_link(self, kind: str, b: int) -> joint.LinkCost | None:
         """One microbatch's boundary transfer between two nodes of one zone ("node"), of two zones of
@@ -286,9 +298,10 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     key = (inp.D, inp.pools, tuple(sorted(nbytes.items())))
     table = tables.sync_tables.get(key)
     if table is None:
-        table = tables.sync_tables[key] = {
-            (k, pos, n): tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, size)
-            for k, pool in enumerate(inp.pools) for (pos, n), size in nbytes.items()}
+        table = tables.sync_tables[key] = {}
+        for k, pool in enumerate(inp.pools):
+            times = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, list(nbytes.values()))
+            table.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, times))
     return replace(inp, sync_table=table)
 
 

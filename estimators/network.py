@@ -81,6 +81,32 @@ class AlphaBetaComm:
         # reduce-scatter + all-gather inside nodes cost one intra-node all-reduce in total
         return intra + self.ring_time_s(leaders, nbytes)
 
+    def _ring_params(self, members: list[Endpoint]) -> tuple[int, float, float] | None:
+        """(members, slowest bandwidth B/s, largest latency) of `ring_time_s`'s ring; None for k <= 1."""
+        k = len(members)
+        if k <= 1:
+            return None
+        ring = ring_order(members)
+        links = [self.link(ring[i], ring[(i + 1) % k]) for i in range(k)]
+        return k, min(link.bandwidth_GBps for link in links) * 1e9, max(link.latency_s for link in links)
+
+    def allreduce_times_s(self, members: list[Endpoint], sizes: list[float]) -> list[float]:
+        """`allreduce_time_s` for each of `sizes` over the same members: the rings are read once."""
+        def ring_s(params, nbytes: float) -> float:
+            return 0.0 if params is None or nbytes <= 0 else ring_allreduce_time_s(nbytes, *params)
+
+        flat = self._ring_params(members)
+        if self.allreduce == "ring":
+            return [ring_s(flat, n) for n in sizes]
+        by_node = [list(g) for _, g in groupby(ring_order(members), key=lambda e: (e.region, e.zone, e.node_id))]
+        inside = {self._ring_params(g) for g in by_node}  # nodes alike give one ring
+        leaders = self._ring_params([g[0] for g in by_node])
+        out = []
+        for n in sizes:
+            hier = max((ring_s(p, n) for p in inside), default=0.0) + ring_s(leaders, n)
+            out.append(hier if self.allreduce == "hierarchical" else min(ring_s(flat, n), hier))
+        return out
+
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         if self.allreduce == "ring":
             return self.ring_time_s(members, nbytes)

@@ -28,6 +28,7 @@ network section (the endpoint's own intra_node link for same-node pairs), 0 when
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from hetplan.catalog import LinkSpec
@@ -180,6 +181,28 @@ class SailorNetworkComm:
         if nbytes <= 0:
             return 0.0
         return self._latency(a, b) + nbytes / self.bandwidth_Bps(a, b, nbytes)
+
+    def allreduce_times_s(self, members: list[Endpoint], sizes: list[float]) -> list[float]:
+        """`allreduce_time_s` for each of `sizes` over the same members: every ring link's fit is
+        looked up once, and per size only the distinct fits are read."""
+        k = len(members)
+        if k <= 1:
+            return [0.0] * len(sizes)
+        per_node: dict[str, int] = {}
+        for m in members:
+            if m.node_id is not None:
+                per_node[m.node_id] = per_node.get(m.node_id, 0) + 1
+        ring = [(members[i], members[(i + 1) % k]) for i in range(k)]
+        fits, fixed = {}, math.inf  # distinct fits on the ring; the least constant bandwidth
+        for a, b in ring:
+            fit = self.fit(a, b, per_node.get(a.node_id, 2))
+            if fit is None:
+                fixed = min(fixed, self._intra_link(a).bandwidth_GBps * 1e9)
+            else:
+                fits[id(fit)] = fit
+        latency = max(self._latency(a, b) for a, b in ring)
+        return [0.0 if n <= 0 else ring_allreduce_time_s(
+            n, k, min([fixed] + [f.bandwidth_Bps(n) for f in fits.values()]), latency) for n in sizes]
 
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         k = len(members)

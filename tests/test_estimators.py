@@ -126,6 +126,16 @@ def test_ring_is_bounded_by_slowest_link_and_hierarchical_helps():
     assert AlphaBetaComm(_net(), "best").allreduce_time_s(members, 1e9) == pytest.approx(min(ring, hier))
 
 
+@pytest.mark.parametrize("mode", ["ring", "hierarchical", "best"])
+def test_batched_allreduce_equals_one_call_per_size(mode):
+    members = ([Endpoint("r1-a", "r1", "n0", NVL)] * 3 + [Endpoint("r1-a", "r1", "n1", NVL)] * 4
+               + [Endpoint("r1-b", "r1", "n2", NVL)] * 2)
+    comm = AlphaBetaComm(_net(), mode)
+    sizes = [0.0, 1e3, 1e6, 2.5e8, 1e9]
+    for group in (members, members[:1], members[:4]):
+        assert comm.allreduce_times_s(group, sizes) == [comm.allreduce_time_s(group, n) for n in sizes]
+
+
 def test_egress_prices():
     cost = CloudCost(Egress(inter_zone_usd_per_GB=0.01, inter_region_usd_per_GB=0.02,
                             pairs=[EgressPrice(zones=("r1-a", "r1-c"), usd_per_GB=0.05)]))

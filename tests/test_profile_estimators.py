@@ -274,6 +274,9 @@ def test_allreduce_ring_by_hand(comm):
     want = 2 * 2 / 3 * 32e6 / mixed + 2 * 2 * 1e-5
     assert comm.allreduce_time_s(members, 32e6) == pytest.approx(want, rel=1e-12)
     assert comm.allreduce_time_s(members[:1], 32e6) == 0.0
+    sizes = [0.0, 1e4, 32e6, 4e9]
+    for group in (members, members[:1], [ep("a0")] * 3 + [ep("v0")] * 2):
+        assert comm.allreduce_times_s(group, sizes) == [comm.allreduce_time_s(group, n) for n in sizes]
 
 
 def test_intra_node_uses_the_intra_fit_or_the_link(comm):
