@@ -1836,11 +1836,11 @@ def _proportional_ranges(inp: JointInputs, replicas: list[list[int]]) -> list[tu
 
 
 def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) -> bool:
-    for k in range(inp.K):
-        if row[k] and sum(inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l]
-                          for l in range(start, end)) > inp.cap_bytes[k]:
-            return False
-    return True
+    stat, act = _cached_for(inp, "memory_prefix", lambda inp: (_prefix_rows(inp.stat_bytes).tolist(),
+                                                               _prefix_rows(inp.act_bytes).tolist()))
+    nf = inp.in_flight(i)
+    return all(not row[k] or (stat[k][end] - stat[k][start]) + nf * (act[k][end] - act[k][start]) <= inp.cap_bytes[k]
+               for k in range(inp.K))
 
 
 def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tuple[int, int]]):
