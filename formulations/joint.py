@@ -147,6 +147,9 @@ class JointInputs:
     # over the inter-node link otherwise). Lets the model match the simulator's hierarchical or
     # fitted all-reduce instead of a flat ring.
     sync_table: dict | None = None
+    # bounds and tables computed for these very inputs (`_per_inputs_cache`); a copy made with
+    # dataclasses.replace starts empty
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def U(self) -> int:
@@ -371,18 +374,10 @@ def bottleneck_lower_bound_s(inp: JointInputs, exact: bool = False, theta_hint_s
     return cache[key]
 
 
-_INPUT_CACHE: dict[int, tuple[JointInputs, dict]] = {}
-
-
 def _per_inputs_cache(inp: JointInputs, name: str) -> dict:
-    """A dict kept for these very inputs (by identity): a search asks for the same bounds and
-    tables of one outer choice several times, and hashing the inputs' tuples would cost more."""
-    hit = _INPUT_CACHE.get(id(inp))
-    if hit is None or hit[0] is not inp:
-        if len(_INPUT_CACHE) > 256:
-            _INPUT_CACHE.clear()
-        hit = _INPUT_CACHE[id(inp)] = (inp, {})
-    return hit[1].setdefault(name, {})
+    """A dict kept on these very inputs: a search asks for the same bounds and tables of one outer
+    choice several times (it lives as long as the inputs do; hashing them would cost more)."""
+    return inp._cache.setdefault(name, {})
 
 
 def _cached_for(inp: JointInputs, name: str, make):

@@ -12,10 +12,13 @@ from hetplan.formulations import joint_dp_heuristic as H
 from test_planner import _tiny_inputs, brute_force, combos_of, tiny
 
 
-def _homogeneous_by_enumeration(inp: joint.JointInputs, theta_s: float, value: str) -> float:
-    """The least DP value over every plan of homogeneous stages within theta_s: block counts per
-    stage x (class, region) per stage, GPUs counted per (type, region)."""
+def _homogeneous_by_enumeration(inp: joint.JointInputs, theta_s: float, value: str,
+                                extra_cap_s: float = math.inf) -> float:
+    """The least DP value over every plan of homogeneous stages within theta_s (and whose stages'
+    in-zone all-reduce + update are within extra_cap_s): block counts per stage x (class, region)
+    per stage, GPUs counted per (type, region)."""
     time_s, fits = joint._class_figures(inp)
+    extras = joint._class_extras(inp)
     options = {((p.gpu_type, p.tp), p.region) for p in inp.pools}
     price = {key: min(p.price_per_gpu_hour_usd / 3600 for p in inp.pools if ((p.gpu_type, p.tp), p.region) == key)
              for key in options}
@@ -28,7 +31,8 @@ def _homogeneous_by_enumeration(inp: joint.JointInputs, theta_s: float, value: s
         if sum(ns) != inp.U - 2:
             continue
         for pick in itertools.product(sorted(options), repeat=inp.P):
-            if not all(fits[c, i, n] and time_s[c, i, n] <= theta_s for i, ((c, _), n) in enumerate(zip(pick, ns))):
+            if not all(fits[c, i, n] and time_s[c, i, n] <= theta_s and extras[c, i, n] <= extra_cap_s
+                       for i, ((c, _), n) in enumerate(zip(pick, ns))):
                 continue
             used: dict = {}
             for (c, r) in pick:
@@ -86,6 +90,28 @@ def test_stage_dp_is_exact_over_homogeneous_plans(value):
                 found += 1
             checked += 1
     assert checked >= 60 and found >= 20, (checked, found)
+
+
+def test_stage_dp_under_an_extra_cap_is_exact():
+    """The heuristic's all-reduce descent solves the DP with a cap on each stage's all-reduce +
+    update; against enumeration at several (theta, cap) pairs, including caps that leave no plan."""
+    checked = found = 0
+    for combo, inp in _cases():
+        time_s, _ = joint._class_figures(inp)
+        thetas = sorted(set(time_s.values()))
+        caps = sorted(set(joint._class_extras(inp).values()))
+        for theta in thetas[len(thetas) // 2::max(1, len(thetas) // 3)]:
+            for cap in caps[::max(1, len(caps) // 4)]:
+                truth = _homogeneous_by_enumeration(inp, theta, "time", cap)
+                stages = H.stage_dp(inp, theta, "time", cap)
+                if truth == math.inf:
+                    assert stages is None, (combo, theta, cap)
+                else:
+                    assert stages is not None, (combo, theta, cap)
+                    assert _dp_value(inp, stages, "time") == pytest.approx(truth, rel=1e-9, abs=1e-15)
+                    found += 1
+                checked += 1
+    assert checked >= 40 and found >= 10, (checked, found)
 
 
 def test_dp_heuristic_plans_are_valid_and_never_beat_the_optimum():
