@@ -25,6 +25,7 @@ second table breaks hetplan's time down by outer choice (P, b, D).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -156,6 +157,7 @@ def _from_report(rep, search_s: float, shape: str) -> Outcome:
 
 
 def run_baseline(inst: Instance, est, sc: Scenario, time_limit_s: float | None) -> Outcome:
+    gc.collect()
     t0 = time.perf_counter()
     try:
         res = sailor_search(inst, est, sc.objective, sc.max_cost_usd, sc.min_iters_per_s,
@@ -170,6 +172,7 @@ def run_baseline(inst: Instance, est, sc: Scenario, time_limit_s: float | None) 
 
 
 def run_hetplan(inst: Instance, est, sc: Scenario, time_limit_s: float) -> Outcome:
+    gc.collect()  # what earlier scenarios left is not this search's garbage (as in a fresh `hetplan solve`)
     t0 = time.perf_counter()
     try:
         res = hetplan_plan(inst, PlannerOptions(objective=sc.objective, max_cost_usd=sc.max_cost_usd,

@@ -395,17 +395,21 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
     needs to rule out, e.g. from an incumbent) saves DP calls: when the DP rejects every time below
     the hint, the first time at or above it is returned (a valid bound, maybe not the least)."""
     L = inp.U - 2
-    extras = {(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
-        (k, 0.0) for k in range(inp.K)}
+    pairs = sorted({(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
+        (k, 0.0) for k in range(inp.K)})
     # every stage time a class can have: n blocks plus what its position adds
-    cands = sorted({n * inp.step_s[k][2] + e for k, e in extras for n in range(0, L + 1)} - {0.0})
+    block = np.array([inp.step_s[k][2] for k, _ in pairs])
+    extra = np.array([e for _, e in pairs])
+    cands = np.unique(np.arange(L + 1)[None, :] * block[:, None] + extra[:, None])
+    cands = cands[cands != 0.0].tolist()
     if not cands or blocks_coverable(inp, cands[-1]) < L:
         return math.inf
     lo = _first_true(lambda c: blocks_coverable(inp, c) >= L, cands, 0)
     if not exact or not blocks_identical(inp):
         return cands[lo]
     # the DP's answer changes only at actual stage times, so search those at or above Hall's answer
-    times = sorted(t for t in set(_class_figures(inp)[0].values()) if t >= cands[lo])
+    times = np.unique(_class_tables(inp).time_s)
+    times = times[times >= cands[lo]].tolist()
     fits = lambda c: stages_fit_dp(inp, c)  # noqa: E731
     if not times:
         return math.inf
@@ -884,9 +888,12 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
         return math.inf, lam
     unit = max(float(np.min(by_time.t_sorted[..., 0][by_time.finite[..., 0]])), 1e-12) / inp.D
     steps = np.array([0.0] + [unit * 2.0 ** k for k in range(-4, 9)])
+    coords = [lam.size - 1] + list(range(lam.size - 1))
+    if lam.size == 2 and arr.held[0] == arr.held[-1]:
+        coords = coords[:1]  # one type and no GPU cap: both prices are one price on the same GPUs
     for _ in range(3):  # coordinate search over a grid of prices, all trials of a coordinate at once
         improved = False
-        for g in [lam.size - 1] + list(range(lam.size - 1)):
+        for g in coords:
             trials = np.repeat(lam[None], steps.size, axis=0)
             trials[:, g] = steps
             vals = values(trials)
@@ -1381,7 +1388,7 @@ def _table_keys(classes: list, inp: JointInputs) -> list:
     """[(r, i, n)] for every class and pair, class-major: the keys of the class dicts."""
     key = (tuple(classes), inp.P, inp.U)
     if key not in _KEYS:
-        if len(_KEYS) > 512:
+        if len(_KEYS) > 64:  # one search needs a few per P; the lists are large and long-lived
             _KEYS.clear()
         _KEYS[key] = [(c, i, n) for c in classes for i, n in _pair_layout(inp).pairs]
     return _KEYS[key]
@@ -1840,18 +1847,23 @@ def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) 
 
 def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tuple[int, int]]):
     bounds = [r[0] for r in ranges] + [inp.U]
+    fits = lambda i: _stage_fits(inp, replicas[i], i, bounds[i], bounds[i + 1])  # noqa: E731
+    ok = [fits(i) for i in range(inp.P)]
     for _ in range(inp.U * inp.P):
-        bad = [i for i in range(inp.P) if not _stage_fits(inp, replicas[i], i, bounds[i], bounds[i + 1])]
-        if not bad:
+        if all(ok):
             return [(bounds[i], bounds[i + 1]) for i in range(inp.P)]
-        i = bad[0]
+        i = ok.index(False)
         # move a boundary unit to a neighbour that still has room: later stages hold fewer microbatches
         if i + 1 < inp.P and bounds[i + 1] - 1 > bounds[i]:
             bounds[i + 1] -= 1
+            moved = (i, i + 1)
         elif i > 0 and bounds[i] + 1 < bounds[i + 1]:
             bounds[i] += 1
+            moved = (i - 1, i)
         else:
             return None
+        for j in moved:  # only the two stages that share the moved boundary change
+            ok[j] = fits(j)
     return None
 
 
