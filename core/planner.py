@@ -7,12 +7,13 @@ and layer ranges are decided inside one MILP per outer choice (`formulations/joi
 Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
 lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
 the search, the heuristics (the greedy and the stage DP of `formulations/joint_dp_heuristic.py`)
-run on the choices with the least cheap bound and the best plan becomes the incumbent
+run on the choices with the least cheap bound, and on the most promising choice (least medium
+bound) of `heuristic_degrees` other data-parallel degrees; the best plan becomes the incumbent
 (`_first_incumbent`): the strong bounds then only have to rule out a target. The choice at the
 head is refined twice, going back in the queue each time: first with the medium bound
 (`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a
-few milliseconds; the first `heuristic_choices` choices it keeps also get the stage-DP heuristic),
-then with the strong bound (`exact=True`: a dynamic program over stages on GPUs per type,
+few milliseconds), then with the strong bound; the first `heuristic_choices` choices the strong
+bound keeps also get the stage-DP heuristic. The strong bound (`exact=True`: a dynamic program over stages on GPUs per type,
 `joint.stages_fit_dp`, for the slowest stage alone and with a cap on all-reduce + update,
 `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage times,
 `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`; for cost

@@ -16,7 +16,10 @@ searches plans of *homogeneous* stages exactly, by a dynamic program over the st
   A plan ends at s = L with usage within every type's GPUs. theta is swept over the class stage
   times from the least one the DP accepts, and each plan is scored with `joint.evaluate` (the
   model's own T and cost, with all-reduce, update and boundary terms), so the best one kept is
-  exactly what the MILP would charge for it.
+  exactly what the MILP would charge for it. The sum of stage times does not see the all-reduce
+  + update of the heaviest stage (sigma + mu in T): at each theta, the DP is solved again with a
+  cap e on every stage's all-reduce + update just below the plan's largest (choices with
+  `joint._class_extras` > e are dropped), while T keeps falling (`_less_sync`).
 
 Zones are merged in the DP; a plan is then placed stage by stage in one zone with room for all
 of its replicas, or spread over the zones of one region (Sailor H5), or dropped. Mixed stages (two
