@@ -221,12 +221,14 @@ def time_lower_bound_s(inp: JointInputs) -> float:
 
 def _fastest_work_s(inp: JointInputs) -> float:
     """F: one microbatch through every unit, each on its fastest pool."""
-    return sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    return _cached_for(inp, "fastest_work", lambda inp: sum(min(inp.step_s[k][l] for k in range(inp.K))
+                                                            for l in range(inp.U)))
 
 
 def _theta_work_bound_s(inp: JointInputs) -> float:
     """theta >= max(F / P, D W / N) (see `time_lower_bound_s`)."""
-    gpu_work = sum(min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U))
+    gpu_work = _cached_for(inp, "gpu_work", lambda inp: sum(
+        min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U)))
     gpus = sum(_gpus_per_type(inp).values())
     if inp.max_gpus is not None:
         gpus = min(gpus, inp.max_gpus)
@@ -1059,7 +1061,8 @@ def _sigma_lower_bound_s(inp: JointInputs) -> float:
 
 def _mu_lower_bound_s(inp: JointInputs) -> float:
     """mu >= 1/P of the cheapest update (some stage holds >= 1/P of the units' update work)."""
-    return sum(min(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U)) / inp.P
+    return _cached_for(inp, "least_update", lambda inp: sum(min(inp.upd_s[k][l] for k in range(inp.K))
+                                                            for l in range(inp.U))) / inp.P
 
 
 def stage_time_cap_s(inp: JointInputs, t_max_s: float) -> float:
@@ -1434,7 +1437,8 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
 
     time_s = over_pairs(inp.step_s)
     nf = np.minimum(inp.P - lay.stage, inp.m)
-    fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= np.array([inp.cap_bytes[k] for k in rep])[:, None]
+    cap = np.array([inp.cap_bytes[k] for k in rep])[:, None]
+    fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= cap
     upd_s = over_pairs(inp.upd_s)
     grad = _prefix_rows([inp.grad_bytes])[0]
     nbytes = grad[lay.hi] - grad[lay.lo]
