@@ -471,35 +471,38 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     return all(_two_resource_dp(inp, need, gpus, left, right) for left, right in splits)
 
 
-def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_cap_s: float = math.inf) -> dict | None:
-    """(g, i, n) -> fewest GPUs per replica of type g on stage i with n blocks within theta_s and
-    with its all-reduce + update within extra_cap_s (inf when none); None when some stage has no
-    feasible block count at all. Under a cap, a class may serve a stage by its in-zone value
-    (`_class_extras`) only if some zone has GPUs for D replicas of such classes; otherwise the
-    stage spans zones and its classes must meet the cap by their spanning value
-    (`_class_extras_span`)."""
-    time_s, fits = _class_figures(inp)
-    capped = extra_cap_s < math.inf
-    extra_in = _class_extras(inp) if capped else None
-    extra_span = _class_extras_span(inp) if capped else None
-    zones = _gpus_per_group(inp, "zone")
-    classes = [c for c in time_classes(inp) if c[0] in types]
-    need = {}
-    for i in range(inp.P):
-        any_ok = False
-        for n in block_counts(inp, i):
-            ok = {c for c in classes if fits[c, i, n] and time_s[c, i, n] <= theta_s}
-            if capped:
-                in_zone = {c for c in ok if extra_in[c, i, n] <= extra_cap_s}
-                if _most_replicas(zones, _least_tp(in_zone)) < inp.D:
-                    in_zone = set()
-                ok = in_zone | {c for c in ok if extra_span[c, i, n] <= extra_cap_s}
-            least = _least_tp(ok)
-            for g in types:
-                need[g, i, n] = least.get(g, math.inf)
-            any_ok = any_ok or bool(least)
-        if not any_ok:
-            return None
+def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str],
+                      extra_cap_s: float = math.inf) -> dict[str, np.ndarray] | None:
+    """g -> (M,) fewest GPUs per replica of type g at every (stage i, n blocks) pair of
+    `_pair_layout` within theta_s and with its all-reduce + update within extra_cap_s (inf when
+    none); None when some stage has no feasible block count at all. Under a cap, a class may serve a
+    stage by its in-zone value (`_class_extras`) only if some zone has GPUs for D replicas of such
+    classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
+    value (`_class_extras_span`)."""
+    tab, lay = _class_tables(inp), _pair_layout(inp)
+    tp = np.array([c[1] for c in tab.classes], dtype=float)[:, None]
+    rows = {g: [j for j, c in enumerate(tab.classes) if c[0] == g] for g in types}
+
+    def least(mask: np.ndarray) -> dict[str, np.ndarray]:  # (C, M) allowed -> g -> least TP per pair
+        return {g: np.where(mask[ix], tp[ix], np.inf).min(axis=0) if ix else np.full(len(lay.pairs), np.inf)
+                for g, ix in rows.items()}
+
+    ok = tab.fits & (tab.time_s <= theta_s)
+    if extra_cap_s < math.inf:
+        in_zone = ok & (tab.extra_in_s <= extra_cap_s)
+        tp_in = least(in_zone)
+        most = np.zeros(len(lay.pairs))  # the most replicas one zone holds, each type at its least TP
+        for per in _gpus_per_group(inp, "zone").values():
+            held = [np.where(np.isfinite(tp_in[g]), per[g] // np.where(np.isfinite(tp_in[g]), tp_in[g], 1), 0)
+                    for g in per if g in tp_in]
+            most = np.maximum(most, sum(held) if held else 0)
+        ok = (in_zone & (most >= inp.D)[None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
+    need = least(ok)
+    some = np.zeros(len(lay.pairs), dtype=bool)
+    for w in need.values():
+        some |= np.isfinite(w)
+    if not np.all(np.bincount(lay.stage[some], minlength=inp.P) > 0):
+        return None
     return need
 
 
@@ -517,12 +520,16 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     cap_b = sum(gpus[g] for g in right)
     best = np.full((L + 1, cap_a + 1), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a left-GPUs
     best[0, 0] = 0.0
+    lay = _pair_layout(inp)
+    none = np.full(len(lay.pairs), np.inf)
+    w_a = np.min([need[g] for g in left], axis=0) if left else none
+    w_b = np.min([need[g] for g in right], axis=0) if right else none
+    starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
     for i in range(inp.P):
         new = np.full_like(best, np.inf)
         by_need: dict[tuple[float, float], list[int]] = {}  # block counts with the same GPUs per replica
-        for n in block_counts(inp, i):
-            wa = min((need[g, i, n] for g in left), default=math.inf)
-            wb = min((need[g, i, n] for g in right), default=math.inf)
+        at = slice(starts[i], starts[i + 1])
+        for wa, wb, n in zip(w_a[at].tolist(), w_b[at].tolist(), lay.count[at].tolist()):
             by_need.setdefault((wa, wb), []).append(n)
         for (wa, wb), ns in by_need.items():
             contrib = _stage_contrib(best, wa, wb, D)  # the same for every n: only the row shift differs
