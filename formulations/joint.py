@@ -689,12 +689,13 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     (its lower end is a valid bound). A cell's theta is also at least the fastest (stage, class)
     pair whose extra reaches s_j, and base is lifted by the least sum tau under the cell's caps
     (`_lifted_cell_s`; only for cells within 10 % below the target when there is one)."""
-    time_s, _ = _class_figures(inp)
+    tab = _class_tables(inp)
     sum_tau = sum_tau_lower_bound_s(inp)
     links = (inp.P - 1) * _c_node_s(inp)
     base = sum_tau + links
-    caps = sorted(set(_class_extras(inp).values()) | set(_class_extras_span(inp).values()))
-    thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
+    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()])).tolist()
+    thetas = np.unique(tab.time_s)
+    thetas = thetas[thetas >= theta_lo_s].tolist()
     s_first = extra_lower_bound_s(inp)
     if not thetas or not caps or s_first > caps[-1]:
         return math.inf
@@ -776,24 +777,29 @@ def extra_lower_bound_s(inp: JointInputs) -> float:
 
 
 def _make_extra_lower_bound(inp: JointInputs) -> float:
-    extra_in, extra_span = _class_extras(inp), _class_extras_span(inp)
-    _, fits = _class_figures(inp)
+    tab, lay = _class_tables(inp), _pair_layout(inp)
     gpus = _gpus_per_type(inp)
     zones = _gpus_per_group(inp, "zone")
-    classes = time_classes(inp)
     n_big = -(-(inp.U - 2) // inp.P)
+    pair_at = {pair: j for j, pair in enumerate(lay.pairs)}
 
-    def least_s(extra: dict, i: int, n: int, enough) -> float:
+    def least_s(extra: np.ndarray, j: int, enough) -> float:
+        """The least extra value at which the classes fitting pair j allow D replicas."""
         min_tp: dict[str, int] = {}
-        for v, (g, t) in sorted((extra[c, i, n], c) for c in classes if fits[c, i, n]):
+        col = extra[:, j]
+        for ci in np.argsort(col, kind="stable").tolist():  # ties in class order, as sorted (value, class)
+            if not tab.fits[ci, j]:
+                continue
+            g, t = tab.classes[ci]
             min_tp[g] = min(min_tp.get(g, t), t)
             if enough(min_tp):
-                return v
+                return float(col[ci])
         return math.inf
 
     def s_need(i: int, n: int) -> float:
-        return min(least_s(extra_in, i, n, lambda tp: _most_replicas(zones, tp) >= inp.D),
-                   least_s(extra_span, i, n, lambda tp: _replicas(gpus, tp, inp.max_gpus) >= inp.D))
+        j = pair_at[i, n]
+        return min(least_s(tab.extra_in_s, j, lambda tp: _most_replicas(zones, tp) >= inp.D),
+                   least_s(tab.extra_span_s, j, lambda tp: _replicas(gpus, tp, inp.max_gpus) >= inp.D))
 
     # s_need grows with n (a class's extra grows, fewer classes fit): only the least count matters
     counts = [block_counts(inp, i) for i in range(inp.P)]
