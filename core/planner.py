@@ -13,11 +13,11 @@ bound) of `heuristic_degrees` other data-parallel degrees; the best plan becomes
 head is refined twice, going back in the queue each time: first with the medium bound
 (`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a
 few milliseconds), then with the strong bound; the first `heuristic_choices` choices the strong
-bound keeps also get the stage-DP heuristic. The strong bound (`exact=True`: a dynamic program over stages on GPUs per type,
-`joint.stages_fit_dp`, for the slowest stage alone and with a cap on all-reduce + update,
-`joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage times,
-`joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`; for cost
-also `joint.cost_lower_bound_dp_usd`). Each (slowest stage, all-reduce + update) cell of the
+bound keeps also get the stage-DP heuristic. The strong bound (`exact=True`: a dynamic program
+over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone and with a cap
+on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage
+times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`;
+for cost also `joint.cost_lower_bound_dp_usd`). Each (slowest stage, all-reduce + update) cell of the
 sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
 a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice that comes out at the
 head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
@@ -358,7 +358,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
     best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
                                           opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
-    dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the medium bound keeps
+    dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
     milp = _MilpSettings(backend, linear, opts.rel_gap)
     solved = pruned = 0
     open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
