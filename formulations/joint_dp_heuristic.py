@@ -124,10 +124,11 @@ def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
             dst, src = (r, *dst), tuple(src)
             base, origin = entering[r]
             cand = base[src] + val
-            better = cand < new[dst]
-            new[dst] = np.where(better, cand, new[dst])
-            pick[dst] = np.where(better, code, pick[dst])
-            came[dst] = np.where(better, origin[src], came[dst])
+            target = new[dst]  # views: the updates below write through
+            better = cand < target
+            np.copyto(target, cand, where=better)
+            np.copyto(pick[dst], code, where=better)
+            np.copyto(came[dst], origin[src], where=better)
         best = new
         picks.append((pick, came))
     final = best[:, L]
