@@ -396,22 +396,12 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
     there the least stage time that `stages_fit_dp` accepts. `theta_hint_s` (the theta a caller
     needs to rule out, e.g. from an incumbent) saves DP calls: when the DP rejects every time below
     the hint, the first time at or above it is returned (a valid bound, maybe not the least)."""
-    L = inp.U - 2
-    pairs = sorted({(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
-        (k, 0.0) for k in range(inp.K)})
-    # every stage time a class can have: n blocks plus what its position adds
-    block = np.array([inp.step_s[k][2] for k, _ in pairs])
-    extra = np.array([e for _, e in pairs])
-    cands = np.unique(np.arange(L + 1)[None, :] * block[:, None] + extra[:, None])
-    cands = cands[cands != 0.0].tolist()
-    if not cands or blocks_coverable(inp, cands[-1]) < L:
-        return math.inf
-    lo = _first_true(lambda c: blocks_coverable(inp, c) >= L, cands, 0)
-    if not exact or not blocks_identical(inp):
-        return cands[lo]
+    hall = _cached_for(inp, "hall_theta", _hall_theta_s)  # the medium and the strong bound share it
+    if math.isinf(hall) or not exact or not blocks_identical(inp):
+        return hall
     # the DP's answer changes only at actual stage times, so search those at or above Hall's answer
     times = np.unique(_class_tables(inp).time_s)
-    times = times[times >= cands[lo]].tolist()
+    times = times[times >= hall].tolist()
     fits = lambda c: stages_fit_dp(inp, c)  # noqa: E731
     if not times:
         return math.inf
@@ -429,6 +419,21 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
     while not fits(times[probe]):  # exponential search: the answer is usually a few times up
         failed, probe, step = probe, min(probe + step, hi), step * 2
     return times[_first_true(fits, times, failed + 1, probe)]
+
+
+def _hall_theta_s(inp: JointInputs) -> float:
+    """The least candidate stage time at which `blocks_coverable` reaches the L blocks (inf if none)."""
+    L = inp.U - 2
+    pairs = sorted({(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
+        (k, 0.0) for k in range(inp.K)})
+    # every stage time a class can have: n blocks plus what its position adds
+    block = np.array([inp.step_s[k][2] for k, _ in pairs])
+    extra = np.array([e for _, e in pairs])
+    cands = np.unique(np.arange(L + 1)[None, :] * block[:, None] + extra[:, None])
+    cands = cands[cands != 0.0].tolist()
+    if not cands or blocks_coverable(inp, cands[-1]) < L:
+        return math.inf
+    return cands[_first_true(lambda c: blocks_coverable(inp, c) >= L, cands, 0)]
 
 
 def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps: int | None = None) -> int:
