@@ -153,6 +153,19 @@ def test_planner_returns_simulated_plan_without_oom_and_a_bound():
     assert res.plan.global_microbatch * res.plan.num_microbatches == 8
 
 
+@pytest.mark.parametrize("instance", [tiny, tiny_regions])
+def test_heuristic_settings_change_the_path_not_the_proof(instance):
+    """With no heuristics before the search, the defaults, or heuristics on every choice, each run
+    ends within its gap, and every run's proven bound is below every run's plan (the bounds do
+    not depend on which incumbent the heuristics found first)."""
+    runs = [plan(instance(), PlannerOptions(max_stages=3, time_limit_s=60, heuristic_choices=hc, heuristic_degrees=hd))
+            for hc, hd in ((0, 0), (16, 3), (1000, 1000))]
+    for res in runs:
+        assert res.gap <= 0.01 + 1e-9
+        assert not res.report.oom_ranks
+    assert max(r.bound for r in runs) <= min(r.model_objective for r in runs) * (1 + 1e-9)
+
+
 def test_budget_is_a_hard_constraint_on_the_simulated_cost():
     opts = PlannerOptions(max_stages=2, time_limit_s=60)
     fastest = plan(tiny(), opts)
