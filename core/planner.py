@@ -33,6 +33,10 @@ All-reduce and boundary transfer times come from the communication estimator
 simulator's on stages of one pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16 A100, Sailor
 profiles).
 
+Two cores: with `workers=2` (the default) a forked helper process refines the choice behind the
+head of the queue with the same target while the main process refines the head; results are
+applied in queue order, so a search makes the same decisions on every run (`_Helper`, `_refine`).
+
 Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
 within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
 This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
@@ -42,6 +46,8 @@ same D on every stage, per-stage DP traffic inside one region and, where the blo
 from __future__ import annotations
 
 import heapq
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -76,6 +82,7 @@ class PlannerOptions:
     available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
     heuristic_choices: int = 16  # choices (least cheap bound first) the stage DP heuristic runs on first
     heuristic_degrees: int = 3  # then, of the other data-parallel degrees, this many (least medium bound first)
+    workers: int = 2  # processes refining bounds (2: a forked helper takes every second choice; 1: none)
 
 
 @dataclass(frozen=True)
@@ -359,6 +366,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
                                           opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
     dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
+    helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
+        if opts.workers >= 2 else None
     milp = _MilpSettings(backend, linear, opts.rel_gap)
     solved = pruned = 0
     open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
@@ -380,25 +389,35 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
             # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
             # incumbent gives them a target); a choice is solved only if it is still the most
-            # promising one
-            inp = with_sync_table(inp, tables)  # the all-reduce times enter all
+            # promising one. With a helper process, the next choice in the queue is refined at the
+            # same time with the same target (both results are applied in queue order, so the
+            # search does not depend on which process finishes first)
             target = None if best is None else best[0] * (1 - opts.rel_gap)
-            if level < 2 or target is not None:
-                lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level >= 1, strongest=level == 2))
-            # the stage DP on the first choices the strong bound keeps (after it: measured on GPT-Neo,
-            # 2 x 256 GPUs, once the incumbent was the optimum the bound ruled out 15 of the 16
-            # choices the DP had run on before it, 2.0 s of DPs)
-            if level == 1 and dp_runs_left > 0 and not greedies.get(combo, (None, False))[1] and (
-                    target is None or lb < target):
-                dp_runs_left -= 1
-                found = _best_heuristic(inp, objective, max_cost, min_its)
-                greedies[combo] = (found, True)
-                if found is not None:
-                    greedy_best, best = _better(greedy_best, (*found, inp)), _better(best, (*found, inp))
-            if lb == float("inf"):
-                records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
-                continue
-            heapq.heappush(queue, (lb, combo.P, combo.D, combo.b, level + 1, combo, inp))
+            batch = [(lb, level, combo, inp)]
+            if helper is not None and queue and queue[0][4] < 3 and (target is None or queue[0][0] < target):
+                nxt = heapq.heappop(queue)
+                batch.append((nxt[0], nxt[4], nxt[5], nxt[6]))
+            allowed = [b_level == 1 and dp_runs_left > j and not greedies.get(b_combo, (None, False))[1]
+                       for j, (_, b_level, b_combo, _) in enumerate(batch)]
+            if len(batch) == 2:
+                helper.submit(batch[1][2], batch[1][1], batch[1][0], target, allowed[1])
+            batch[0] = (lb, level, combo, with_sync_table(inp, tables))  # its caches go back in the queue
+            results = [_refine(batch[0][3], tables, level, lb, target, allowed[0], objective, max_cost, min_its)]
+            if len(batch) == 2:
+                b_lb, b_level, b_combo, b_inp = batch[1]
+                results.append(helper.result() or _refine(b_inp, tables, b_level, b_lb, target, allowed[1],
+                                                          objective, max_cost, min_its))
+            for (_, b_level, b_combo, b_inp), (b_lb, found, dp_ran) in zip(batch, results):
+                b_inp = with_sync_table(b_inp, tables)
+                if dp_ran:
+                    dp_runs_left -= 1
+                    greedies[b_combo] = (found, True)
+                    if found is not None:
+                        greedy_best, best = _better(greedy_best, (*found, b_inp)), _better(best, (*found, b_inp))
+                if b_lb == float("inf"):
+                    records.append(ComboRecord(b_combo.P, b_combo.b, b_combo.D, b_lb, "infeasible_by_bound"))
+                else:
+                    heapq.heappush(queue, (b_lb, b_combo.P, b_combo.D, b_combo.b, b_level + 1, b_combo, b_inp))
             continue
         if progress:  # choices settled so far (solved, pruned or infeasible) of all
             progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
@@ -415,6 +434,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         if item is not None:
             best = _better(best, item.solution)
             _file(item, unfinished, open_bounds)
+    if helper is not None:
+        helper.close()
     # time left (every choice settled early): the choices whose MILP stopped at its own limit get
     # the rest, least bound first, in equal shares
     unfinished.sort(key=lambda item: item.bound)
@@ -532,6 +553,99 @@ def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:
         unfinished.append(item)
     else:
         bounds.append(item.bound)
+
+
+def _refine(inp: joint.JointInputs, tables: _Tables, level: int, lb: float, target: float | None,
+            dp_allowed: bool, objective: str, max_cost: float | None,
+            min_its: float | None) -> tuple[float, tuple | None, bool]:
+    """One refinement step of a queued choice: (its bound at the next level, the heuristics' plan
+    (objective, solution) or None, whether the stage DP ran). The DP runs (when `dp_allowed`) on
+    the first choices the strong bound keeps, after it (measured on GPT-Neo, 2 x 256 GPUs: once
+    the incumbent was the optimum, the bound ruled out 15 of the 16 choices the DP had run on
+    before it, 2.0 s of DPs). A function of its arguments alone, so the helper process gives the
+    same answer as the main one."""
+    inp = with_sync_table(inp, tables)  # the all-reduce times enter all
+    if level < 2 or target is not None:
+        lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level >= 1, strongest=level == 2))
+    if level == 1 and dp_allowed and lb < float("inf") and (target is None or lb < target):
+        return lb, _best_heuristic(inp, objective, max_cost, min_its), True
+    return lb, None, False
+
+
+class _Helper:
+    """A forked process that refines one choice while the main process refines another
+    (`_refine`). It holds its own copies of the inputs and their caches; any failure (no fork on
+    this platform, a crash) makes the main process refine the choice itself."""
+
+    def __init__(self, conn, proc):
+        self.conn, self.proc = conn, proc
+
+    @classmethod
+    def start(cls, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
+              min_its: float | None) -> "_Helper | None":
+        try:
+            ctx = multiprocessing.get_context("fork")
+            if len(os.sched_getaffinity(0)) < 2:
+                return None  # one core: the two would only take turns
+        except (ValueError, AttributeError):  # no fork (Windows) or no affinity call (macOS)
+            return None
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_helper_loop, args=(child, inputs, tables, objective, max_cost, min_its),
+                           daemon=True)
+        try:
+            proc.start()
+        except (AssertionError, OSError):  # a daemon process may not start children; no resources
+            conn.close()
+            return None
+        finally:
+            child.close()
+        return cls(conn, proc)
+
+    def submit(self, combo: Combo, level: int, lb: float, target: float | None, dp_allowed: bool) -> None:
+        try:
+            self.conn.send((combo, level, lb, target, dp_allowed))
+        except OSError:
+            self.conn = None
+
+    def result(self) -> tuple | None:
+        """The submitted step's result, or None when the helper failed (the caller computes it)."""
+        if self.conn is None:
+            return None
+        try:
+            ok, value = self.conn.recv()
+        except (EOFError, OSError):
+            self.conn = None
+            return None
+        return value if ok else None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+        self.proc.join(timeout=1.0)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
+                 min_its: float | None) -> None:
+    refined: dict = {}  # the inputs this process refined, with their caches
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        combo, level, lb, target, dp_allowed = msg
+        try:
+            inp = with_sync_table(refined.get(combo, inputs[combo]), tables)
+            refined[combo] = inp
+            conn.send((True, _refine(inp, tables, level, lb, target, dp_allowed, objective, max_cost, min_its)))
+        except Exception as exc:  # noqa: BLE001  the main process redoes the step
+            conn.send((False, repr(exc)))
 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,
