@@ -64,6 +64,7 @@ from hetplan.plan import Plan
 from hetplan.simulator import SimulationReport, node_endpoint, simulate
 
 TP_CHOICES = (1, 2, 4, 8)
+HELPER_WAIT_S = 60.0  # the longest a refinement step may take in the helper before the main process takes over
 
 
 @dataclass(frozen=True)
@@ -602,6 +603,8 @@ class _Helper:
         return cls(conn, proc)
 
     def submit(self, combo: Combo, level: int, lb: float, target: float | None, dp_allowed: bool) -> None:
+        if self.conn is None:  # failed before: `result` says so and the caller refines the choice
+            return
         try:
             self.conn.send((combo, level, lb, target, dp_allowed))
         except OSError:
@@ -612,6 +615,9 @@ class _Helper:
         if self.conn is None:
             return None
         try:
+            if not self.conn.poll(HELPER_WAIT_S):  # a hung helper must not hang the search
+                self.proc.terminate()
+                raise OSError("helper timed out")
             ok, value = self.conn.recv()
         except (EOFError, OSError):
             self.conn = None

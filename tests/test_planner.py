@@ -188,6 +188,24 @@ def test_the_helper_process_keeps_the_search_deterministic_and_the_bounds_valid(
     assert max(r.bound for r in runs) <= min(r.model_objective for r in runs) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("failure", ["dead_helper", "no_result"])
+def test_a_failing_helper_changes_nothing(failure, monkeypatch):
+    """If the helper process dies at once or never answers, the main process refines those
+    choices itself: the same decisions as with a working helper."""
+    import hetplan.planner as planner_module
+
+    opts = PlannerOptions(max_stages=3, time_limit_s=60, workers=2)
+    normal = plan(tiny(), opts)
+    if failure == "dead_helper":
+        monkeypatch.setattr(planner_module, "_helper_loop", lambda conn, *args: conn.close())
+    else:
+        monkeypatch.setattr(planner_module._Helper, "result", lambda self: None)
+    failed = plan(tiny(), opts)
+    assert [(r.P, r.b, r.D, r.status, r.lower_bound) for r in failed.records] == \
+        [(r.P, r.b, r.D, r.status, r.lower_bound) for r in normal.records]
+    assert failed.model_objective == normal.model_objective
+
+
 def test_budget_is_a_hard_constraint_on_the_simulated_cost():
     opts = PlannerOptions(max_stages=2, time_limit_s=60)
     fastest = plan(tiny(), opts)
