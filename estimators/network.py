@@ -64,25 +64,9 @@ class AlphaBetaComm:
         link = self.link(a, b)
         return link.latency_s + nbytes / (link.bandwidth_GBps * 1e9)
 
-    def ring_time_s(self, members: list[Endpoint], nbytes: float) -> float:
-        k = len(members)
-        if k <= 1 or nbytes <= 0:
-            return 0.0
-        ring = ring_order(members)
-        links = [self.link(ring[i], ring[(i + 1) % k]) for i in range(k)]
-        bw = min(link.bandwidth_GBps for link in links) * 1e9
-        return ring_allreduce_time_s(nbytes, k, bw, max(link.latency_s for link in links))
-
-    def hierarchical_time_s(self, members: list[Endpoint], nbytes: float) -> float:
-        ring = ring_order(members)
-        by_node = [list(g) for _, g in groupby(ring, key=lambda e: (e.region, e.zone, e.node_id))]
-        intra = max(self.ring_time_s(g, nbytes) for g in by_node) if by_node else 0.0
-        leaders = [g[0] for g in by_node]
-        # reduce-scatter + all-gather inside nodes cost one intra-node all-reduce in total
-        return intra + self.ring_time_s(leaders, nbytes)
-
     def _ring_params(self, members: list[Endpoint]) -> tuple[int, float, float] | None:
-        """(members, slowest bandwidth B/s, largest latency) of `ring_time_s`'s ring; None for k <= 1."""
+        """(members, slowest bandwidth B/s, largest latency) of the ring over `members` in
+        `ring_order`; None for k <= 1."""
         k = len(members)
         if k <= 1:
             return None
@@ -91,7 +75,9 @@ class AlphaBetaComm:
         return k, min(link.bandwidth_GBps for link in links) * 1e9, max(link.latency_s for link in links)
 
     def allreduce_times_s(self, members: list[Endpoint], sizes: list[float]) -> list[float]:
-        """`allreduce_time_s` for each of `sizes` over the same members: the rings are read once."""
+        """The all-reduce of each of `sizes` bytes over the same members (rings read once): the ring,
+        the hierarchical one (a ring inside every node, then one between node leaders: reduce-scatter
+        + all-gather inside nodes cost one intra-node all-reduce in total) or the faster of both."""
         def ring_s(params, nbytes: float) -> float:
             return 0.0 if params is None or nbytes <= 0 else ring_allreduce_time_s(nbytes, *params)
 
@@ -108,8 +94,6 @@ class AlphaBetaComm:
         return out
 
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
-        if self.allreduce == "ring":
-            return self.ring_time_s(members, nbytes)
-        if self.allreduce == "hierarchical":
-            return self.hierarchical_time_s(members, nbytes)
-        return min(self.ring_time_s(members, nbytes), self.hierarchical_time_s(members, nbytes))
+        if len(members) <= 1 or nbytes <= 0:
+            return 0.0  # before any link is read
+        return self.allreduce_times_s(members, [nbytes])[0]

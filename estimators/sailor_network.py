@@ -183,8 +183,8 @@ class SailorNetworkComm:
         return self._latency(a, b) + nbytes / self.bandwidth_Bps(a, b, nbytes)
 
     def allreduce_times_s(self, members: list[Endpoint], sizes: list[float]) -> list[float]:
-        """`allreduce_time_s` for each of `sizes` over the same members: every ring link's fit is
-        looked up once, and per size only the distinct fits are read."""
+        """The all-reduce of each of `sizes` bytes over the same members (see the module docstring):
+        every ring link's fit is looked up once, and per size only the distinct fits are read."""
         k = len(members)
         if k <= 1:
             return [0.0] * len(sizes)
@@ -205,13 +205,6 @@ class SailorNetworkComm:
             n, k, min([fixed] + [f.bandwidth_Bps(n) for f in fits.values()]), latency) for n in sizes]
 
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
-        k = len(members)
-        if k <= 1 or nbytes <= 0:
-            return 0.0
-        per_node: dict[str, int] = {}
-        for m in members:
-            if m.node_id is not None:
-                per_node[m.node_id] = per_node.get(m.node_id, 0) + 1
-        ring = [(members[i], members[(i + 1) % k]) for i in range(k)]
-        bw = min(self.bandwidth_Bps(a, b, nbytes, per_node.get(a.node_id, 2)) for a, b in ring)
-        return ring_allreduce_time_s(nbytes, k, bw, max(self._latency(a, b) for a, b in ring))
+        if len(members) <= 1 or nbytes <= 0:
+            return 0.0  # before any fit is looked up: a pair the table lacks does not matter here
+        return self.allreduce_times_s(members, [nbytes])[0]
