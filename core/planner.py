@@ -414,7 +414,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                     dp_runs_left -= 1
                     greedies[b_combo] = (found, True)
                     if found is not None:
-                        greedy_best, best = _better(greedy_best, (*found, b_inp)), _better(best, (*found, b_inp))
+                        plan_found = (*found, b_inp)
+                        greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
                 if b_lb == float("inf"):
                     records.append(ComboRecord(b_combo.P, b_combo.b, b_combo.D, b_lb, "infeasible_by_bound"))
                 else:
@@ -428,12 +429,12 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         if not with_dp:
             found = _best_heuristic(inp, objective, max_cost, min_its)
         if found is not None:
-            greedy_best, best = _better(greedy_best, (*found, inp)), _better(best, (*found, inp))
+            greedy_best, best = joint.better(greedy_best, (*found, inp)), joint.better(best, (*found, inp))
         remaining = opts.time_limit_s - (time.perf_counter() - t_start)
         item = _solve_choice(rec, inp, found, best, objective, milp, min(remaining, opts.combo_time_limit_s))
         solved += 1
         if item is not None:
-            best = _better(best, item.solution)
+            best = joint.better(best, item.solution)
             _file(item, unfinished, open_bounds)
     if helper is not None:
         helper.close()
@@ -452,7 +453,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         again = _solve_choice(item.record, item.inputs, item.start, best, objective, milp,
                               remaining / (len(unfinished) + 1), item.bound)
         if again is not None:
-            best = _better(best, again.solution)
+            best = joint.better(best, again.solution)
             _file(again, unfinished, open_bounds)
             unfinished.sort(key=lambda item: item.bound)
     open_bounds += [item.bound for item in unfinished]
@@ -674,7 +675,7 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
         found = _best_heuristic(inp, objective, max_cost, min_its, dp=rank < heuristic_choices)
         greedies[combo] = (found, rank < heuristic_choices)
         if found is not None:
-            best = _better(best, (*found, inp))
+            best = joint.better(best, (*found, inp))
     # the cheap bound ranks poorly across data-parallel degrees (it ignores memory and quotas per
     # stage), so the most promising choice of `heuristic_degrees` other D values gets the stage DP
     # too, by the least medium bound first and only while that bound is below the incumbent
@@ -695,7 +696,7 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
         found = _best_heuristic(inp, objective, max_cost, min_its)
         greedies[combo] = (found, True)
         if found is not None:
-            best = _better(best, (*found, inp))
+            best = joint.better(best, (*found, inp))
     return best
 
 
@@ -741,17 +742,10 @@ def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | No
             continue
         obj = joint.objective_within_limits(inp, g, objective, max_cost, min_its)
         if obj is not None:
-            best = _better(best, (obj, g))
+            best = joint.better(best, (obj, g))
     if dp:
-        best = _better(best, dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp)))
+        best = joint.better(best, dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp)))
     return best
-
-
-def _better(current: tuple | None, candidate: tuple | None) -> tuple | None:
-    """The one of two (objective, ...) results with the smaller objective; None counts as none."""
-    if candidate is None or (current is not None and current[0] <= candidate[0]):
-        return current
-    return candidate
 
 
 def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its: float | None) -> str:

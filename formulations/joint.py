@@ -1948,6 +1948,14 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
             "zones": zones, "regions": regions}
 
 
+def better(current: tuple | None, candidate: tuple | None) -> tuple | None:
+    """The one of two (objective, ...) results with the smaller objective (the current one on a
+    tie); None counts as none."""
+    if candidate is None or (current is not None and current[0] <= candidate[0]):
+        return current
+    return candidate
+
+
 def objective_within_limits(inp: JointInputs, sol: JointSolution, objective: str, max_cost_usd: float | None = None,
                             min_iters_per_s: float | None = None) -> float | None:
     """The plan's objective (cost for min cost, T otherwise) by the model's own figures

@@ -246,15 +246,11 @@ def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_
             if got is None:
                 continue
             found = True
-            best = _better(best, got)
+            best = joint.better(best, got)
         kept += found
         if kept >= sweep and max_cost_usd is None:
             break
     return best
-
-
-def _better(a, b):
-    return b if a is None or (b is not None and b[0] < a[0]) else a
 
 
 def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extras: dict, steps: int):
@@ -262,14 +258,14 @@ def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extra
     which the DP's sum of stage times does not see: cap that extra just below the plan's own and
     solve again, `steps` times, keeping the best scored plan (measured: GPT-Neo, 80 A100 + 240
     V100, P7 b1 D16: 11.64 s -> 11.44 s, the MILP's optimum, by moving the TP-2 stage)."""
-    best = last = score(stages)
+    best = score(stages)
     for _ in range(steps):
         worst = max(extras[c, i, n] for i, (c, _, n) in enumerate(stages))
         stages = solve(float(np.nextafter(worst, -np.inf)))
         got = score(stages) if stages is not None else None
-        if got is None or (last is not None and got[0] >= last[0]):
+        if got is None or (best is not None and got[0] >= best[0]):
             break  # T rose (or no plan): lower caps only trade more stage time for less all-reduce
-        best = last = _better(best, got)
+        best = got
     return best
 
 
@@ -280,14 +276,7 @@ def _first_feasible(feasible, count: int) -> int:
     failed, probe, step = -1, 0, 1
     while not feasible(probe):
         failed, probe, step = probe, min(probe + step, count - 1), step * 2
-    lo, hi = failed + 1, probe
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    return joint._first_true(feasible, range(count), failed + 1, probe)
 
 
 def _caps_to_try(first: int, count: int, objective: str, sweep: int) -> list[int]:
