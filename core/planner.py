@@ -394,22 +394,22 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             # same time with the same target (both results are applied in queue order, so the
             # search does not depend on which process finishes first)
             target = None if best is None else best[0] * (1 - opts.rel_gap)
-            batch = [(lb, level, combo, inp)]
+            # each choice's inputs with the all-reduce times: the same object (and its caches) goes
+            # back in the queue
+            batch = [(lb, level, combo, with_sync_table(inp, tables))]
             if helper is not None and queue and queue[0][4] < 3 and (target is None or queue[0][0] < target):
                 nxt = heapq.heappop(queue)
-                batch.append((nxt[0], nxt[4], nxt[5], nxt[6]))
+                batch.append((nxt[0], nxt[4], nxt[5], with_sync_table(nxt[6], tables)))
             allowed = [b_level == 1 and dp_runs_left > j and not greedies.get(b_combo, (None, False))[1]
                        for j, (_, b_level, b_combo, _) in enumerate(batch)]
             if len(batch) == 2:
                 helper.submit(batch[1][2], batch[1][1], batch[1][0], target, allowed[1])
-            batch[0] = (lb, level, combo, with_sync_table(inp, tables))  # its caches go back in the queue
             results = [_refine(batch[0][3], tables, level, lb, target, allowed[0], objective, max_cost, min_its)]
             if len(batch) == 2:
                 b_lb, b_level, b_combo, b_inp = batch[1]
                 results.append(helper.result() or _refine(b_inp, tables, b_level, b_lb, target, allowed[1],
                                                           objective, max_cost, min_its))
             for (_, b_level, b_combo, b_inp), (b_lb, found, dp_ran) in zip(batch, results):
-                b_inp = with_sync_table(b_inp, tables)
                 if dp_ran:
                     dp_runs_left -= 1
                     greedies[b_combo] = (found, True)
@@ -744,7 +744,8 @@ def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | No
         if obj is not None:
             best = joint.better(best, (obj, g))
     if dp:
-        best = joint.better(best, dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp)))
+        found = dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp))
+        best = joint.better(best, found)
     return best
 
 
