@@ -483,7 +483,7 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str],
     none); None when some stage has no feasible block count at all. Under a cap, a class may serve a
     stage by its in-zone value (`_class_extras`) only if some zone has GPUs for D replicas of such
     classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
-    value (`_class_extras_span`)."""
+    value (`_ClassTables.extra_span_s`)."""
     tab, lay = _class_tables(inp), _pair_layout(inp)
     tp = np.array([c[1] for c in tab.classes], dtype=float)[:, None]
     rows = {g: [j for j, c in enumerate(tab.classes) if c[0] == g] for g in types}
@@ -784,7 +784,7 @@ def extra_lower_bound_s(inp: JointInputs) -> float:
     with n blocks needs D replicas of classes whose extra value is at most s: s_need(i, n) is the
     least s for which the GPUs allow that (each type at its smallest such TP), either in one zone
     with the in-zone values (`_class_extras`) or over all zones with the spanning values
-    (`_class_extras_span`). Every stage holds some count and some stage holds >= ceil(L / P)
+    (`_ClassTables.extra_span_s`). Every stage holds some count and some stage holds >= ceil(L / P)
     blocks, so sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
     return _cached_for(inp, "extra_lb", _make_extra_lower_bound)
 
@@ -840,7 +840,7 @@ def sum_tau_lower_bound_s(inp: JointInputs) -> float:
 class _ClassArrays:
     """Per (stage, block count, class) figures as arrays, for the sum-of-stage-times DPs."""
     time_s: np.ndarray  # (P, N, C) stage seconds, inf where the class does not fit or n is not allowed
-    extra_s: np.ndarray  # (P, N, C) the least of `_class_extras` and `_class_extras_span`
+    extra_s: np.ndarray  # (P, N, C) the least of `_class_extras` and `_ClassTables.extra_span_s`
     extra_hi_s: np.ndarray  # (P, N, C) the larger of the two
     tp: np.ndarray  # (C,)
     gpu_of: np.ndarray  # (C,) index into types
@@ -943,7 +943,7 @@ def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
 def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
                      strong: bool = False) -> float:
     """A lower bound on sum_i tau_i over the plans whose stages all run within theta_cap_s and whose
-    (stage, class) extras (`_class_extras`, or `_class_extras_span` where smaller) are within
+    (stage, class) extras (`_class_extras`, or `_ClassTables.extra_span_s` where smaller) are within
     extra_cap_s (blocks form). A DP over (blocks placed, GPUs used in units of D) keeps the GPU
     total exact: a stage whose straggler is class r holds D replicas of classes no slower than r,
     so at least D x (the least TP among them) GPUs, a whole number of units, and the units of all
@@ -1434,7 +1434,10 @@ class _ClassTables:
     fits: np.ndarray
     sync_s: np.ndarray
     upd_s: np.ndarray
-    extra_in_s: np.ndarray
+    extra_in_s: np.ndarray  # `_class_extras`
+    # the same for a stage that spans zones: its all-reduce is also at least the ring over the
+    # inter-zone link (the model's sync_zone row), and an end stage that spans puts the tied
+    # embedding across zones (ez >= span); equal to extra_in_s with one zone
     extra_span_s: np.ndarray
 
     def as_dicts(self, *names: str) -> tuple[dict, ...]:
@@ -1446,7 +1449,7 @@ def _class_tables(inp: JointInputs) -> _ClassTables:
 
 
 def _prefix_rows(rows) -> np.ndarray:
-    """(R, U + 1) running sums of each row, from 0 (sequential sums, as `_prefix`)."""
+    """(R, U + 1) running sums of each row, from 0 (cumsum adds in order, as a loop would)."""
     arr = np.asarray(rows, dtype=float)
     return np.concatenate([np.zeros((arr.shape[0], 1)), np.cumsum(arr, axis=1)], axis=1)
 
@@ -1507,15 +1510,6 @@ def _class_extras(inp: JointInputs) -> dict:
     return _cached_for(inp, "extras", lambda inp: _class_tables(inp).as_dicts("extra_in_s")[0])
 
 
-def _class_extras_span(inp: JointInputs) -> dict:
-    """`_class_extras` for a stage that spans zones: its all-reduce is also at least the ring over
-    the inter-zone link (the model's sync_zone row), and an end stage that spans puts the tied
-    embedding across zones (ez >= span)."""
-    if len(inp.zones) == 1:
-        return _class_extras(inp)  # no stage can span zones
-    return _cached_for(inp, "extras_span", lambda inp: _class_tables(inp).as_dicts("extra_span_s")[0])
-
-
 def _ends_tied_s(inp: JointInputs) -> tuple[float, float]:
     """(least tied-embedding all-reduce of the first and last stage when both sit in one zone each,
     the same when one of them spans zones). Both ends in one zone need 2 D replicas there, both in
@@ -1560,13 +1554,6 @@ def _class_sync_update(inp: JointInputs) -> tuple[dict, dict]:
     (the table, or the ring over the inter-node link), tied embedding not included;
     upd[(r, i, n)]: the class's optimizer step of those units."""
     return _cached_for(inp, "sync_update", lambda inp: _class_tables(inp).as_dicts("sync_s", "upd_s"))
-
-
-def _prefix(values) -> list[float]:
-    out = [0.0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
 
 
 def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs, max_stage_time: float = math.inf) -> None:
