@@ -387,7 +387,10 @@ def test_multi_edge_modelling_changes_the_schedule():
     # on the GPU; result 10.01-10.12; sink 10.12-11.12. Single link: b1 on the host 1-11, sink 11-12.
     assert multi.objective_s == pytest.approx(11.12e-3, rel=1e-9)
     assert single_real.objective_s == pytest.approx(12.0e-3, rel=1e-9)
-    assert multi.schedule.assignment()["b1"] == "gpu" and single.schedule.assignment()["b1"] == "host"
+    # b0 and b1 are symmetric: which branch the single-link plan keeps on the host is the solver's
+    # tie-break (it changed between HiGHS releases), that exactly one stays there is not
+    assert [multi.schedule.assignment()[b] for b in ("b0", "b1")] == ["gpu", "gpu"]
+    assert sorted(single.schedule.assignment()[b] for b in ("b0", "b1")) == ["gpu", "host"]
     assert {t.channel for t in multi.schedule.transfers.values()} == {"nvlink", "pcie"}
     # when PCIe cannot run beside NVLink the second channel buys nothing: both models agree
     graph, devices = host_gpu(concurrent_pcie=False)

@@ -361,13 +361,14 @@ def test_highs_consumes_a_full_start():
     r = solve(m, "highs", warm_start=start)
     assert r.warm_start_accepted is True
     log = _log(r.log_path)
-    hit = re.search(r"MIP start solution is feasible, objective value is (\S+)", log)
+    # HiGHS <= 1.15 writes "feasible, objective value is", 1.16 "feasible: objective value is"
+    hit = re.search(r"MIP start solution is feasible[,:] objective value is (\S+)", log)
     assert hit and float(hit.group(1)) == pytest.approx(greedy_value)
     assert r.objective == pytest.approx(knapsack_brute())
 
 
 @pytest.mark.parametrize("name,evidence", [("scip", r"found by completesol heuristic.*objective value (\S+)"),
-                                           ("highs", r"MIP start solution is feasible, objective value is (\S+)")])
+                                           ("highs", r"MIP start solution is feasible[,:] objective value is (\S+)")])
 def test_partial_start_is_completed_by_the_solver(name, evidence):
     _require(name)
     m = facility_location()
