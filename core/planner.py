@@ -146,7 +146,53 @@ class _Tables:
         self._mem: dict = {}
         self._sync: dict = {}
         self._links: dict = {}
-        self.sync_tables: dict = {}  # with_sync_table: (D, pools, bytes per position) -> table
+        self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
+        self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
+        self._grad: tuple[float, ...] | None = None
+        self._stage_grad: dict = {}  # stage_grad_bytes: P -> bytes per (position, blocks)
+
+    @property
+    def grad_bytes(self) -> tuple[float, ...]:
+        """Gradient bytes of every layer unit (all TP shards)."""
+        if self._grad is None:
+            prec = self.inst.workload.precision
+            self._grad = tuple(gradient_bytes(self.arch, range(l, l + 1), prec) for l in range(self.U))
+        return self._grad
+
+    def pool_rows(self, quotas: dict, tp_choices: tuple[int, ...], b: int, D: int) -> tuple | None:
+        """(pools, step, upd, stat, act, cap, shared cache) of the outer choices with microbatch b and D replicas
+        per stage (P changes none of them: the choices of every depth share these tuples); None when
+        no pool can hold even one unit. A pool that cannot hold its lightest unit on the last stage
+        (1 microbatch in flight) is useless and left out."""
+        ordered = tuple(sorted(quotas.items()))
+        key = (b, D, tuple(tp_choices), ordered)
+        if key not in self._rows:
+            rows: tuple[list, ...] = ([], [], [], [], [], [])
+            for (g, z), (avail, per_node, price, region) in ordered:
+                for t in tp_choices:
+                    if t > per_node or per_node % t or t > avail:
+                        continue
+                    s_b, a_b, c_b = self.mem(g, t, b, D)
+                    if min(s + a for s, a in zip(s_b, a_b)) > c_b:
+                        continue
+                    for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
+                                                 self.upd(g, t, D), s_b, a_b, c_b)):
+                        row.append(value)
+            # the last entry: `JointInputs.shared`, one cache for every choice built from these rows
+            self._rows[key] = (*(tuple(row) for row in rows), {}) if rows[0] else None
+        return self._rows[key]
+
+    def stage_grad_bytes(self, inp: joint.JointInputs) -> dict[tuple[str, int], float]:
+        """(stage position, blocks) -> gradient bytes of such a stage, for every position and block
+        count of P stages (blocks form; the same for every choice of that depth)."""
+        if inp.P not in self._stage_grad:
+            stages = sorted({0, min(1, inp.P - 1), inp.P - 1})  # one stage of each position
+            grad = [0.0]
+            for g in inp.grad_bytes:  # prefix sums: a stage's units are one contiguous range
+                grad.append(grad[-1] + g)
+            self._stage_grad[inp.P] = {(joint.position(inp, i), n): grad[u.stop] - grad[u.start] for i in stages
+                                       for n in joint.block_counts(inp, i) for u in [joint.stage_units(inp, i, n)]}
+        return self._stage_grad[inp.P]
 
     def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
         key = (g, t, b)
@@ -256,24 +302,10 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     wl, net, arch = instance.workload, instance.cluster.network, tables.arch
     B = wl.global_batch_size
     m = B // (combo.D * combo.b)
-    pools, step, upd, stat, act, cap = [], [], [], [], [], []
-    for (g, z), (avail, per_node, price, region) in sorted(quotas.items()):
-        for t in tp_choices:
-            if t > per_node or per_node % t or t > avail:
-                continue
-            s_b, a_b, c_b = tables.mem(g, t, combo.b, combo.D)
-            # a pool that cannot hold its lightest unit on the last stage (1 microbatch in flight) is useless
-            if min(s + a for s, a in zip(s_b, a_b)) > c_b:
-                continue
-            pools.append(joint.Pool(g, z, region, t, avail, price))
-            step.append(tables.step(g, t, combo.b))
-            upd.append(tables.upd(g, t, combo.D))
-            stat.append(s_b)
-            act.append(a_b)
-            cap.append(c_b)
-    if not pools:
+    rows = tables.pool_rows(quotas, tp_choices, combo.b, combo.D)
+    if rows is None:
         return None
-    grad_bytes = tuple(gradient_bytes(arch, range(l, l + 1), wl.precision) for l in range(arch.num_units))
+    pools, step, upd, stat, act, cap, shared = rows
     tied = arch.vocab_size * arch.hidden_size * DTYPE_BYTES[wl.precision] if (arch.tied_embeddings and combo.P > 1) else 0.0
 
     def link(spec) -> joint.LinkCost:
@@ -282,14 +314,14 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     node_link, zone_link, region_link = (tables.effective_link(cls, combo.b) or link(spec) for cls, spec in (
         ("node", net.inter_node), ("zone", net.inter_zone), ("region", net.inter_region)))
     inp = joint.JointInputs(
-        P=combo.P, D=combo.D, b=combo.b, m=m, pools=tuple(pools), step_s=tuple(step), upd_s=tuple(upd),
-        stat_bytes=tuple(stat), act_bytes=tuple(act), cap_bytes=tuple(cap), grad_bytes=grad_bytes,
+        P=combo.P, D=combo.D, b=combo.b, m=m, pools=pools, step_s=step, upd_s=upd,
+        stat_bytes=stat, act_bytes=act, cap_bytes=cap, grad_bytes=tables.grad_bytes,
         tied_grad_bytes=tied, boundary_bytes=boundary_activation_bytes(arch, combo.b, wl.precision),
         node=node_link, zone=zone_link, region=region_link,
         egress_zone_usd_per_GB=net.egress.inter_zone_usd_per_GB,
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
         sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
-        min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus)
+        min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared)
     return inp
 
 
@@ -297,17 +329,12 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     """`inp` with the estimator's all-reduce times per (pool, stage position, blocks) filled in."""
     if inp.sync_table is not None or not joint.blocks_identical(inp):
         return inp
-    stages = sorted({0, min(1, inp.P - 1), inp.P - 1})  # one stage of each position
-    grad = [0.0]
-    for g in inp.grad_bytes:  # prefix sums: a stage's units are one contiguous range
-        grad.append(grad[-1] + g)
-    nbytes = {(joint.position(inp, i), n): grad[u.stop] - grad[u.start] for i in stages
-              for n in joint.block_counts(inp, i) for u in [joint.stage_units(inp, i, n)]}
-    # choices with the same D and pools share the table (P and b change neither the bytes of a
+    # choices with the same D, pools and P share the table (b changes neither the bytes of a
     # position's n blocks nor the replicas that all-reduce them)
-    key = (inp.D, inp.pools, tuple(sorted(nbytes.items())))
+    key = (inp.D, inp.pools, inp.P)
     table = tables.sync_tables.get(key)
     if table is None:
+        nbytes = tables.stage_grad_bytes(inp)
         table = tables.sync_tables[key] = {}
         for k, pool in enumerate(inp.pools):
             times = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, list(nbytes.values()))
@@ -362,13 +389,20 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         queue.append((lb, combo.P, combo.D, combo.b, 0, combo, inp))
     heapq.heapify(queue)
 
+    # a helper process (two cores) computes the medium bounds of the queued choices, in queue
+    # order, while this one runs the heuristics of the first incumbent, and then works ahead of the
+    # search on the choices next in the queue (`_Refiner`)
+    helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
+        if opts.workers >= 2 else None
+    refiner = _Refiner(tables, objective, max_cost, min_its, helper)
+    refiner.medium_bounds_ahead(sorted(queue)[opts.heuristic_choices:])  # the first ones: warmed by the heuristics
     # the first incumbent: heuristics on the most promising choices, so the bounds have a target
     greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
     best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
                                           opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
+    if best is not None:
+        refiner.drop_medium_bounds_from(best[0] * (1 - opts.rel_gap))  # those choices are pruned before
     dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
-    helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
-        if opts.workers >= 2 else None
     milp = _MilpSettings(backend, linear, opts.rel_gap)
     solved = pruned = 0
     open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
@@ -390,36 +424,36 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
             # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
             # incumbent gives them a target); a choice is solved only if it is still the most
-            # promising one. With a helper process, the next choice in the queue is refined at the
-            # same time with the same target (both results are applied in queue order, so the
-            # search does not depend on which process finishes first)
+            # promising one. The step is the same whichever process computes it (`_Refiner`)
             target = None if best is None else best[0] * (1 - opts.rel_gap)
+
+            def step_of(item: tuple) -> _Step:
+                """The step the search takes when `item` comes out at the head, as things stand."""
+                i_lb, i_level, i_combo = item[0], item[4], item[5]
+                allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
+                return _Step(i_combo, i_level, i_lb, target if i_level > 0 else None, allowed)
+
             # each choice's inputs with the all-reduce times: the same object (and its caches) goes
             # back in the queue
-            batch = [(lb, level, combo, with_sync_table(inp, tables))]
-            if helper is not None and queue and queue[0][4] < 3 and (target is None or queue[0][0] < target):
-                nxt = heapq.heappop(queue)
-                batch.append((nxt[0], nxt[4], nxt[5], with_sync_table(nxt[6], tables)))
-            allowed = [b_level == 1 and dp_runs_left > j and not greedies.get(b_combo, (None, False))[1]
-                       for j, (_, b_level, b_combo, _) in enumerate(batch)]
-            if len(batch) == 2:
-                helper.submit(batch[1][2], batch[1][1], batch[1][0], target, allowed[1])
-            results = [_refine(batch[0][3], tables, level, lb, target, allowed[0], objective, max_cost, min_its)]
-            if len(batch) == 2:
-                b_lb, b_level, b_combo, b_inp = batch[1]
-                results.append(helper.result() or _refine(b_inp, tables, b_level, b_lb, target, allowed[1],
-                                                          objective, max_cost, min_its))
-            for (_, b_level, b_combo, b_inp), (b_lb, found, dp_ran) in zip(batch, results):
-                if dp_ran:
-                    dp_runs_left -= 1
-                    greedies[b_combo] = (found, True)
-                    if found is not None:
-                        plan_found = (*found, b_inp)
-                        greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
-                if b_lb == float("inf"):
-                    records.append(ComboRecord(b_combo.P, b_combo.b, b_combo.D, b_lb, "infeasible_by_bound"))
-                else:
-                    heapq.heappush(queue, (b_lb, b_combo.P, b_combo.D, b_combo.b, b_level + 1, b_combo, b_inp))
+            inp = with_sync_table(inp, tables)
+            ahead = []  # the steps that may come next: the first levels of the heap
+            for j in range(min(len(queue), refiner.LOOK)):
+                item = queue[j]
+                if item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None):
+                    queue[j] = item = item[:6] + (with_sync_table(item[6], tables),)  # same key: heap intact
+                    ahead.append((step_of(item), item[6]))
+            new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
+            if dp_ran:
+                dp_runs_left -= 1
+                greedies[combo] = (found, True)
+                if found is not None:
+                    plan_found = (*found, inp)
+                    greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
+                    refiner.drop_medium_bounds_from(best[0] * (1 - opts.rel_gap))
+            if new_lb == float("inf"):
+                records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
+            else:
+                heapq.heappush(queue, (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp))
             continue
         if progress:  # choices settled so far (solved, pruned or infeasible) of all
             progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
@@ -436,8 +470,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         if item is not None:
             best = joint.better(best, item.solution)
             _file(item, unfinished, open_bounds)
-    if helper is not None:
-        helper.close()
+    refiner.close()
     # time left (every choice settled early): the choices whose MILP stopped at its own limit get
     # the rest, least bound first, in equal shares
     unfinished.sort(key=lambda item: item.bound)
@@ -472,7 +505,9 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     if report.oom_ranks:  # the model's memory rows use the simulator's estimator: this is a bug if it fires
         raise SolverError(f"internal error: planned ranks {[r.rank for r in report.oom_ranks]} are OOM in simulation")
     greedy_report = None
-    if greedy_best is not None:
+    if greedy_best is best:  # the heuristic's plan won: the same plan, simulated once
+        greedy_report = report
+    elif greedy_best is not None:
         greedy_report = simulate(instance, joint.to_plan(greedy_best[1], greedy_best[2], name="greedy"), est)
     return PlannerResult(
         plan=plan_out, report=report, objective_kind=objective, model_objective=obj, bound=bound,
@@ -574,13 +609,104 @@ def _refine(inp: joint.JointInputs, tables: _Tables, level: int, lb: float, targ
     return lb, None, False
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One refinement step of a queued choice, all that `_refine` depends on besides the inputs:
+    two processes computing the same step get the same result. The medium bound (level 0) does not
+    read the target, so its steps carry none."""
+    combo: Combo
+    level: int
+    lb: float
+    target: float | None
+    dp_allowed: bool
+
+
+class _Refiner:
+    """Takes the search's refinement steps (`_refine`), with a helper process working ahead when
+    there is one: the helper computes, in queue order, the medium bounds of the queued choices
+    while the heuristics of the first incumbent run here; later both processes work on the steps
+    of the choices next in the queue while the search waits for the head's step. The search uses
+    a step's result only when it reaches that very step (`_Step`: same choice, level, bound,
+    target and DP allowance), and a step's result depends on nothing else, so the search takes the
+    same path as in one process, whichever process finishes first. Each side sends the small
+    bound caches of a choice with its step (`joint.cache_export`), so the other reuses them."""
+
+    AHEAD = 2  # steps the helper may have queued ahead of the search
+    LOOK = 7  # queue entries (the heap's first three levels) whose steps may come next
+
+    def __init__(self, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
+                 helper: "_Helper | None"):
+        self.tables, self.objective, self.max_cost, self.min_its = tables, objective, max_cost, min_its
+        self.helper = helper
+        self.local: dict[_Step, tuple] = {}  # steps this process took ahead of the search
+
+    def medium_bounds_ahead(self, items: list[tuple]) -> None:
+        """Queue the medium-bound steps of these queued choices (in this order) in the helper."""
+        if self.helper is not None:
+            self.helper.send_background([_Step(item[5], 0, item[0], None, False) for item in items if item[4] == 0])
+
+    def drop_medium_bounds_from(self, lb: float) -> None:
+        """The choices with a cheap bound >= lb are pruned before their medium bound: the helper
+        skips those it has not started."""
+        if self.helper is not None:
+            self.helper.cut(lb)
+
+    def run(self, step: _Step, inp: joint.JointInputs,
+            ahead: list[tuple[_Step, joint.JointInputs]]) -> tuple[float, tuple | None, bool]:
+        """The result of `step` on `inp`; `ahead`: the steps that may come next, with their inputs.
+        Taken from this process's steps ahead, or from the helper (doing steps ahead here while it
+        finishes), or computed here."""
+        if step in self.local:
+            return self.local.pop(step)
+        helper = self.helper
+        if helper is not None:
+            spare = [(st, i) for st, i in ahead if st != step and st not in self.local]
+            helper.send_urgent(spare, self.AHEAD)
+            while helper.holds(step):
+                got = helper.take(step, wait=False)
+                if got is not None:
+                    return self._taken(got, inp)
+                # the helper is on it: take a step ahead here meanwhile (one it has not started,
+                # the last one sent: the helper takes them in order)
+                todo = next(((st, i) for st, i in reversed(spare) if st not in self.local and not helper.holds(st)),
+                            None)
+                if todo is None:
+                    got = helper.take(step, wait=True)
+                    if got is not None:
+                        return self._taken(got, inp)
+                    break
+                helper.take(todo[0], wait=False)  # if queued there: taken back
+                self.local[todo[0]] = self._compute(*todo)
+            helper.take(step, wait=False)  # still queued there: taken back
+        return self._compute(step, inp)
+
+    @staticmethod
+    def _taken(got: tuple, inp: joint.JointInputs) -> tuple:
+        result, cache = got
+        joint.cache_import(inp, cache)
+        return result
+
+    def _compute(self, step: _Step, inp: joint.JointInputs) -> tuple[float, tuple | None, bool]:
+        return _refine(inp, self.tables, step.level, step.lb, step.target, step.dp_allowed, self.objective,
+                       self.max_cost, self.min_its)
+
+    def close(self) -> None:
+        if self.helper is not None:
+            self.helper.close()
+
+
 class _Helper:
-    """A forked process that refines one choice while the main process refines another
-    (`_refine`). It holds its own copies of the inputs and their caches; any failure (no fork on
-    this platform, a crash) makes the main process refine the choice itself."""
+    """A forked process that computes refinement steps (`_refine`) sent to it: urgent ones first,
+    then background ones, each in the order sent. It holds its own copies of the inputs and their
+    caches. Any failure (no fork on this platform, a crash, a step taking over HELPER_WAIT_S) makes
+    the main process compute the steps itself."""
 
     def __init__(self, conn, proc):
         self.conn, self.proc = conn, proc
+        self.done: dict[_Step, tuple] = {}  # results received and not yet used
+        self.urgent: set[_Step] = set()  # sent, result not received yet
+        self.background: set[_Step] = set()
+        self.current: _Step | None = None  # the step the helper is computing
 
     @classmethod
     def start(cls, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
@@ -603,27 +729,85 @@ class _Helper:
             child.close()
         return cls(conn, proc)
 
-    def submit(self, combo: Combo, level: int, lb: float, target: float | None, dp_allowed: bool) -> None:
-        if self.conn is None:  # failed before: `result` says so and the caller refines the choice
-            return
-        try:
-            self.conn.send((combo, level, lb, target, dp_allowed))
-        except OSError:
-            self.conn = None
-
-    def result(self) -> tuple | None:
-        """The submitted step's result, or None when the helper failed (the caller computes it)."""
+    def _send(self, msg) -> bool:
         if self.conn is None:
-            return None
+            return False
         try:
-            if not self.conn.poll(HELPER_WAIT_S):  # a hung helper must not hang the search
-                self.proc.terminate()
-                raise OSError("helper timed out")
-            ok, value = self.conn.recv()
+            self.conn.send(msg)
+            return True
+        except OSError:
+            self._fail()
+            return False
+
+    def _fail(self) -> None:
+        """The helper is gone or hung: every step it held is computed by the main process."""
+        self.conn = None
+        self.urgent.clear()
+        self.background.clear()
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+    def send_background(self, steps: list[_Step]) -> None:
+        if steps and self._send(("background", steps)):
+            self.background.update(steps)
+
+    def cut(self, lb: float) -> None:
+        if self._send(("cut", lb)):
+            self.background = {st for st in self.background if st.lb < lb}
+
+    def send_urgent(self, steps: list[tuple[_Step, joint.JointInputs]], limit: int) -> None:
+        """Queue these steps (with this process's caches of their choices) ahead of the background
+        ones, up to `limit` unanswered urgent steps."""
+        self._drain(block=False)
+        room = limit - len(self.urgent)
+        if room <= 0:
+            return
+        new = [(st, i) for st, i in steps if st not in self.done and st not in self.urgent][:room]
+        if new and self._send(("urgent", [(st, joint.cache_export(i)) for st, i in new])):
+            self.urgent.update(st for st, _ in new)
+            self.background.difference_update(st for st, _ in new)
+
+    def holds(self, step: _Step) -> bool:
+        """Whether the helper has the step's result or is computing it."""
+        self._drain(block=False)
+        return step in self.done or step == self.current
+
+    def queued(self, step: _Step) -> bool:
+        """Whether the step waits in the helper's queues (not started)."""
+        return step != self.current and (step in self.urgent or step in self.background)
+
+    def take(self, step: _Step, wait: bool) -> tuple | None:
+        """(result, cache) of `step` if received (with `wait`, once received, when the helper is
+        computing it); None otherwise. A step still waiting in the helper's queues is taken back:
+        the caller computes it."""
+        self._drain(block=False)
+        while wait and step == self.current and step not in self.done and self.conn is not None:
+            self._drain(block=True)
+        if step in self.done:
+            return self.done.pop(step)
+        if self.queued(step) and self._send(("skip", [step])):
+            self.urgent.discard(step)
+            self.background.discard(step)
+        return None
+
+    def _drain(self, block: bool) -> None:
+        """Receive what the helper has sent (with `block`, wait for at least one message)."""
+        try:
+            while self.conn is not None and (block or self.conn.poll()):
+                if block and not self.conn.poll(HELPER_WAIT_S):  # a hung helper must not hang the search
+                    raise OSError("helper timed out")
+                step, ok, value = self.conn.recv()
+                block = False
+                if ok is None:  # the helper started this step
+                    self.current = step
+                    continue
+                self.current = None
+                self.urgent.discard(step)
+                self.background.discard(step)
+                if ok:
+                    self.done[step] = value
         except (EOFError, OSError):
-            self.conn = None
-            return None
-        return value if ok else None
+            self._fail()
 
     def close(self) -> None:
         if self.conn is not None:
@@ -638,21 +822,54 @@ class _Helper:
 
 def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
                  min_its: float | None) -> None:
+    from collections import deque
+
     refined: dict = {}  # the inputs this process refined, with their caches
+    urgent: deque = deque()
+    background: deque = deque()
+    skipped: set = set()  # steps the main process took back
+    finished: set = set()  # a step sent urgent after it was queued in the background is done once
     while True:
         try:
-            msg = conn.recv()
+            while conn.poll() or not (urgent or background):  # read every message before the next step
+                msg = conn.recv()
+                if msg is None:
+                    return
+                kind, arg = msg
+                if kind == "urgent":
+                    for step, cache in arg:
+                        inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
+                        joint.cache_import(inp, cache)
+                        urgent.append(step)
+                elif kind == "background":
+                    background.extend(arg)
+                elif kind == "skip":
+                    skipped.update(arg)
+                elif kind == "cut":
+                    background = deque(st for st in background if st.lb < arg)
         except (EOFError, OSError):
             return
-        if msg is None:
-            return
-        combo, level, lb, target, dp_allowed = msg
+        step = urgent.popleft() if urgent else background.popleft()
+        if step in skipped or step in finished:
+            skipped.discard(step)
+            continue
+        finished.add(step)
         try:
-            inp = with_sync_table(refined.get(combo, inputs[combo]), tables)
-            refined[combo] = inp
-            conn.send((True, _refine(inp, tables, level, lb, target, dp_allowed, objective, max_cost, min_its)))
-        except Exception as exc:  # noqa: BLE001  the main process redoes the step
-            conn.send((False, repr(exc)))
+            conn.send((step, None, None))  # started: the main process waits for it rather than redo it
+        except OSError:
+            return
+        try:
+            inp = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
+            refined[step.combo] = inp
+            result = _refine(inp, tables, step.level, step.lb, step.target, step.dp_allowed, objective, max_cost,
+                             min_its)
+            reply = (step, True, (result, joint.cache_export(inp)))
+        except Exception as exc:  # noqa: BLE001  the main process computes the step itself
+            reply = (step, False, repr(exc))
+        try:
+            conn.send(reply)
+        except OSError:
+            return
 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,

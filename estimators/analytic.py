@@ -155,6 +155,10 @@ class AnalyticMemory:
         self.precision, self.optimizer, self.zero_stage = precision, optimizer, zero_stage
         self.recompute, self.flash_attention = recompute, flash_attention
         self.overhead_bytes = overhead_gib * GIB
+        # per-unit figures by (unit, tp[, microbatch]): the planner asks for every unit at every
+        # data-parallel degree, and these do not depend on it
+        self._params: dict[tuple[int, int], float] = {}
+        self._acts: dict[tuple[int, int, int], float] = {}
 
     @classmethod
     def from_instance(cls, instance: Instance, options: dict) -> "AnalyticMemory":
@@ -165,16 +169,27 @@ class AnalyticMemory:
                    overhead_gib=float(options.get("framework_overhead_GiB", 1.0)))
 
     def activation_bytes(self, units: range, tp: int, microbatch: int) -> float:
-        return sum(unit_activation_bytes(self.arch, u, microbatch, tp, precision=self.precision,
-                                         recompute=self.recompute, flash_attention=self.flash_attention)
-                   for u in units)
+        return sum(self._unit_activation_bytes(u, tp, microbatch) for u in units)
+
+    def _unit_activation_bytes(self, unit: int, tp: int, microbatch: int) -> float:
+        key = (unit, tp, microbatch)
+        if key not in self._acts:
+            self._acts[key] = unit_activation_bytes(self.arch, unit, microbatch, tp, precision=self.precision,
+                                                    recompute=self.recompute, flash_attention=self.flash_attention)
+        return self._acts[key]
+
+    def _unit_params(self, unit: int, tp: int) -> float:
+        key = (unit, tp)
+        if key not in self._params:
+            self._params[key] = unit_params(self.arch, unit).per_gpu(tp)
+        return self._params[key]
 
     def worker_memory(self, gpu_type: str, units: range, tp: int, microbatch: int, dp: int,
                       in_flight: int) -> MemoryBreakdown:
         if gpu_type not in self.gpus:
             raise EstimatorError(f"no GPU type {gpu_type!r} in this instance (has {sorted(self.gpus)})")
         sb = state_bytes(self.precision, self.optimizer)
-        params = sum(unit_params(self.arch, u).per_gpu(tp) for u in units)
+        params = sum(self._unit_params(u, tp) for u in units)
         div_p, div_g, div_o = zero_divisors(self.zero_stage, dp)
         return MemoryBreakdown(
             params_bytes=params * sb.param / div_p,

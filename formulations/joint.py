@@ -81,6 +81,7 @@ simulator may find a faster hierarchical or intra-node one); link classes, not z
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
 
@@ -147,6 +148,11 @@ class JointInputs:
     # over the inter-node link otherwise). Lets the model match the simulator's hierarchical or
     # fitted all-reduce instead of a flat ring.
     sync_table: dict | None = None
+    # figures that depend only on the rows above (pools, step, update, memory, gradient bytes), not
+    # on P, m, the links or the sync table (`_shared_for`): choices built from the same row objects
+    # may pass one dict (`planner.joint_inputs` does, per (b, D)); inputs whose rows are not the
+    # ones that first used the dict (a copy made with other rows) keep such figures to themselves
+    shared: dict = field(default_factory=dict, repr=False, compare=False)
     # bounds and tables computed for these very inputs (`_per_inputs_cache`); a copy made with
     # dataclasses.replace starts empty
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -221,13 +227,13 @@ def time_lower_bound_s(inp: JointInputs) -> float:
 
 def _fastest_work_s(inp: JointInputs) -> float:
     """F: one microbatch through every unit, each on its fastest pool."""
-    return _cached_for(inp, "fastest_work", lambda inp: sum(min(inp.step_s[k][l] for k in range(inp.K))
+    return _shared_for(inp, "fastest_work", lambda inp: sum(min(inp.step_s[k][l] for k in range(inp.K))
                                                             for l in range(inp.U)))
 
 
 def _theta_work_bound_s(inp: JointInputs) -> float:
     """theta >= max(F / P, D W / N) (see `time_lower_bound_s`)."""
-    gpu_work = _cached_for(inp, "gpu_work", lambda inp: sum(
+    gpu_work = _shared_for(inp, "gpu_work", lambda inp: sum(
         min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U)))
     gpus = sum(_gpus_per_type(inp).values())
     if inp.max_gpus is not None:
@@ -260,46 +266,69 @@ def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
     At stage position i a replica of class c holds at most cap[c,i] blocks: what fits in theta_s
     and in memory with min(P - i, m) microbatches in flight, after the embedding (i = 0) or head
     (i = P - 1). A stage holds no more than its worst replica. For a level v, the positions whose
-    stage can hold >= v blocks need D replicas each of classes with cap >= v there; the eligible
-    sets shrink as positions hold more microbatches (nested), so by Hall's condition at most N(v)
-    stages do, N(v) the largest k with R_j(v) >= D (k - j) for the j-th most generous position,
-    R_j(v) the most replicas of eligible classes the GPUs allow (each type at its smallest eligible
-    TP). Total blocks <= sum_v (v - v_next) N(v) (layer-cake sum over the capacity levels)."""
+    stage can hold >= v blocks need D replicas each of classes with cap >= v there, and at most
+    N(v) positions can have that at once (`_hall_counts`). Total blocks <= sum_v (v - v_next) N(v)
+    (layer-cake sum over the capacity levels)."""
     tab = _coverable_tables(inp)
     by_time = np.floor((theta_s - tab.extra_s) / tab.block_s[:, None] + 1e-9)
     caps = np.maximum(-1, np.minimum(np.minimum(by_time, tab.by_mem), inp.U - 2)).astype(np.int64)  # (K, P)
     work = _work_bound(inp, caps, tab.gpus)
-    # positions from the most generous: the last stage (1 in flight) first, except that ends carry extras
-    order = np.argsort(-caps.sum(axis=0), kind="stable")
-    caps = caps[:, order]
     levels = np.unique(caps[caps > 0])[::-1]
     if levels.size == 0:
         return 0.0
-    # eligible[v, k, j]: pool k holds >= levels[v] blocks at the j-th position; per GPU type the
-    # smallest eligible TP gives the most replicas (`_replicas`)
-    eligible = caps[None, :, :] >= levels[:, None, None]
-    reach = np.zeros((levels.size, inp.P), dtype=np.int64)
-    min_tps = []
-    for g, ks in tab.pools_of_type.items():
-        tp = np.where(eligible[:, ks, :], tab.tp[ks][None, :, None], np.iinfo(np.int64).max).min(axis=1)
-        min_tps.append((g, tp))
-        if inp.max_gpus is None:
-            reach += np.where(tp < np.iinfo(np.int64).max, tab.gpus[g] // np.maximum(tp, 1), 0)
-    if inp.max_gpus is not None:  # the budget couples the types: count per (level, position)
-        big = np.iinfo(np.int64).max
-        for v in range(levels.size):
-            for j in range(inp.P):
-                reach[v, j] = _replicas(tab.gpus, {g: int(tp[v, j]) for g, tp in min_tps if tp[v, j] < big}, inp.max_gpus)
-    # Hall: the largest k with reach[v, j] >= D (k - j) for every j < k
-    k_idx = np.arange(1, inp.P + 1)
-    need = inp.D * (k_idx[:, None] - np.arange(inp.P)[None, :])  # need[k-1, j]
-    valid = np.arange(inp.P)[None, :] < k_idx[:, None]
-    ok = np.all((reach[:, None, :] >= need[None, :, :]) | ~valid[None, :, :], axis=2)  # (V, P)
-    stages = np.where(ok, k_idx[None, :], 0).max(axis=1)
+    stages = _hall_counts(inp, tab, caps, levels)
     if stages[-1] < inp.P - 1:
         return 0.0  # every stage but the last needs a block: too few replicas that hold one
     widths = levels - np.append(levels[1:], 0)
     return min(float((widths * stages).sum()), work)
+
+
+def _hall_counts(inp: JointInputs, tab: "_CoverableTables", caps: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """N(v) for each level: an upper bound on how many stage positions can each get D replicas of
+    classes holding >= v blocks there, at once. A set S of positions can only be served if some
+    x[j, g] >= 0 (replicas of type g at position j, each taking tp[g, j] GPUs, the type's
+    smallest eligible TP there) has sum_g x[j, g] = D and sum_j tp[g, j] x[j, g] <= GPUs of g.
+    For any prices lam_g >= 0 that implies D sum_{j in S} w_j <= sum_g lam_g GPUs_g with
+    w_j = min_g lam_g tp[g, j] (Farkas), so |S| is at most the number of the cheapest w_j that fit
+    the budget; N(v) is the least such count over a set of prices (`_hall_prices`: the ratios of
+    the TP degrees, where the dual's vertices lie). With one GPU type this is exact: the positions
+    needing the fewest GPUs per replica. It needs no order among the positions (the ends, with
+    the embedding and the head, need not be more or less generous than the middle ones)."""
+    D = inp.D
+    types = list(tab.pools_of_type)
+    eligible = caps[None, :, :] >= levels[:, None, None]  # (V, K, P)
+    tp = np.stack([np.where(eligible[:, ks, :], tab.tp[ks][None, :, None].astype(float), np.inf).min(axis=1)
+                   for ks in tab.pools_of_type.values()])  # (T, V, P): smallest eligible TP, inf if none
+    lams = _hall_prices(inp)  # (L, T + 1): a price per type, then one on every GPU (max_gpus)
+    held = np.array([tab.gpus[g] for g in types] + [inp.max_gpus or 0], dtype=float)
+    budget = lams @ held  # (L,)
+    per_gpu = lams[:, :-1] + lams[:, -1:]  # (L, T)
+    finite = np.isfinite(tp)
+    w = np.where(finite[None], per_gpu[:, :, None, None] * np.where(finite, tp, 0.0)[None], np.inf).min(axis=1)
+    cum = np.cumsum(np.sort(w, axis=2), axis=2)  # (L, V, P)
+    fit = D * cum <= budget[:, None, None] * (1 + 1e-12)
+    return fit.sum(axis=2).min(axis=0)
+
+
+def _hall_prices(inp: JointInputs) -> np.ndarray:
+    """Prices for `_hall_counts`: per type 0 or a ratio of two TP degrees (the first nonzero one
+    1), and a price on every GPU alone when max_gpus caps them (any prices give a valid count)."""
+    return _shared_for(inp, f"hall_prices:{inp.max_gpus}", _make_hall_prices)  # the pools and max_gpus
+
+
+def _make_hall_prices(inp: JointInputs) -> np.ndarray:
+    T = len({p.gpu_type for p in inp.pools})
+    tps = sorted({p.tp for p in inp.pools})
+    ratios = sorted({a / b for a in tps for b in tps})
+    rows = []
+    for head in range(T):  # lam = (0, .., 0, 1, free ...)
+        tails = np.array(np.meshgrid(*[[0.0] + ratios] * (T - head - 1), indexing="ij")).reshape(T - head - 1, -1).T \
+            if T - head - 1 else np.zeros((1, 0))
+        for tail in tails:
+            rows.append([0.0] * head + [1.0] + list(tail) + [0.0])
+    if inp.max_gpus is not None:
+        rows.append([0.0] * T + [1.0])
+    return np.array(rows)
 
 
 @dataclass(frozen=True)
@@ -320,7 +349,7 @@ def _coverable_tables(inp: JointInputs) -> _CoverableTables:
 
 def _gpus_per_type(inp: JointInputs) -> dict[str, int]:
     """GPU type -> GPUs available over all its zones (pools of one quota share its GPUs)."""
-    return _cached_for(inp, "gpus", _make_gpus_per_type)
+    return _shared_for(inp, "gpus", _make_gpus_per_type)
 
 
 def _make_gpus_per_type(inp: JointInputs) -> dict[str, int]:
@@ -390,6 +419,45 @@ def _cached_for(inp: JointInputs, name: str, make):
     return cache[name]
 
 
+# per-inputs caches that are small to send to another process and slow to recompute (the class
+# tables are large and quick to rebuild; the region sub-inputs carry caches of their own)
+_PORTABLE_CACHES = ("hall_theta", "bottleneck", "coverable", "extra_lb", "sum_tau", "sum_tau_prices",
+                    "capped_sum_tau")
+
+
+def cache_export(inp: JointInputs) -> dict:
+    """The portable part of the bounds computed for these inputs (`cache_import` takes it into
+    another copy of the same inputs, e.g. in another process)."""
+    return {name: dict(inp._cache[name]) for name in _PORTABLE_CACHES if name in inp._cache}
+
+
+def cache_import(inp: JointInputs, caches: dict) -> None:
+    """Add `cache_export` of a copy of these very inputs to their caches (every entry is a function
+    of the inputs alone, so both copies hold the same values for the same keys)."""
+    for name, entries in caches.items():
+        inp._cache.setdefault(name, {}).update(entries)
+
+
+def _shared_for(inp: JointInputs, name: str, make):
+    """make(inp) for a figure of the rows alone (`JointInputs.shared`), computed once for every
+    outer choice that shares them (the depths P of one (b, D) in the planner)."""
+    cache = _shared_cache(inp)
+    if name not in cache:
+        cache[name] = make(inp)
+    return cache[name]
+
+
+def _shared_cache(inp: JointInputs) -> dict:
+    """`inp.shared` when it belongs to these very rows (the first inputs to use it record them),
+    else a cache of these inputs alone: a copy made with dataclasses.replace keeps the dict, and
+    with other rows it must not read what the original computed."""
+    rows = (inp.pools, inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, inp.cap_bytes, inp.grad_bytes)
+    owner = inp.shared.setdefault("rows", rows)  # held here, so no other object can take their ids
+    if all(a is b for a, b in zip(owner, rows)):
+        return inp.shared
+    return inp._cache.setdefault("unshared", {})
+
+
 def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float | None) -> float:
     """The least theta (slowest stage time per microbatch) for which `blocks_coverable` reaches
     the L = U - 2 blocks; +inf when no theta does (too few replicas or memory). With `exact`, from
@@ -422,7 +490,11 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
 
 
 def _hall_theta_s(inp: JointInputs) -> float:
-    """The least candidate stage time at which `blocks_coverable` reaches the L blocks (inf if none)."""
+    """max(the least candidate stage time at which `blocks_coverable` reaches the L blocks, the work
+    bound D W / N of `_theta_work_bound_s`), inf if no time reaches them. Both bound the slowest
+    stage time of every plan; taking the larger one lets the search start at the work bound: the
+    Hall count is only needed above it (usually a probe or two, where bisecting over every
+    candidate took about eight)."""
     L = inp.U - 2
     pairs = sorted({(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
         (k, 0.0) for k in range(inp.K)})
@@ -433,7 +505,15 @@ def _hall_theta_s(inp: JointInputs) -> float:
     cands = cands[cands != 0.0].tolist()
     if not cands or blocks_coverable(inp, cands[-1]) < L:
         return math.inf
-    return cands[_first_true(lambda c: blocks_coverable(inp, c) >= L, cands, 0)]
+    work = _theta_work_bound_s(inp)
+    fits = lambda c: blocks_coverable(inp, c) >= L  # noqa: E731  monotone in c
+    below = bisect.bisect_right(cands, work) - 1  # the last candidate <= the work bound
+    if below >= 0 and fits(cands[below]):
+        return work  # the Hall time is at most the work bound
+    failed, probe, step = below, below + 1, 1
+    while not fits(cands[probe]):  # exponential steps up: the answer is usually close above
+        failed, probe, step = probe, min(probe + step, len(cands) - 1), step * 2
+    return cands[_first_true(fits, cands, failed + 1, probe)]
 
 
 def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps: int | None = None) -> int:
@@ -523,12 +603,14 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     L, D = inp.U - 2, inp.D
     cap_a = sum(gpus[g] for g in left)
     cap_b = sum(gpus[g] for g in right)
-    best = np.full((L + 1, cap_a + 1), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a left-GPUs
-    best[0, 0] = 0.0
     lay = _pair_layout(inp)
     none = np.full(len(lay.pairs), np.inf)
     w_a = np.min([need[g] for g in left], axis=0) if left else none
     w_b = np.min([need[g] for g in right], axis=0) if right else none
+    if not np.any(np.isfinite(w_a) & np.isfinite(w_b)):
+        return _one_resource_per_stage_dp(inp, w_a, w_b, cap_a, cap_b)
+    best = np.full((L + 1, cap_a + 1), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a left-GPUs
+    best[0, 0] = 0.0
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
     for i in range(inp.P):
         new = np.full_like(best, np.inf)
@@ -547,6 +629,53 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     if inp.max_gpus is not None:
         ok &= best[L] + np.arange(cap_a + 1) <= inp.max_gpus
     return bool(ok.any())
+
+
+def _one_resource_per_stage_dp(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, cap_a: int, cap_b: int) -> bool:
+    """`_two_resource_dp` when no (stage, blocks) pair can use both resources (one GPU type, or
+    each pair served by one side only): a stage then puts all D replicas on one side, so the left
+    GPUs used are a multiple of D and the axis is counted in units of D (D times fewer states; the
+    same answer)."""
+    L, D = inp.U - 2, inp.D
+    lay = _pair_layout(inp)
+    width = cap_a // D + 1
+    if not np.isfinite(w_b).any():  # the left resource alone: the least GPUs decide
+        return _least_units_dp(inp, w_a) <= min(width - 1, (inp.max_gpus if inp.max_gpus is not None else cap_a) // D)
+    best = np.full((L + 1, width), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a D left-GPUs
+    best[0, 0] = 0.0
+    starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
+    for i in range(inp.P):
+        new = np.full_like(best, np.inf)
+        at = slice(starts[i], starts[i + 1])
+        for wa, wb, n in zip(w_a[at].tolist(), w_b[at].tolist(), lay.count[at].tolist()):
+            if math.isfinite(wa):  # D replicas on the left: wa units of D GPUs
+                shift = int(wa)
+                if shift < width:
+                    np.minimum(new[n:, shift:], best[:L + 1 - n, :width - shift], out=new[n:, shift:])
+            elif math.isfinite(wb):  # D replicas on the right
+                np.minimum(new[n:], best[:L + 1 - n] + D * wb, out=new[n:])
+        best = new
+    ok = best[L] <= cap_b
+    if inp.max_gpus is not None:
+        ok &= best[L] + D * np.arange(width) <= inp.max_gpus
+    return bool(ok.any())
+
+
+def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
+    """The fewest units of D GPUs P stages need to hold the L blocks when stage i with n blocks
+    takes w[pair (i, n)] units (inf: not allowed): a min-plus dynamic program over stages on the
+    blocks placed (one resource, so no GPU axis is needed)."""
+    L, P = inp.U - 2, inp.P
+    lay = _pair_layout(inp)
+    N = L + 1
+    per_stage = np.full((P, N), np.inf)
+    per_stage[lay.stage, lay.count] = w
+    prev = _minplus_padded_index(N)
+    best = np.full(N + 1, np.inf)  # best[s]: fewest units with s blocks placed; best[N] stays inf
+    best[0] = 0.0
+    for i in range(P):
+        best[:N] = (best[prev] + per_stage[i][None, :]).min(axis=1)
+    return float(best[L])
 
 
 def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray | None:
@@ -655,7 +784,7 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
         (new_index[k], pos, n): v for (k, pos, n), v in inp.sync_table.items() if k in new_index}
     return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
-                   sync_table=table)
+                   sync_table=table, shared={})
 
 
 def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None,
@@ -933,6 +1062,13 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     return best_value, lam
 
 
+def _minplus_padded_index(N: int) -> np.ndarray:
+    """prev[s, n] = s - n where s >= n, else N: one stage's min-plus step as a gather from a table
+    whose row N is inf (no mask needed)."""
+    prev, valid = _minplus_index(N)
+    return np.where(valid, prev, N)
+
+
 def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
     """(prev[s, n] = s - n where valid, valid[s, n] = s >= n): one stage's min-plus step as a gather."""
     s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
@@ -985,17 +1121,20 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
     cost_r = by_time.costs(arr, lams, D)  # (2, P, N, C)
     # cost[u]: a stage taking u units: the best straggler whose least TP is <= u
     cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (2, P, N) each
-    prev, valid = _minplus_index(N)
-    best = np.full((2, N, V + 1), np.inf)  # best[., s, v]: s blocks placed on v units
+    prev = _minplus_padded_index(N)
+    # best[., s, v]: s blocks placed on v units; row N stays inf (where prev points for s < n)
+    best = np.full((2, N + 1, V + 1), np.inf)
     best[:, 0, 0] = 0.0
     for i in range(P):
         new = np.full_like(best, np.inf)
         for u, c in zip(units, cost):
             if u > V:
                 continue
-            cand = best[:, prev, : V + 1 - u] + c[:, i, None, :, None]  # (2, s, n, v)
-            cand = np.where(valid[None, :, :, None], cand, np.inf).min(axis=2)
-            np.minimum(new[:, :, u:], cand, out=new[:, :, u:])
+            ns = np.flatnonzero(np.isfinite(c[:, i, :]).any(axis=0))  # only the counts allowed here
+            if ns.size == 0:
+                continue
+            cand = best[:, prev[:, ns], : V + 1 - u] + c[:, i, ns][:, None, :, None]  # (2, s, n, v)
+            np.minimum(new[:, :N, u:], cand.min(axis=2), out=new[:, :N, u:])
         best = new
     values = best[:, L, :].min(axis=1) - lams @ arr.held
     return float(values.max())
@@ -1087,7 +1226,7 @@ def _sigma_lower_bound_s(inp: JointInputs) -> float:
 
 def _mu_lower_bound_s(inp: JointInputs) -> float:
     """mu >= 1/P of the cheapest update (some stage holds >= 1/P of the units' update work)."""
-    return _cached_for(inp, "least_update", lambda inp: sum(min(inp.upd_s[k][l] for k in range(inp.K))
+    return _shared_for(inp, "least_update", lambda inp: sum(min(inp.upd_s[k][l] for k in range(inp.K))
                                                             for l in range(inp.U))) / inp.P
 
 
@@ -1255,7 +1394,8 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
-        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()})
+        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()},
+        shared={})
 
 
 def objective_value(inp: JointInputs, solver_objective: float) -> float:
@@ -1318,7 +1458,7 @@ def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
 def blocks_identical(inp: JointInputs, rel_tol: float = 1e-9) -> bool:
     """True when units 2..U-2 (every transformer block but the first) have the same figures on every
     pool: then a stage is described by its block count alone (`stage_units`)."""
-    cache = _per_inputs_cache(inp, "identical")
+    cache = _shared_cache(inp).setdefault("identical", {})  # a figure of the rows alone (`_shared_for`)
     if rel_tol not in cache:
         cache[rel_tol] = _blocks_identical(inp, rel_tol)
     return cache[rel_tol]
@@ -1541,7 +1681,7 @@ def _gpus_per_group(inp: JointInputs, attr: str) -> dict[str, dict[str, int]]:
             per = out.setdefault(getattr(p, attr), {})
             per[p.gpu_type] = per.get(p.gpu_type, 0) + p.avail_gpus
         return out
-    return _cached_for(inp, f"gpus_per_{attr}", make)
+    return _shared_for(inp, f"gpus_per_{attr}", make)
 
 
 def _most_replicas(groups: dict[str, dict[str, int]], min_tp: dict[str, int]) -> int:
@@ -1855,7 +1995,7 @@ def _proportional_ranges(inp: JointInputs, replicas: list[list[int]]) -> list[tu
 
 
 def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) -> bool:
-    stat, act = _cached_for(inp, "memory_prefix", lambda inp: (_prefix_rows(inp.stat_bytes).tolist(),
+    stat, act = _shared_for(inp, "memory_prefix", lambda inp: (_prefix_rows(inp.stat_bytes).tolist(),
                                                                _prefix_rows(inp.act_bytes).tolist()))
     nf = inp.in_flight(i)
     return all(not row[k] or (stat[k][end] - stat[k][start]) + nf * (act[k][end] - act[k][start]) <= inp.cap_bytes[k]

@@ -128,7 +128,8 @@ def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
             better = cand < target
             np.copyto(target, cand, where=better)
             np.copyto(pick[dst], code, where=better)
-            np.copyto(came[dst], origin[src], where=better)
+            if len(regions) > 1:  # with one region every plan comes from it (came stays 0)
+                np.copyto(came[dst], origin[src], where=better)
         best = new
         picks.append((pick, came))
     final = best[:, L]
