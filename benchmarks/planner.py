@@ -10,8 +10,9 @@ in one zone (sec. 5.3, the third type A100-80).
 With ../shared/reference/sailor present (or HETPLAN_SHARED_DIR/reference/sailor), instances come from
 `hetplan.importers.sailor.sailor_instance_dict` with Sailor's measured profiles (time "profile", comm
 "sailor_poly"); the 3-type scenarios and every scenario without the reference use hetplan's analytic
-estimators on the same cluster (column `est`). Both planners see the same estimator set; every plan
-is scored by `hetplan.simulator.simulate`.
+estimators on the same cluster (column `est`). Both planners use the same estimators (each search a
+fresh set, so neither finds the other's caches warm); every plan is scored by
+`hetplan.simulator.simulate`.
 
     python benchmarks/planner.py --quick                 # a few small scenarios, < 2 minutes
     python benchmarks/planner.py --time-limit 60         # all scenarios, 60 s per hetplan solve
@@ -218,7 +219,7 @@ def print_tables(rows: list[tuple[Scenario, str, Outcome, Outcome]]) -> None:
     for sc, est_kind, base, het in rows:
         oom = f"{'-' if base.oom is None else int(base.oom)}/{'-' if het.oom is None else int(het.oom)}"
         table.append((sc.name, est_kind, "cost" if sc.objective == "min_cost" else "thr",
-                      _f(base.search_s, ".2f"), _f(het.search_s, ".1f"), _f(base.iters_per_s, ".4f"),
+                      _f(base.search_s, ".2f"), _f(het.search_s, ".2f"), _f(base.iters_per_s, ".4f"),
                       _f(het.iters_per_s, ".4f"), _f(base.samples_per_s, ".1f"), _f(het.samples_per_s, ".1f"),
                       _f(base.cost_usd, ".3f"), _f(het.cost_usd, ".3f"), _f(ratio(sc, base, het), ".3f"),
                       "-" if het.gap is None else f"{100 * het.gap:.1f}%", oom, base.shape, het.shape,
@@ -277,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for sc in chosen:
         inst, est_kind = build_instance(sc, ref)
-        est = build_estimators(inst)
-        base = run_baseline(inst, est, sc, args.baseline_time_limit)
-        het = run_hetplan(inst, est, sc, limit)
+        # each planner gets its own estimators: a set warmed by one search would speed up the other
+        base = run_baseline(inst, build_estimators(inst), sc, args.baseline_time_limit)
+        het = run_hetplan(inst, build_estimators(inst), sc, limit)
         print(f"  {sc.name}: baseline {base.search_s:.1f} s {base.shape} it/s={_f(base.iters_per_s, '.4f')}"
               f" | hetplan {het.search_s:.1f} s {het.shape} it/s={_f(het.iters_per_s, '.4f')} {het.note}", flush=True)
         rows.append((sc, est_kind, base, het))

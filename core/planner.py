@@ -33,9 +33,11 @@ All-reduce and boundary transfer times come from the communication estimator
 simulator's on stages of one pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16 A100, Sailor
 profiles).
 
-Two cores: with `workers=2` (the default) a forked helper process refines the choice behind the
-head of the queue with the same target while the main process refines the head; results are
-applied in queue order, so a search makes the same decisions on every run (`_Helper`, `_refine`).
+Two cores: with `workers=2` (the default) a forked helper process takes refinement steps ahead
+of the search: the medium bounds of the queued choices while the main process runs the first
+incumbent's heuristics, then the later steps of the choices under the target, in queue order. A
+step's result depends only on the step (`_Step`) and is used only when the search reaches it, so
+the search makes exactly the decisions it makes in one process (`_Refiner`, `_Helper`, `_refine`).
 
 Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
 within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
@@ -45,6 +47,7 @@ same D on every stage, per-stage DP traffic inside one region and, where the blo
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import multiprocessing
 import os
@@ -81,9 +84,9 @@ class PlannerOptions:
     tp_choices: tuple[int, ...] = TP_CHOICES
     linearize: bool = True  # False keeps rate x T bilinear (SCIP solves it as an MINLP)
     available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
-    heuristic_choices: int = 16  # choices (least cheap bound first) the stage DP heuristic runs on first
+    heuristic_choices: int = 8  # choices (least cheap bound first) the stage DP heuristic runs on first
     heuristic_degrees: int = 3  # then, of the other data-parallel degrees, this many (least medium bound first)
-    workers: int = 2  # processes refining bounds (2: a forked helper takes every second choice; 1: none)
+    workers: int = 2  # processes refining bounds (2: a forked helper works ahead of the search; 1: none)
 
 
 @dataclass(frozen=True)
@@ -395,14 +398,41 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
         if opts.workers >= 2 else None
     refiner = _Refiner(tables, objective, max_cost, min_its, helper)
-    refiner.medium_bounds_ahead(sorted(queue)[opts.heuristic_choices:])  # the first ones: warmed by the heuristics
+    # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
+    refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6]) for item in sorted(queue)[opts.heuristic_choices:]])
     # the first incumbent: heuristics on the most promising choices, so the bounds have a target
     greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
     best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
                                           opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
-    if best is not None:
-        refiner.drop_medium_bounds_from(best[0] * (1 - opts.rel_gap))  # those choices are pruned before
     dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
+
+    def target_now() -> float | None:
+        return None if best is None else best[0] * (1 - opts.rel_gap)
+
+    def step_of(item: tuple) -> _Step:
+        """The step the search takes when queued `item` comes out at the head, as things stand."""
+        i_lb, i_level, i_combo = item[0], item[4], item[5]
+        allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
+        return _Step(i_combo, i_level, i_lb, target_now() if i_level > 0 else None, allowed)
+
+    def live(item: tuple) -> bool:
+        """Whether `item` will be refined if the target does not change."""
+        target = target_now()
+        return item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None)
+
+    def steps_ahead(items) -> list:
+        return [(step_of(item), item[6]) for item in items if live(item)]
+
+    def follow(pushed: tuple | None = None) -> None:
+        """Keep the helper's steps those of the queue: all again when the target or the DP
+        allowance changed (its other steps are stale), else the choice just queued."""
+        state = (target_now(), dp_runs_left > 0)
+        if state != refiner.state:  # (the medium-bound steps need no target: those queued stay)
+            refiner.reset(state, target_now(), steps_ahead(item for item in queue if item[4] > 0))
+        elif pushed is not None:
+            refiner.enqueue(steps_ahead([pushed]))
+
+    follow()
     milp = _MilpSettings(backend, linear, opts.rel_gap)
     solved = pruned = 0
     open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
@@ -425,22 +455,13 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
             # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
             # incumbent gives them a target); a choice is solved only if it is still the most
             # promising one. The step is the same whichever process computes it (`_Refiner`)
-            target = None if best is None else best[0] * (1 - opts.rel_gap)
-
-            def step_of(item: tuple) -> _Step:
-                """The step the search takes when `item` comes out at the head, as things stand."""
-                i_lb, i_level, i_combo = item[0], item[4], item[5]
-                allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
-                return _Step(i_combo, i_level, i_lb, target if i_level > 0 else None, allowed)
-
             # each choice's inputs with the all-reduce times: the same object (and its caches) goes
             # back in the queue
             inp = with_sync_table(inp, tables)
-            ahead = []  # the steps that may come next: the first levels of the heap
-            for j in range(min(len(queue), refiner.LOOK)):
-                item = queue[j]
-                if item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None):
-                    queue[j] = item = item[:6] + (with_sync_table(item[6], tables),)  # same key: heap intact
+            ahead = []  # the steps that may come next (the first levels of the heap), to do here
+            for j in range(min(len(queue), refiner.LOOK)):  # while the helper finishes the head's
+                if live(queue[j]):
+                    queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
                     ahead.append((step_of(item), item[6]))
             new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
             if dp_ran:
@@ -449,11 +470,13 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                 if found is not None:
                     plan_found = (*found, inp)
                     greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
-                    refiner.drop_medium_bounds_from(best[0] * (1 - opts.rel_gap))
+            pushed = None
             if new_lb == float("inf"):
                 records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
             else:
-                heapq.heappush(queue, (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp))
+                pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
+                heapq.heappush(queue, pushed)
+            follow(pushed)
             continue
         if progress:  # choices settled so far (solved, pruned or infeasible) of all
             progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
@@ -470,6 +493,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         if item is not None:
             best = joint.better(best, item.solution)
             _file(item, unfinished, open_bounds)
+        follow()
     refiner.close()
     # time left (every choice settled early): the choices whose MILP stopped at its own limit get
     # the rest, least bound first, in equal shares
@@ -623,68 +647,67 @@ class _Step:
 
 class _Refiner:
     """Takes the search's refinement steps (`_refine`), with a helper process working ahead when
-    there is one: the helper computes, in queue order, the medium bounds of the queued choices
-    while the heuristics of the first incumbent run here; later both processes work on the steps
-    of the choices next in the queue while the search waits for the head's step. The search uses
-    a step's result only when it reaches that very step (`_Step`: same choice, level, bound,
-    target and DP allowance), and a step's result depends on nothing else, so the search takes the
-    same path as in one process, whichever process finishes first. Each side sends the small
-    bound caches of a choice with its step (`joint.cache_export`), so the other reuses them."""
+    there is one. The helper holds the steps the search will take if nothing changes (the queued
+    choices under the target, each with the step it gets when it comes out at the head) and works
+    through them in queue order: first the medium bounds, while this process runs the heuristics
+    of the first incumbent, then the later levels as the choices come back to the queue. When the
+    target or the DP allowance changes, its steps at the later levels are replaced. The search
+    uses a step's result only when it reaches that very step (`_Step`: same choice, level, bound,
+    target and DP allowance), and a step's result depends on nothing else, so the search takes
+    the same path as in one process, whichever process finishes first. A step the helper has not
+    started is taken back and computed here; while the helper computes the head's step, this
+    process computes the next ones. Each side sends the small bound caches of a choice with its
+    step (`joint.cache_export`), so the other reuses them."""
 
-    AHEAD = 2  # steps the helper may have queued ahead of the search
-    LOOK = 7  # queue entries (the heap's first three levels) whose steps may come next
+    LOOK = 7  # queue entries (the heap's first three levels) this process may take ahead
 
     def __init__(self, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
                  helper: "_Helper | None"):
         self.tables, self.objective, self.max_cost, self.min_its = tables, objective, max_cost, min_its
         self.helper = helper
         self.local: dict[_Step, tuple] = {}  # steps this process took ahead of the search
+        self.state = None  # (target, DP allowance) of the steps the helper holds
 
-    def medium_bounds_ahead(self, items: list[tuple]) -> None:
-        """Queue the medium-bound steps of these queued choices (in this order) in the helper."""
+    def enqueue(self, steps: list[tuple[_Step, joint.JointInputs]]) -> None:
+        """Give the helper these steps (with this process's caches of their choices)."""
         if self.helper is not None:
-            self.helper.send_background([_Step(item[5], 0, item[0], None, False) for item in items if item[4] == 0])
+            self.helper.add([(st, i) for st, i in steps if st not in self.local])
 
-    def drop_medium_bounds_from(self, lb: float) -> None:
-        """The choices with a cheap bound >= lb are pruned before their medium bound: the helper
-        skips those it has not started."""
+    def reset(self, state: tuple, cut: float | None, steps: list[tuple[_Step, joint.JointInputs]]) -> None:
+        """The target or the DP allowance changed: the helper drops its steps past the medium
+        bound and those of choices at or above `cut` (pruned before they come out), and takes
+        `steps` instead."""
+        self.state = state
+        self.local.clear()
         if self.helper is not None:
-            self.helper.cut(lb)
+            self.helper.reset(cut)
+            self.enqueue(steps)
 
     def run(self, step: _Step, inp: joint.JointInputs,
             ahead: list[tuple[_Step, joint.JointInputs]]) -> tuple[float, tuple | None, bool]:
-        """The result of `step` on `inp`; `ahead`: the steps that may come next, with their inputs.
-        Taken from this process's steps ahead, or from the helper (doing steps ahead here while it
-        finishes), or computed here."""
+        """The result of `step` on `inp`; `ahead`: the steps that may come next, with their inputs."""
         if step in self.local:
             return self.local.pop(step)
         helper = self.helper
         if helper is not None:
-            spare = [(st, i) for st, i in ahead if st != step and st not in self.local]
-            helper.send_urgent(spare, self.AHEAD)
-            while helper.holds(step):
-                got = helper.take(step, wait=False)
+            while True:
+                got = helper.take(step)
                 if got is not None:
-                    return self._taken(got, inp)
-                # the helper is on it: take a step ahead here meanwhile (one it has not started,
-                # the last one sent: the helper takes them in order)
-                todo = next(((st, i) for st, i in reversed(spare) if st not in self.local and not helper.holds(st)),
-                            None)
-                if todo is None:
-                    got = helper.take(step, wait=True)
-                    if got is not None:
-                        return self._taken(got, inp)
+                    result, cache = got
+                    joint.cache_import(inp, cache)
+                    return result
+                if not helper.computing(step):
                     break
-                helper.take(todo[0], wait=False)  # if queued there: taken back
+                # the helper is on it: take a later step here meanwhile (one it has not started)
+                todo = next(((st, i) for st, i in ahead if st != step and st not in self.local
+                             and not helper.has(st) and not helper.computing(st)), None)
+                if todo is None:
+                    helper.wait()
+                    continue
+                helper.take_back(todo[0])
                 self.local[todo[0]] = self._compute(*todo)
-            helper.take(step, wait=False)  # still queued there: taken back
+            helper.take_back(step)
         return self._compute(step, inp)
-
-    @staticmethod
-    def _taken(got: tuple, inp: joint.JointInputs) -> tuple:
-        result, cache = got
-        joint.cache_import(inp, cache)
-        return result
 
     def _compute(self, step: _Step, inp: joint.JointInputs) -> tuple[float, tuple | None, bool]:
         return _refine(inp, self.tables, step.level, step.lb, step.target, step.dp_allowed, self.objective,
@@ -695,17 +718,21 @@ class _Refiner:
             self.helper.close()
 
 
+def _order(step: _Step) -> tuple:
+    """A step's place in the search's queue (its key there)."""
+    return (step.lb, step.combo.P, step.combo.D, step.combo.b, step.level)
+
+
 class _Helper:
-    """A forked process that computes refinement steps (`_refine`) sent to it: urgent ones first,
-    then background ones, each in the order sent. It holds its own copies of the inputs and their
-    caches. Any failure (no fork on this platform, a crash, a step taking over HELPER_WAIT_S) makes
-    the main process compute the steps itself."""
+    """A forked process that computes the refinement steps (`_refine`) it is given, least queue
+    key first, and says which one it starts. It holds its own copies of the inputs and their
+    caches. Any failure (no fork on this platform, a crash, no word for HELPER_WAIT_S while a step
+    is awaited) makes the main process compute the steps itself."""
 
     def __init__(self, conn, proc):
         self.conn, self.proc = conn, proc
         self.done: dict[_Step, tuple] = {}  # results received and not yet used
-        self.urgent: set[_Step] = set()  # sent, result not received yet
-        self.background: set[_Step] = set()
+        self.pending: set[_Step] = set()  # given and not finished (nor taken back)
         self.current: _Step | None = None  # the step the helper is computing
 
     @classmethod
@@ -741,54 +768,40 @@ class _Helper:
 
     def _fail(self) -> None:
         """The helper is gone or hung: every step it held is computed by the main process."""
-        self.conn = None
-        self.urgent.clear()
-        self.background.clear()
+        self.conn, self.current = None, None
+        self.pending.clear()
         if self.proc.is_alive():
             self.proc.terminate()
 
-    def send_background(self, steps: list[_Step]) -> None:
-        if steps and self._send(("background", steps)):
-            self.background.update(steps)
+    def add(self, steps: list[tuple[_Step, joint.JointInputs]]) -> None:
+        new = [(st, i) for st, i in steps if st not in self.pending and st not in self.done]
+        if new and self._send(("add", [(st, joint.cache_export(i)) for st, i in new])):
+            self.pending.update(st for st, _ in new)
 
-    def cut(self, lb: float) -> None:
-        if self._send(("cut", lb)):
-            self.background = {st for st in self.background if st.lb < lb}
+    def reset(self, cut: float | None) -> None:
+        if self._send(("reset", cut)):
+            self.pending = {st for st in self.pending if st.level == 0 and (cut is None or st.lb < cut)
+                            or st == self.current}
 
-    def send_urgent(self, steps: list[tuple[_Step, joint.JointInputs]], limit: int) -> None:
-        """Queue these steps (with this process's caches of their choices) ahead of the background
-        ones, up to `limit` unanswered urgent steps."""
+    def take_back(self, step: _Step) -> None:
+        """The main process computes `step`: the helper skips it if it has not started it."""
+        if step in self.pending and step != self.current and self._send(("skip", step)):
+            self.pending.discard(step)
+
+    def has(self, step: _Step) -> bool:
+        return step in self.done
+
+    def computing(self, step: _Step) -> bool:
+        return step == self.current and self.conn is not None
+
+    def take(self, step: _Step) -> tuple | None:
+        """(result, cache) of `step` if received, else None."""
         self._drain(block=False)
-        room = limit - len(self.urgent)
-        if room <= 0:
-            return
-        new = [(st, i) for st, i in steps if st not in self.done and st not in self.urgent][:room]
-        if new and self._send(("urgent", [(st, joint.cache_export(i)) for st, i in new])):
-            self.urgent.update(st for st, _ in new)
-            self.background.difference_update(st for st, _ in new)
+        return self.done.pop(step, None)
 
-    def holds(self, step: _Step) -> bool:
-        """Whether the helper has the step's result or is computing it."""
-        self._drain(block=False)
-        return step in self.done or step == self.current
-
-    def queued(self, step: _Step) -> bool:
-        """Whether the step waits in the helper's queues (not started)."""
-        return step != self.current and (step in self.urgent or step in self.background)
-
-    def take(self, step: _Step, wait: bool) -> tuple | None:
-        """(result, cache) of `step` if received (with `wait`, once received, when the helper is
-        computing it); None otherwise. A step still waiting in the helper's queues is taken back:
-        the caller computes it."""
-        self._drain(block=False)
-        while wait and step == self.current and step not in self.done and self.conn is not None:
-            self._drain(block=True)
-        if step in self.done:
-            return self.done.pop(step)
-        if self.queued(step) and self._send(("skip", [step])):
-            self.urgent.discard(step)
-            self.background.discard(step)
-        return None
+    def wait(self) -> None:
+        """Wait for the helper's next message."""
+        self._drain(block=True)
 
     def _drain(self, block: bool) -> None:
         """Receive what the helper has sent (with `block`, wait for at least one message)."""
@@ -802,68 +815,63 @@ class _Helper:
                     self.current = step
                     continue
                 self.current = None
-                self.urgent.discard(step)
-                self.background.discard(step)
+                self.pending.discard(step)
                 if ok:
                     self.done[step] = value
         except (EOFError, OSError):
             self._fail()
 
     def close(self) -> None:
+        """Stop the helper at once: it may be on a step nobody needs, and it holds nothing else."""
         if self.conn is not None:
-            try:
-                self.conn.send(None)
-            except OSError:
-                pass
+            self.conn.close()
+            self.conn = None
+        self.proc.terminate()
         self.proc.join(timeout=1.0)
-        if self.proc.is_alive():
-            self.proc.terminate()
 
 
 def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
                  min_its: float | None) -> None:
-    from collections import deque
-
+    gc.freeze()  # what the fork copied is never collected here: a collection would touch (and copy) it all
     refined: dict = {}  # the inputs this process refined, with their caches
-    urgent: deque = deque()
-    background: deque = deque()
+    caches: dict = {}  # choice -> bound caches the main process sent, not yet taken into its inputs
+    todo: list = []  # heap of (queue key, step)
     skipped: set = set()  # steps the main process took back
-    finished: set = set()  # a step sent urgent after it was queued in the background is done once
+    finished: set = set()  # a step given twice is computed once
     while True:
         try:
-            while conn.poll() or not (urgent or background):  # read every message before the next step
+            while conn.poll() or not todo:  # read every message before the next step
                 msg = conn.recv()
                 if msg is None:
                     return
                 kind, arg = msg
-                if kind == "urgent":
+                if kind == "add":
                     for step, cache in arg:
-                        inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
-                        joint.cache_import(inp, cache)
-                        urgent.append(step)
-                elif kind == "background":
-                    background.extend(arg)
+                        if cache:
+                            caches.setdefault(step.combo, []).append(cache)
+                        heapq.heappush(todo, (_order(step), step))
                 elif kind == "skip":
-                    skipped.update(arg)
-                elif kind == "cut":
-                    background = deque(st for st in background if st.lb < arg)
+                    skipped.add(arg)
+                elif kind == "reset":
+                    todo = [(key, st) for key, st in todo if st.level == 0 and (arg is None or st.lb < arg)]
+                    heapq.heapify(todo)
         except (EOFError, OSError):
             return
-        step = urgent.popleft() if urgent else background.popleft()
+        _, step = heapq.heappop(todo)
         if step in skipped or step in finished:
             skipped.discard(step)
             continue
         finished.add(step)
         try:
             conn.send((step, None, None))  # started: the main process waits for it rather than redo it
-        except OSError:
-            return
-        try:
-            inp = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
-            refined[step.combo] = inp
+            inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
+            for cache in caches.pop(step.combo, []):
+                joint.cache_import(inp, cache)
             result = _refine(inp, tables, step.level, step.lb, step.target, step.dp_allowed, objective, max_cost,
                              min_its)
             reply = (step, True, (result, joint.cache_export(inp)))
+        except OSError:
+            return
         except Exception as exc:  # noqa: BLE001  the main process computes the step itself
             reply = (step, False, repr(exc))
         try:

@@ -82,6 +82,7 @@ simulator may find a faster hierarchical or intra-node one); link classes, not z
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -451,11 +452,12 @@ def _shared_cache(inp: JointInputs) -> dict:
     """`inp.shared` when it belongs to these very rows (the first inputs to use it record them),
     else a cache of these inputs alone: a copy made with dataclasses.replace keeps the dict, and
     with other rows it must not read what the original computed."""
-    rows = (inp.pools, inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, inp.cap_bytes, inp.grad_bytes)
-    owner = inp.shared.setdefault("rows", rows)  # held here, so no other object can take their ids
-    if all(a is b for a, b in zip(owner, rows)):
-        return inp.shared
-    return inp._cache.setdefault("unshared", {})
+    mine = inp._cache.get("shared")  # decided once per inputs (they are immutable)
+    if mine is None:
+        rows = (inp.pools, inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, inp.cap_bytes, inp.grad_bytes)
+        owner = inp.shared.setdefault("rows", rows)  # held here, so no other object can take their ids
+        mine = inp._cache["shared"] = inp.shared if all(a is b for a, b in zip(owner, rows)) else {}
+    return mine
 
 
 def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float | None) -> float:
@@ -1062,18 +1064,26 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     return best_value, lam
 
 
+@functools.lru_cache(maxsize=16)
 def _minplus_padded_index(N: int) -> np.ndarray:
     """prev[s, n] = s - n where s >= n, else N: one stage's min-plus step as a gather from a table
-    whose row N is inf (no mask needed)."""
+    whose row N is inf (no mask needed). Cached: callers only read it."""
     prev, valid = _minplus_index(N)
-    return np.where(valid, prev, N)
+    out = np.where(valid, prev, N)
+    out.setflags(write=False)
+    return out
 
 
+@functools.lru_cache(maxsize=16)
 def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prev[s, n] = s - n where valid, valid[s, n] = s >= n): one stage's min-plus step as a gather."""
+    """(prev[s, n] = s - n where valid, valid[s, n] = s >= n): one stage's min-plus step as a gather.
+    Cached: callers only read it."""
     s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
     valid = s_idx >= n_idx
-    return np.where(valid, s_idx - n_idx, 0), valid
+    prev = np.where(valid, s_idx - n_idx, 0)
+    for a in (prev, valid):
+        a.setflags(write=False)
+    return prev, valid
 
 
 def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
@@ -1125,12 +1135,13 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
     # best[., s, v]: s blocks placed on v units; row N stays inf (where prev points for s < n)
     best = np.full((2, N + 1, V + 1), np.inf)
     best[:, 0, 0] = 0.0
+    allowed = [np.isfinite(c).any(axis=0) for c in cost]  # (P, N) per unit: the counts a stage may take
     for i in range(P):
         new = np.full_like(best, np.inf)
-        for u, c in zip(units, cost):
+        for u, c, ok_u in zip(units, cost, allowed):
             if u > V:
                 continue
-            ns = np.flatnonzero(np.isfinite(c[:, i, :]).any(axis=0))  # only the counts allowed here
+            ns = np.flatnonzero(ok_u[i])  # only the counts allowed here
             if ns.size == 0:
                 continue
             cand = best[:, prev[:, ns], : V + 1 - u] + c[:, i, ns][:, None, :, None]  # (2, s, n, v)

@@ -179,8 +179,8 @@ def test_the_helper_process_changes_the_speed_not_the_search(instance, monkeypat
     taken = []
     take = planner_module._Helper.take
 
-    def counting_take(self, step, wait):
-        got = take(self, step, wait)
+    def counting_take(self, step):
+        got = take(self, step)
         taken.append(got is not None)
         return got
 
@@ -226,7 +226,7 @@ def test_a_failing_helper_changes_nothing(failure, monkeypatch):
     if failure == "dead_helper":
         monkeypatch.setattr(planner_module, "_helper_loop", lambda conn, *args: conn.close())
     elif failure == "no_result":
-        monkeypatch.setattr(planner_module._Helper, "take", lambda self, step, wait: None)
+        monkeypatch.setattr(planner_module._Helper, "take", lambda self, step: None)
     elif failure == "silent_helper":
         monkeypatch.setattr(planner_module, "_helper_loop", _silent_helper)
         monkeypatch.setattr(planner_module, "HELPER_WAIT_S", 0.5)
