@@ -1127,13 +1127,16 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
     least_tp = np.minimum.accumulate(np.where(by_time.finite, arr.tp[by_time.order], np.inf), axis=2)  # (P, N, C)
     units = sorted({int(u) for u in arr.tp})
     V = min(int(arr.held[-1] // D), P * units[-1])  # more units than P stages can take never bind
-    lams = np.stack([np.zeros_like(arr.held), _sum_tau_prices(inp)[1]])  # (2, types + 1)
+    # with one GPU type the unit axis counts its GPUs exactly (V D <= its GPUs and the cap), and a
+    # price on them subtracts at least what it adds (every plan pays <= price x V D): no prices
+    prices = [] if len(arr.types) == 1 else [_sum_tau_prices(inp)[1]]
+    lams = np.stack([np.zeros_like(arr.held), *prices])  # (1 or 2, types + 1)
     cost_r = by_time.costs(arr, lams, D)  # (2, P, N, C)
     # cost[u]: a stage taking u units: the best straggler whose least TP is <= u
     cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (2, P, N) each
     prev = _minplus_padded_index(N)
     # best[., s, v]: s blocks placed on v units; row N stays inf (where prev points for s < n)
-    best = np.full((2, N + 1, V + 1), np.inf)
+    best = np.full((len(lams), N + 1, V + 1), np.inf)
     best[:, 0, 0] = 0.0
     allowed = [np.isfinite(c).any(axis=0) for c in cost]  # (P, N) per unit: the counts a stage may take
     for i in range(P):
