@@ -398,103 +398,106 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
         if opts.workers >= 2 else None
     refiner = _Refiner(tables, objective, max_cost, min_its, helper)
-    # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
-    refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6]) for item in sorted(queue)[opts.heuristic_choices:]])
-    # the first incumbent: heuristics on the most promising choices, so the bounds have a target
-    greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
-    best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
-                                          opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
-    dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
+    try:
+        # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
+        refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6])
+                         for item in sorted(queue)[opts.heuristic_choices:]])
+        # the first incumbent: heuristics on the most promising choices, so the bounds have a target
+        greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
+        best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
+                                              opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
+        dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
 
-    def target_now() -> float | None:
-        return None if best is None else best[0] * (1 - opts.rel_gap)
+        def target_now() -> float | None:
+            return None if best is None else best[0] * (1 - opts.rel_gap)
 
-    def step_of(item: tuple) -> _Step:
-        """The step the search takes when queued `item` comes out at the head, as things stand."""
-        i_lb, i_level, i_combo = item[0], item[4], item[5]
-        allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
-        return _Step(i_combo, i_level, i_lb, target_now() if i_level > 0 else None, allowed)
+        def step_of(item: tuple) -> _Step:
+            """The step the search takes when queued `item` comes out at the head, as things stand."""
+            i_lb, i_level, i_combo = item[0], item[4], item[5]
+            allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
+            return _Step(i_combo, i_level, i_lb, target_now() if i_level > 0 else None, allowed)
 
-    def live(item: tuple) -> bool:
-        """Whether `item` will be refined if the target does not change."""
-        target = target_now()
-        return item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None)
+        def live(item: tuple) -> bool:
+            """Whether `item` will be refined if the target does not change."""
+            target = target_now()
+            return item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None)
 
-    def steps_ahead(items) -> list:
-        return [(step_of(item), item[6]) for item in items if live(item)]
+        def steps_ahead(items) -> list:
+            return [(step_of(item), item[6]) for item in items if live(item)]
 
-    def follow(pushed: tuple | None = None) -> None:
-        """Keep the helper's steps those of the queue: all again when the target or the DP
-        allowance changed (its other steps are stale), else the choice just queued."""
-        state = (target_now(), dp_runs_left > 0)
-        if state != refiner.state:  # (the medium-bound steps need no target: those queued stay)
-            refiner.reset(state, target_now(), steps_ahead(item for item in queue if item[4] > 0))
-        elif pushed is not None:
-            refiner.enqueue(steps_ahead([pushed]))
+        def follow(pushed: tuple | None = None) -> None:
+            """Keep the helper's steps those of the queue: all again when the target or the DP
+            allowance changed (its other steps are stale), else the choice just queued."""
+            state = (target_now(), dp_runs_left > 0)
+            if state != refiner.state:  # (the medium-bound steps need no target: those queued stay)
+                refiner.reset(state, target_now(), steps_ahead(item for item in queue if item[4] > 0))
+            elif pushed is not None:
+                refiner.enqueue(steps_ahead([pushed]))
 
-    follow()
-    milp = _MilpSettings(backend, linear, opts.rel_gap)
-    solved = pruned = 0
-    open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
-    unfinished: list[_ChoiceResult] = []  # choices whose MILP stopped at its time limit
-    while queue:
-        lb, _, _, _, level, combo, inp = heapq.heappop(queue)
-        incumbent = best[0] if best else None
-        if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
-            # best first: every choice left has a bound at least this one
-            pruned += _settle_rest(records, lb, combo, queue, "pruned_bound")
-            open_bounds.append(lb)
-            break
-        if time.perf_counter() - t_start > opts.time_limit_s - 0.05:
-            _settle_rest(records, lb, combo, queue, "skipped_time")
-            open_bounds += [lb] + [item[0] for item in queue]
-            break
-        if level < 3:
-            # refine in three steps, each choice going back in the queue: the medium bound (quota
-            # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
-            # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
-            # incumbent gives them a target); a choice is solved only if it is still the most
-            # promising one. The step is the same whichever process computes it (`_Refiner`)
-            # each choice's inputs with the all-reduce times: the same object (and its caches) goes
-            # back in the queue
-            inp = with_sync_table(inp, tables)
-            ahead = []  # the steps that may come next (the first levels of the heap), to do here
-            for j in range(min(len(queue), refiner.LOOK)):  # while the helper finishes the head's
-                if live(queue[j]):
-                    queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
-                    ahead.append((step_of(item), item[6]))
-            new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
-            if dp_ran:
-                dp_runs_left -= 1
-                greedies[combo] = (found, True)
-                if found is not None:
-                    plan_found = (*found, inp)
-                    greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
-            pushed = None
-            if new_lb == float("inf"):
-                records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
-            else:
-                pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
-                heapq.heappush(queue, pushed)
-            follow(pushed)
-            continue
-        if progress:  # choices settled so far (solved, pruned or infeasible) of all
-            progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
-        rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
-        records.append(rec)
-        found, with_dp = greedies.get(combo, (None, False))
-        if not with_dp:
-            found = _best_heuristic(inp, objective, max_cost, min_its)
-        if found is not None:
-            greedy_best, best = joint.better(greedy_best, (*found, inp)), joint.better(best, (*found, inp))
-        remaining = opts.time_limit_s - (time.perf_counter() - t_start)
-        item = _solve_choice(rec, inp, found, best, objective, milp, min(remaining, opts.combo_time_limit_s))
-        solved += 1
-        if item is not None:
-            best = joint.better(best, item.solution)
-            _file(item, unfinished, open_bounds)
         follow()
-    refiner.close()
+        milp = _MilpSettings(backend, linear, opts.rel_gap)
+        solved = pruned = 0
+        open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
+        unfinished: list[_ChoiceResult] = []  # choices whose MILP stopped at its time limit
+        while queue:
+            lb, _, _, _, level, combo, inp = heapq.heappop(queue)
+            incumbent = best[0] if best else None
+            if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
+                # best first: every choice left has a bound at least this one
+                pruned += _settle_rest(records, lb, combo, queue, "pruned_bound")
+                open_bounds.append(lb)
+                break
+            if time.perf_counter() - t_start > opts.time_limit_s - 0.05:
+                _settle_rest(records, lb, combo, queue, "skipped_time")
+                open_bounds += [lb] + [item[0] for item in queue]
+                break
+            if level < 3:
+                # refine in three steps, each choice going back in the queue: the medium bound (quota
+                # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
+                # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
+                # incumbent gives them a target); a choice is solved only if it is still the most
+                # promising one. The step is the same whichever process computes it (`_Refiner`)
+                # each choice's inputs with the all-reduce times: the same object (and its caches) goes
+                # back in the queue
+                inp = with_sync_table(inp, tables)
+                ahead = []  # the steps that may come next (the first levels of the heap), to do here
+                for j in range(min(len(queue), refiner.LOOK)):  # while the helper finishes the head's
+                    if live(queue[j]):
+                        queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
+                        ahead.append((step_of(item), item[6]))
+                new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
+                if dp_ran:
+                    dp_runs_left -= 1
+                    greedies[combo] = (found, True)
+                    if found is not None:
+                        plan_found = (*found, inp)
+                        greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
+                pushed = None
+                if new_lb == float("inf"):
+                    records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
+                else:
+                    pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
+                    heapq.heappush(queue, pushed)
+                follow(pushed)
+                continue
+            if progress:  # choices settled so far (solved, pruned or infeasible) of all
+                progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
+            rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
+            records.append(rec)
+            found, with_dp = greedies.get(combo, (None, False))
+            if not with_dp:
+                found = _best_heuristic(inp, objective, max_cost, min_its)
+            if found is not None:
+                greedy_best, best = joint.better(greedy_best, (*found, inp)), joint.better(best, (*found, inp))
+            remaining = opts.time_limit_s - (time.perf_counter() - t_start)
+            item = _solve_choice(rec, inp, found, best, objective, milp, min(remaining, opts.combo_time_limit_s))
+            solved += 1
+            if item is not None:
+                best = joint.better(best, item.solution)
+                _file(item, unfinished, open_bounds)
+            follow()
+    finally:
+        refiner.close()  # the helper stops and the collector's frozen objects come back
     # time left (every choice settled early): the choices whose MILP stopped at its own limit get
     # the rest, least bound first, in equal shares
     unfinished.sort(key=lambda item: item.bound)
@@ -734,6 +737,7 @@ class _Helper:
         self.done: dict[_Step, tuple] = {}  # results received and not yet used
         self.pending: set[_Step] = set()  # given and not finished (nor taken back)
         self.current: _Step | None = None  # the step the helper is computing
+        self.froze = False  # whether `start` froze the collector's objects (`close` undoes it)
 
     @classmethod
     def start(cls, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
@@ -747,14 +751,24 @@ class _Helper:
         conn, child = ctx.Pipe()
         proc = ctx.Process(target=_helper_loop, args=(child, inputs, tables, objective, max_cost, min_its),
                            daemon=True)
+        # objects that exist now go to the collector's permanent generation until `close`: neither
+        # process's collections then touch them, so the pages the fork shares stay shared (not
+        # when the caller froze objects already: unfreezing would release theirs too)
+        froze = gc.get_freeze_count() == 0
+        if froze:
+            gc.freeze()
         try:
             proc.start()
         except (AssertionError, OSError):  # a daemon process may not start children; no resources
+            if froze:
+                gc.unfreeze()
             conn.close()
             return None
         finally:
             child.close()
-        return cls(conn, proc)
+        helper = cls(conn, proc)
+        helper.froze = froze
+        return helper
 
     def _send(self, msg) -> bool:
         if self.conn is None:
@@ -828,11 +842,12 @@ class _Helper:
             self.conn = None
         self.proc.terminate()
         self.proc.join(timeout=1.0)
+        if self.froze:
+            gc.unfreeze()
 
 
 def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
                  min_its: float | None) -> None:
-    gc.freeze()  # what the fork copied is never collected here: a collection would touch (and copy) it all
     refined: dict = {}  # the inputs this process refined, with their caches
     caches: dict = {}  # choice -> bound caches the main process sent, not yet taken into its inputs
     todo: list = []  # heap of (queue key, step)

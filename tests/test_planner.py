@@ -1,5 +1,6 @@
 """The joint planner against exhaustive enumeration on a tiny cluster, and SCIP vs HiGHS."""
 import dataclasses
+import gc
 import itertools
 import os
 
@@ -185,7 +186,9 @@ def test_the_helper_process_changes_the_speed_not_the_search(instance, monkeypat
         return got
 
     monkeypatch.setattr(planner_module._Helper, "take", counting_take)
+    frozen = gc.get_freeze_count()
     runs = [plan(instance(), PlannerOptions(max_stages=3, time_limit_s=60, workers=w)) for w in (2, 2, 1)]
+    assert gc.get_freeze_count() == frozen  # the objects frozen for the fork are handed back to the collector
     if len(os.sched_getaffinity(0)) >= 2:
         assert any(taken), "no result of the helper was used"
     records = [[(r.P, r.b, r.D, r.status, r.lower_bound, r.objective) for r in res.records] for res in runs]
