@@ -393,8 +393,8 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     heapq.heapify(queue)
 
     # a helper process (two cores) computes the medium bounds of the queued choices, in queue
-    # order, while this one runs the heuristics of the first incumbent, and then works ahead of the
-    # search on the choices next in the queue (`_Refiner`)
+    # order, while this one runs the heuristics of the first incumbent, and then the later steps
+    # of the choices under the target (`_Refiner`)
     helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
         if opts.workers >= 2 else None
     refiner = _Refiner(tables, objective, max_cost, min_its, helper)
@@ -456,15 +456,20 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                 # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
                 # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
                 # incumbent gives them a target); a choice is solved only if it is still the most
-                # promising one. The step is the same whichever process computes it (`_Refiner`)
-                # each choice's inputs with the all-reduce times: the same object (and its caches) goes
-                # back in the queue
+                # promising one. The step is the same whichever process computes it (`_Refiner`).
+                # Each choice's inputs get the all-reduce times: the same object (and its caches)
+                # goes back in the queue
                 inp = with_sync_table(inp, tables)
-                ahead = []  # the steps that may come next (the first levels of the heap), to do here
-                for j in range(min(len(queue), refiner.LOOK)):  # while the helper finishes the head's
-                    if live(queue[j]):
-                        queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
-                        ahead.append((step_of(item), item[6]))
+
+                def ahead() -> list:
+                    """The steps that may come next (the first levels of the heap), with their inputs."""
+                    out = []
+                    for j in range(min(len(queue), refiner.LOOK)):
+                        if live(queue[j]):
+                            queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
+                            out.append((step_of(item), item[6]))
+                    return out
+
                 new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
                 if dp_ran:
                     dp_runs_left -= 1
@@ -681,18 +686,20 @@ class _Refiner:
         bound and those of choices at or above `cut` (pruned before they come out), and takes
         `steps` instead."""
         self.state = state
-        self.local.clear()
+        self.local = {st: r for st, r in self.local.items() if st.level == 0}  # the others are stale
         if self.helper is not None:
             self.helper.reset(cut)
             self.enqueue(steps)
 
     def run(self, step: _Step, inp: joint.JointInputs,
-            ahead: list[tuple[_Step, joint.JointInputs]]) -> tuple[float, tuple | None, bool]:
-        """The result of `step` on `inp`; `ahead`: the steps that may come next, with their inputs."""
+            ahead: Callable[[], list[tuple[_Step, joint.JointInputs]]]) -> tuple[float, tuple | None, bool]:
+        """The result of `step` on `inp`; `ahead()`: the steps that may come next, with their inputs
+        (asked for only while the helper computes `step`)."""
         if step in self.local:
             return self.local.pop(step)
         helper = self.helper
         if helper is not None:
+            later = None
             while True:
                 got = helper.take(step)
                 if got is not None:
@@ -702,7 +709,8 @@ class _Refiner:
                 if not helper.computing(step):
                     break
                 # the helper is on it: take a later step here meanwhile (one it has not started)
-                todo = next(((st, i) for st, i in ahead if st != step and st not in self.local
+                later = ahead() if later is None else later
+                todo = next(((st, i) for st, i in later if st != step and st not in self.local
                              and not helper.has(st) and not helper.computing(st)), None)
                 if todo is None:
                     helper.wait()
