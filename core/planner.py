@@ -624,19 +624,19 @@ def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:
         bounds.append(item.bound)
 
 
-def _refine(inp: joint.JointInputs, tables: _Tables, level: int, lb: float, target: float | None,
-            dp_allowed: bool, objective: str, max_cost: float | None,
+def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: str, max_cost: float | None,
             min_its: float | None) -> tuple[float, tuple | None, bool]:
     """One refinement step of a queued choice: (its bound at the next level, the heuristics' plan
-    (objective, solution) or None, whether the stage DP ran). The DP runs (when `dp_allowed`) on
+    (objective, solution) or None, whether the stage DP ran). The DP runs (when `step.dp_allowed`) on
     the first choices the strong bound keeps, after it (measured on GPT-Neo, 2 x 256 GPUs: once
     the incumbent was the optimum, the bound ruled out 15 of the 16 choices the DP had run on
     before it, 2.0 s of DPs). A function of its arguments alone, so the helper process gives the
     same answer as the main one."""
+    level, lb, target = step.level, step.lb, step.target
     inp = with_sync_table(inp, tables)  # the all-reduce times enter all
     if level < 2 or target is not None:
         lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level >= 1, strongest=level == 2))
-    if level == 1 and dp_allowed and lb < float("inf") and (target is None or lb < target):
+    if level == 1 and step.dp_allowed and lb < float("inf") and (target is None or lb < target):
         return lb, _best_heuristic(inp, objective, max_cost, min_its), True
     return lb, None, False
 
@@ -721,8 +721,7 @@ class _Refiner:
         return self._compute(step, inp)
 
     def _compute(self, step: _Step, inp: joint.JointInputs) -> tuple[float, tuple | None, bool]:
-        return _refine(inp, self.tables, step.level, step.lb, step.target, step.dp_allowed, self.objective,
-                       self.max_cost, self.min_its)
+        return _refine(inp, self.tables, step, self.objective, self.max_cost, self.min_its)
 
     def close(self) -> None:
         if self.helper is not None:
@@ -890,8 +889,7 @@ def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: 
             inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
             for cache in caches.pop(step.combo, []):
                 joint.cache_import(inp, cache)
-            result = _refine(inp, tables, step.level, step.lb, step.target, step.dp_allowed, objective, max_cost,
-                             min_its)
+            result = _refine(inp, tables, step, objective, max_cost, min_its)
             reply = (step, True, (result, joint.cache_export(inp)))
         except OSError:
             return

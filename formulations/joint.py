@@ -485,10 +485,7 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
         hi = below[-1]
     elif not fits(times[hi]):
         return math.inf
-    failed, probe, step = -1, 0, 1
-    while not fits(times[probe]):  # exponential search: the answer is usually a few times up
-        failed, probe, step = probe, min(probe + step, hi), step * 2
-    return times[_first_true(fits, times, failed + 1, probe)]
+    return times[_first_true_from(fits, times, 0, hi)]  # the answer is usually a few times up
 
 
 def _hall_theta_s(inp: JointInputs) -> float:
@@ -512,10 +509,18 @@ def _hall_theta_s(inp: JointInputs) -> float:
     below = bisect.bisect_right(cands, work) - 1  # the last candidate <= the work bound
     if below >= 0 and fits(cands[below]):
         return work  # the Hall time is at most the work bound
-    failed, probe, step = below, below + 1, 1
-    while not fits(cands[probe]):  # exponential steps up: the answer is usually close above
-        failed, probe, step = probe, min(probe + step, len(cands) - 1), step * 2
-    return cands[_first_true(fits, cands, failed + 1, probe)]
+    return cands[_first_true_from(fits, cands, below + 1)]  # the answer is usually close above
+
+
+def _first_true_from(pred, cands, lo: int, hi: int | None = None) -> int:
+    """The first index in [lo, hi] where the monotone `pred` holds (hi, default the last, must
+    hold): exponential steps up from lo, then bisection. For searches whose answer is usually a
+    few candidates above where they start, and whose every probe is costly."""
+    hi = len(cands) - 1 if hi is None else hi
+    failed, probe, step = lo - 1, lo, 1
+    while not pred(cands[probe]):
+        failed, probe, step = probe, min(probe + step, hi), step * 2
+    return _first_true(pred, cands, failed + 1, probe)
 
 
 def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps: int | None = None) -> int:
@@ -609,8 +614,9 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     none = np.full(len(lay.pairs), np.inf)
     w_a = np.min([need[g] for g in left], axis=0) if left else none
     w_b = np.min([need[g] for g in right], axis=0) if right else none
-    if not np.any(np.isfinite(w_a) & np.isfinite(w_b)):
-        return _one_resource_per_stage_dp(inp, w_a, w_b, cap_a, cap_b)
+    if not np.isfinite(w_b).any():  # the left resource alone: the fewest GPUs decide
+        cap = cap_a if inp.max_gpus is None else min(cap_a, inp.max_gpus)
+        return _least_units_dp(inp, w_a) <= cap // D
     best = np.full((L + 1, cap_a + 1), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a left-GPUs
     best[0, 0] = 0.0
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
@@ -630,36 +636,6 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     ok = best[L] <= cap_b
     if inp.max_gpus is not None:
         ok &= best[L] + np.arange(cap_a + 1) <= inp.max_gpus
-    return bool(ok.any())
-
-
-def _one_resource_per_stage_dp(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, cap_a: int, cap_b: int) -> bool:
-    """`_two_resource_dp` when no (stage, blocks) pair can use both resources (one GPU type, or
-    each pair served by one side only): a stage then puts all D replicas on one side, so the left
-    GPUs used are a multiple of D and the axis is counted in units of D (D times fewer states; the
-    same answer)."""
-    L, D = inp.U - 2, inp.D
-    lay = _pair_layout(inp)
-    width = cap_a // D + 1
-    if not np.isfinite(w_b).any():  # the left resource alone: the least GPUs decide
-        return _least_units_dp(inp, w_a) <= min(width - 1, (inp.max_gpus if inp.max_gpus is not None else cap_a) // D)
-    best = np.full((L + 1, width), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a D left-GPUs
-    best[0, 0] = 0.0
-    starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
-    for i in range(inp.P):
-        new = np.full_like(best, np.inf)
-        at = slice(starts[i], starts[i + 1])
-        for wa, wb, n in zip(w_a[at].tolist(), w_b[at].tolist(), lay.count[at].tolist()):
-            if math.isfinite(wa):  # D replicas on the left: wa units of D GPUs
-                shift = int(wa)
-                if shift < width:
-                    np.minimum(new[n:, shift:], best[:L + 1 - n, :width - shift], out=new[n:, shift:])
-            elif math.isfinite(wb):  # D replicas on the right
-                np.minimum(new[n:], best[:L + 1 - n] + D * wb, out=new[n:])
-        best = new
-    ok = best[L] <= cap_b
-    if inp.max_gpus is not None:
-        ok &= best[L] + D * np.arange(width) <= inp.max_gpus
     return bool(ok.any())
 
 
@@ -786,7 +762,7 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
         (new_index[k], pos, n): v for (k, pos, n), v in inp.sync_table.items() if k in new_index}
     return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
-                   sync_table=table, shared={})
+                   sync_table=table)
 
 
 def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None,
@@ -1131,9 +1107,9 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
     # price on them subtracts at least what it adds (every plan pays <= price x V D): no prices
     prices = [] if len(arr.types) == 1 else [_sum_tau_prices(inp)[1]]
     lams = np.stack([np.zeros_like(arr.held), *prices])  # (1 or 2, types + 1)
-    cost_r = by_time.costs(arr, lams, D)  # (2, P, N, C)
+    cost_r = by_time.costs(arr, lams, D)  # (1 or 2, P, N, C)
     # cost[u]: a stage taking u units: the best straggler whose least TP is <= u
-    cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (2, P, N) each
+    cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (1 or 2, P, N) each
     prev = _minplus_padded_index(N)
     # best[., s, v]: s blocks placed on v units; row N stays inf (where prev points for s < n)
     best = np.full((len(lams), N + 1, V + 1), np.inf)
@@ -1147,7 +1123,7 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
             ns = np.flatnonzero(ok_u[i])  # only the counts allowed here
             if ns.size == 0:
                 continue
-            cand = best[:, prev[:, ns], : V + 1 - u] + c[:, i, ns][:, None, :, None]  # (2, s, n, v)
+            cand = best[:, prev[:, ns], : V + 1 - u] + c[:, i, ns][:, None, :, None]  # (., s, n, v)
             np.minimum(new[:, :N, u:], cand.min(axis=2), out=new[:, :N, u:])
         best = new
     values = best[:, L, :].min(axis=1) - lams @ arr.held
@@ -1408,8 +1384,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
-        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()},
-        shared={})
+        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()})
 
 
 def objective_value(inp: JointInputs, solver_objective: float) -> float:

@@ -272,12 +272,9 @@ def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extra
 
 def _first_feasible(feasible, count: int) -> int:
     """The least index in [0, count) where the monotone `feasible` holds (it holds at count - 1):
-    exponential steps up from 0, then bisection (the least feasible cap is usually a few caps
-    above the bound the search starts from, and every feasible probe costs a full DP)."""
-    failed, probe, step = -1, 0, 1
-    while not feasible(probe):
-        failed, probe, step = probe, min(probe + step, count - 1), step * 2
-    return joint._first_true(feasible, range(count), failed + 1, probe)
+    the least feasible cap is usually a few caps above the bound the search starts from, and
+    every feasible probe costs a full DP (`joint._first_true_from`)."""
+    return joint._first_true_from(feasible, range(count), 0)
 
 
 def _caps_to_try(first: int, count: int, objective: str, sweep: int) -> list[int]:
