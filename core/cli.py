@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -14,16 +17,26 @@ from rich.table import Table
 from hetplan.errors import HetplanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Plan LLM training on heterogeneous, dynamically available GPU clusters.")
+                  help="Plan LLM training on heterogeneous, dynamically available GPU clusters.",
+                  epilog="Exit status: 0 success; 1 bad input or usage; 2 no plan (infeasible, out of memory, "
+                         "refused by a launch target, none within the time limit); 3 a run failed while running; "
+                         "70 internal error (a bug); 130 SIGINT; 143 SIGTERM.")
 console = Console(width=None if sys.stdout.isatty() else 160)
 GIB = 1024**3
 
-# Sub-packages add their own commands (solvers, compile/launch, solve/pareto, replay) when present.
-_PLUGIN_MODULES = ["hetplan.solvers.cli", "hetplan.runtime.cli", "hetplan.planner_cli", "hetplan.replay_cli"]
+# Modules that add commands (solvers; compile, launch; solve, pareto; replay). They import the
+# heavy packages (Pyomo, torch) inside the commands, so `hetplan --help` or a usage error starts fast.
+_COMMAND_MODULES = ["hetplan.solvers_cli", "hetplan.runtime_cli", "hetplan.planner_cli", "hetplan.replay_cli"]
 
 
 def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="on an error, show the traceback too (anywhere on "
+                                     "the command line; or set HETPLAN_DEBUG=1)")) -> None:
+    """Plan LLM training on heterogeneous, dynamically available GPU clusters."""
 
 
 @app.command()
@@ -95,7 +108,7 @@ def render_simulation(report, title: str) -> None:
                       f"{st.send_fwd_s:.4f}", f"{st.sync_s:.4f}", f"{peak / GIB:.1f} / {cap / GIB:.0f}{mark}")
     console.print(table)
     console.print(
-        f"iteration {report.iteration_time_s:.4f} s (pipeline {report.pipeline_s:.4f} + sync {report.sync_s:.4f} "
+        f"simulated iteration time {report.iteration_time_s:.4f} s (pipeline {report.pipeline_s:.4f} + sync {report.sync_s:.4f} "
         f"+ update {report.update_s:.4f}); {report.samples_per_s:.2f} samples/s, {report.tokens_per_s:,.0f} tokens/s, "
         f"{report.iters_per_s:.4f} it/s; cost/iteration {report.cost_per_iteration_usd:.5f} USD "
         f"(egress {report.egress_cost_usd:.5f}); {report.num_gpus} GPUs {report.gpus_by_type_zone}")
@@ -120,18 +133,20 @@ def simulate(instance: str = typer.Argument(..., help="instance file or bundled 
         print_json(report.summary())
     else:
         render_simulation(report, f"plan {report.plan.name or plan} on {inst.name}")
-    if report.oom_ranks:
+    if report.oom_ranks:  # the figures are printed, and the status says the plan cannot run
+        sys.stderr.write(f"error: the plan runs out of memory on ranks {[r.rank for r in report.oom_ranks]}\n")
         raise typer.Exit(code=2)
 
 
 @app.command()
 def schema(output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here instead of stdout")) -> None:
     """Export the JSON Schema of instance files."""
+    from hetplan.files import write_atomic
     from hetplan.instance import instance_json_schema
 
     text = json.dumps(instance_json_schema(), indent=2) + "\n"
     if output:
-        output.write_text(text)
+        write_atomic(output, text, "--output")
     else:
         sys.stdout.write(text)
 
@@ -145,35 +160,124 @@ def instances() -> None:
         console.print(name)
 
 
-def _register_plugins() -> None:
-    for mod in _PLUGIN_MODULES:
+def _register_commands() -> None:
+    for mod in _COMMAND_MODULES:
+        import_module(mod).register(app)
+
+
+# Exit status (README, "Exit status"). HetplanError subclasses carry 1, 2 or 3 themselves.
+EXIT_USAGE = 1
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug in hetplan, not in the input
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+_signal_exit: list[int] = []  # the exit status a caught SIGTERM asks for
+_main_pid: list[int] = []
+
+
+def _interrupted(code: int) -> str:
+    name = "SIGTERM" if code == EXIT_SIGTERM else "SIGINT"
+    return f"stopped by {name}; files named with -o/--plot are written only by a command that finishes"
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    # SIGTERM takes the path of Ctrl-C (KeyboardInterrupt), so the planner stops its helper and
+    # no output file is written; main() then exits 143 instead of 130. A forked child (the
+    # planner's helper) inherits this handler: there SIGTERM keeps its default meaning.
+    if _main_pid and os.getpid() != _main_pid[0]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _signal_exit.append(EXIT_SIGTERM)
+    raise KeyboardInterrupt
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return "; ".join(lines) or "(no message)"
+
+
+def _fail(message: str, code: int, debug: bool) -> NoReturn:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    sys.stderr.write(f"error: {_one_line(message)}\n")
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+@contextmanager
+def _stdout_for_output_only():
+    """Point file descriptor 1 at stderr while a command runs and give Python's sys.stdout the
+    real stdout: C libraries (HiGHS prints a banner when a Highs object is made, SCIP logs) and
+    worker processes then write to stderr, and stdout carries only what the command prints."""
+    try:
+        sys.stdout.flush()
+        real = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError, AttributeError):  # no real descriptors (embedded use): leave them
+        yield
+        return
+    previous = sys.stdout
+    sys.stdout = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    try:
+        yield
+    finally:
         try:
-            module = import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:  # the plug-in exists but something it needs is missing: say so
-                raise
-            continue
-        module.register(app)
+            sys.stdout.flush()
+        except OSError:
+            pass
+        sys.stdout = previous
+        os.dup2(real, 1)
+        os.close(real)
+
+
+def _run_app(args: list[str]) -> int:
+    with _stdout_for_output_only():
+        code = app(args=args, prog_name="hetplan", standalone_mode=False)
+    # In non-standalone mode an explicit typer.Exit comes back as its status; a command's own
+    # return value (None) means success.
+    return code if isinstance(code, int) else 0
 
 
 def main() -> None:
-    _register_plugins()
+    """The `hetplan` executable: every failure is one line on stderr and a documented status."""
+    args = sys.argv[1:]
+    debug = "--debug" in args or os.environ.get("HETPLAN_DEBUG", "") not in ("", "0")
+    args = [a for a in args if a != "--debug"] or ["--help"]  # no command: show the help
+    _main_pid.append(os.getpid())
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    # A job started with `&` by a non-interactive shell inherits SIGINT ignored; `kill -INT` must
+    # still stop a search, so Python's own Ctrl-C handler is put back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        app(standalone_mode=False)
+        _register_commands()
+        code = _run_app(args)
     except HetplanError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(1)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, debug)
+    except typer.TyperException as exc:  # usage errors: missing argument, bad option value, ...
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "hetplan"
+        _fail(f"{exc.format_message()} (see `{where} --help`)", EXIT_USAGE, debug)
     except (typer.Abort, KeyboardInterrupt):
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+        code = _signal_exit[-1] if _signal_exit else EXIT_SIGINT
+        _fail(_interrupted(code), code, debug)
+    except BrokenPipeError:  # `hetplan ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing more to flush into the closed pipe
+        raise SystemExit(0)
+    except MemoryError:
+        _fail("out of memory on this machine", EXIT_INTERNAL, debug)
+    except OSError as exc:  # a file system refusal that no earlier check caught
+        where = f": {exc.filename}" if exc.filename else ""
+        _fail(f"{exc.strerror or exc}{where}", EXIT_USAGE, debug)
+    except Exception as exc:  # a bug: say so in one line; --debug shows the traceback
+        _fail(f"internal error ({type(exc).__name__}: {exc}); run with --debug for the traceback "
+              "and please report it", EXIT_INTERNAL, debug)
+    if code == EXIT_SIGINT and _signal_exit:
+        code = _signal_exit[-1]
+    if code in (EXIT_SIGINT, EXIT_SIGTERM):
+        sys.stderr.write(f"error: {_interrupted(code)}\n")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -49,11 +49,12 @@ from hetplan.instance import (
     ZonePairLink,
     format_validation_error,
     read_structured,
+    read_trace_csv,
     region_of,
 )
 from hetplan.plan import Plan, placed_gpus
 
-_STRICT = ConfigDict(frozen=True, extra="forbid")
+_STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # no event happens at t = inf
 GCP_SPOT_NOTICE_S = 30.0  # GCP preemptible / spot VMs: 30 s ACPI G2 soft-off notice
 
 
@@ -148,10 +149,7 @@ class ClusterState:
 
     @cached_property
     def quota(self) -> dict[Key, int]:
-        out: dict[Key, int] = {}
-        for g in self.instance.cluster.node_groups:
-            out[(g.gpu_type, g.zone)] = out.get((g.gpu_type, g.zone), 0) + g.count * g.gpus_per_node
-        return out
+        return self.instance.gpus_by_type_zone()
 
     def requested_gpus(self, key: Key) -> int:
         return dict(self.requested).get(key, self.quota.get(key, 0))
@@ -365,9 +363,7 @@ def parse_event(item: Any, where: str = "event") -> Event:
 def trace_events(instance: Instance, path: str | Path) -> list[AvailabilityEvent]:
     """A Sailor trace CSV's changes as AvailabilityEvents; every column must name a (GPU type,
     zone) of the instance."""
-    from hetplan.importers.sailor import read_availability_trace
-
-    events = read_availability_trace(path, changes_only=True)
+    events = read_trace_csv(Path(path), changes_only=True)
     known = {(g.gpu_type, g.zone) for g in instance.cluster.node_groups}
     for ev in events:
         if (ev.gpu_type, ev.zone) not in known:
@@ -377,14 +373,18 @@ def trace_events(instance: Instance, path: str | Path) -> list[AvailabilityEvent
 
 
 def event_stream(instance: Instance, trace: str | Path | None = None, extra: Iterable[Event] = (),
-                 notice_s: float | None = None, use_instance_trace: bool = True) -> list[Event]:
+                 notice_s: float | None = None, use_instance_trace: bool = True,
+                 notes: list[str] | None = None) -> list[Event]:
     """Every event in time order: the instance's availability and bandwidth events, the trace CSV
     (`trace`, else the instance's `events.trace_csv` when `use_instance_trace`), `extra` events.
 
     `notice_s`: every availability decrease is announced `notice_s` earlier by a PreemptionNotice
     (spot semantics); explicit PreemptionNotices in `extra` also emit their AvailabilityEvent at
-    `effective_s`. Availability events whose count does not change are dropped."""
+    `effective_s`. Availability events whose count does not change are dropped. Counts above the
+    instance's are clamped to it; `notes`, when given, gets one line per trace column or (GPU type,
+    zone) of `extra` that asked for more (`over_quota_notes`)."""
     tagged: list[tuple[float, int, int, Event]] = []
+    asked: list[tuple[str, AvailabilityEvent | PreemptionNotice]] = []
 
     def add(ev: Event, tag: str) -> None:
         tagged.append((ev.time_s, _ORDER[tag], len(tagged), ev))
@@ -395,6 +395,7 @@ def event_stream(instance: Instance, trace: str | Path | None = None, extra: Ite
     if trace_path is not None:
         for ev in trace_events(instance, trace_path):
             add(ev, "trace")
+            asked.append((f"trace {Path(trace_path).name} column {ev.gpu_type}_{ev.zone}", ev))
     for ev in instance.events.availability:
         add(ev, "availability")
     for ev in instance.events.bandwidth:
@@ -402,11 +403,32 @@ def event_stream(instance: Instance, trace: str | Path | None = None, extra: Ite
     for ev in extra:
         kind = event_kind(ev)
         add(ev, kind)
+        if isinstance(ev, (AvailabilityEvent, PreemptionNotice)):
+            asked.append((f"{kind} events of {ev.gpu_type}@{ev.zone}", ev))
         if isinstance(ev, PreemptionNotice):
             add(AvailabilityEvent(time_s=ev.effective_s, zone=ev.zone, gpu_type=ev.gpu_type,
                                   available_gpus=ev.available_gpus), "availability")
     tagged.sort(key=lambda x: x[:3])
-    return _with_notices(instance, [ev for *_, ev in tagged], notice_s)
+    stream = _with_notices(instance, [ev for *_, ev in tagged], notice_s)
+    if notes is not None:
+        notes.extend(over_quota_notes(instance, asked))
+    return stream
+
+
+def over_quota_notes(instance: Instance, asked: Iterable[tuple[str, AvailabilityEvent | PreemptionNotice]]
+                     ) -> list[str]:
+    """One line per source (e.g. a trace column) whose largest count exceeds the instance's GPUs of
+    that (GPU type, zone). Not an error: Sailor's traces are often larger than a scaled-down
+    instance, and clamping them is what a replay on that instance means; but it is said."""
+    have = instance.gpus_by_type_zone()
+    peak: dict[tuple[str, str, str], AvailabilityEvent | PreemptionNotice] = {}
+    for source, ev in asked:
+        key = (source, ev.gpu_type, ev.zone)
+        if key not in peak or ev.available_gpus > peak[key].available_gpus:
+            peak[key] = ev
+    return [f"{source}: up to {ev.available_gpus} GPUs requested (first at t={ev.time_s:g} s), the instance has "
+            f"{n} {g} in {z}: counts above {n} are clamped"
+            for (source, g, z), ev in peak.items() for n in [have.get((g, z), 0)] if ev.available_gpus > n]
 
 
 def _with_notices(instance: Instance, events: list[Event], notice_s: float | None) -> list[Event]:

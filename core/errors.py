@@ -6,7 +6,14 @@ from __future__ import annotations
 
 
 class HetplanError(Exception):
-    """Base class for every error hetplan reports to a user."""
+    """Base class for every error hetplan reports to a user.
+
+    `exit_code` is the command line's exit status for it (README, "Exit status"): 1 for bad input
+    or usage, 2 when the input is fine but no plan can be had (infeasible, out of memory, refused
+    by a launch target, no plan within the time limit), 3 when a run failed while running.
+    """
+
+    exit_code = 1
 
 
 class InstanceError(HetplanError):
@@ -35,3 +42,23 @@ class SolverError(HetplanError):
 
 class InfeasibleError(HetplanError):
     """No plan satisfies the constraints; the message names the constraint group that conflicts."""
+
+    exit_code = 2
+
+
+class NoPlanInTimeError(SolverError):
+    """The time limit ran out before any plan was found (the input may well be feasible)."""
+
+    exit_code = 2
+
+
+class RefusedError(PlanError):
+    """A launch target (Megatron, DeepSpeed, ...) cannot express a valid plan; the message says why."""
+
+    exit_code = 2
+
+
+class RunFailedError(HetplanError):
+    """A training run failed while running (a worker died or hung); the message names the rank."""
+
+    exit_code = 3

@@ -6,19 +6,24 @@ Units are in the field names: `_GBps` = 1e9 bytes per second, `_s` = seconds, `_
 """
 from __future__ import annotations
 
+import csv
 import json
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetplan.catalog import GpuSpec, LinkSpec, ModelArch, gpu_catalog, model_presets
-from hetplan.errors import InstanceError
+from hetplan.errors import InstanceError, PlanError
 
-_STRICT = ConfigDict(frozen=True, extra="forbid")
+# allow_inf_nan=False: an infinite bandwidth or price would be accepted and turn into "cost inf" or a
+# zero transfer time downstream; no field of an instance means anything at infinity.
+_STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class NodeGroup(BaseModel):
@@ -99,19 +104,13 @@ class Network(BaseModel):
 
 class Cluster(BaseModel):
     model_config = _STRICT
-    node_groups: list[NodeGroup] = Field(min_length=1)
+    # An empty list is refused by Instance with "no GPUs" (like all counts 0), not by min_length,
+    # so both ways of having no GPU get the same message; the schema still says at least one.
+    node_groups: list[NodeGroup] = Field(json_schema_extra={"minItems": 1})
     network: Network = Network()
     gpu_overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per GPU type, catalogue fields to replace; a new name adds a GPU type"
     )
-
-    @model_validator(mode="after")
-    def _unique_group_names(self) -> "Cluster":
-        names = [g.name for g in self.node_groups]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"node group names must be unique, repeated: {dupes}")
-        return self
 
 
 class ProfileRef(BaseModel):
@@ -219,8 +218,47 @@ class EstimatorChoice(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+# ---- checks shared by the validators -------------------------------------------------------------
+def _reject_non_finite(value: Any, path: str) -> None:
+    """ValueError naming the first inf or NaN float inside `value` (models, mappings, sequences)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{path}: must be a finite number, got {value}")
+        return
+    if isinstance(value, BaseModel):
+        items = [(f"{path}.{k}" if path else k, getattr(value, k)) for k in type(value).model_fields]
+    elif isinstance(value, dict):
+        items = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return
+    for sub_path, sub in items:
+        _reject_non_finite(sub, sub_path)
+
+
+def _check_zone_pairs(pairs: list[tuple[str, str]], zones: set[str], field: str) -> None:
+    """Each pair once: the estimators would disagree on which of two entries for a pair wins."""
+    seen: dict[frozenset[str], int] = {}
+    for i, (a, b) in enumerate(pairs):
+        _check_pair(a, b, zones, f"{field}[{i}].zones")
+        first = seen.setdefault(frozenset((a, b)), i)
+        if first != i:
+            raise ValueError(f"{field}[{i}].zones: {a} <-> {b} is already given by {field}[{first}]")
+
+
+def _check_pair(a: str, b: str, zones: set[str], field: str) -> None:
+    """Two different zones of the cluster: inside one zone the inter-node link applies and traffic
+    is free, so a pair of one zone would be silently ignored."""
+    unknown = sorted({a, b} - zones)
+    if unknown:
+        raise ValueError(f"{field}: {unknown} not in the cluster (has {sorted(zones)})")
+    if a == b:
+        raise ValueError(f"{field}: both ends are {a}; a pair joins two different zones")
+
+
 class Instance(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _STRICT
     name: str
     description: str = ""
     cluster: Cluster
@@ -231,8 +269,48 @@ class Instance(BaseModel):
     estimators: EstimatorChoice = EstimatorChoice()
     base_dir: str | None = Field(default=None, exclude=True, description="set by the loader")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_input(cls, data: Any) -> Any:
+        # Before field validation, so that NaN is not reported as "should be >= 0" and the
+        # catalogue's models (links, GPU overrides), whose config allows inf, are covered too.
+        _reject_non_finite(data, "")
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "Instance":
+        _reject_non_finite(self, "")  # a string such as "inf" becomes a float in a catalogue model
+        self._check_node_groups()
+        self._check_gpu_types()
+        zones = {g.zone for g in self.cluster.node_groups}
+        types = {g.gpu_type for g in self.cluster.node_groups}
+        self._check_network(zones)
+        self._check_constraints(zones, types)
+        self._check_events(zones, types)
+        self._check_trace()
+        self._check_model(types)
+        return self
+
+    def _check_node_groups(self) -> None:
+        groups = self.cluster.node_groups
+        if not groups:
+            raise ValueError("cluster.node_groups: no GPUs: the list is empty; give at least one node group")
+        if not any(g.count for g in groups):
+            raise ValueError(f"cluster.node_groups: no GPUs: every node group has count 0 "
+                             f"({', '.join(g.name for g in groups)})")
+        first_by_name: dict[str, int] = {}
+        region_by_zone: dict[str, tuple[str, int]] = {}
+        for i, g in enumerate(groups):
+            if g.name in first_by_name:  # node ids are '<group>-<k>': a repeated name repeats them
+                raise ValueError(f"cluster.node_groups[{i}].name: {g.name!r} is already the name of "
+                                 f"cluster.node_groups[{first_by_name[g.name]}]; names must be unique")
+            first_by_name[g.name] = i
+            region, first = region_by_zone.setdefault(g.zone, (g.region_name, i))
+            if region != g.region_name:  # links and egress are priced by region: one zone, one region
+                raise ValueError(f"cluster.node_groups[{i}].region: zone {g.zone} is in region {region} "
+                                 f"(cluster.node_groups[{first}]), not {g.region_name}")
+
+    def _check_gpu_types(self) -> None:
         known = set(gpu_catalog()) | set(self.cluster.gpu_overrides)
         for i, group in enumerate(self.cluster.node_groups):
             if group.gpu_type not in known:
@@ -240,30 +318,76 @@ class Instance(BaseModel):
                     f"cluster.node_groups[{i}].gpu_type: unknown GPU type {group.gpu_type!r}; "
                     f"known: {sorted(known)} (or define it under cluster.gpu_overrides)"
                 )
-        for name, fields in self.cluster.gpu_overrides.items():
-            base = gpu_catalog().get(name)
-            merged = {**(base.model_dump() if base else {"name": name}), **fields}
+        for name in self.cluster.gpu_overrides:
             try:
-                GpuSpec(**merged)
+                spec = self._gpu_spec(name)
             except ValidationError as exc:
                 raise ValueError(f"cluster.gpu_overrides.{name}: {_first_error(exc)}") from None
-        zones = {g.zone for g in self.cluster.node_groups}
-        types = {g.gpu_type for g in self.cluster.node_groups}
-        self._check_subset(self.constraints.allowed_gpu_types, types, "constraints.allowed_gpu_types")
-        self._check_subset(self.constraints.allowed_zones, zones, "constraints.allowed_zones")
+            _reject_non_finite(spec, f"cluster.gpu_overrides.{name}")
+
+    def _check_network(self, zones: set[str]) -> None:
+        net = self.cluster.network
+        # Not egress.pairs: a price table (Sailor's) lists every zone of a provider, in both
+        # directions, and prices nothing that is not used. multi_edge endpoints are checked where
+        # they are used (opsched's DeviceGraph.from_instance).
+        _check_zone_pairs([p.zones for p in net.zone_pairs], zones, "cluster.network.zone_pairs")
+
+    def _check_constraints(self, zones: set[str], types: set[str]) -> None:
+        for field, values, known in (("allowed_gpu_types", self.constraints.allowed_gpu_types, types),
+                                     ("allowed_zones", self.constraints.allowed_zones, zones)):
+            if values is not None and not values:  # [] would allow nothing: solve then finds no GPU
+                raise ValueError(f"constraints.{field}: an empty list allows nothing; leave it out to allow all")
+            self._check_subset(values, known, f"constraints.{field}")
+
+    def _check_events(self, zones: set[str], types: set[str]) -> None:
+        have = self.gpus_by_type_zone()
         for i, ev in enumerate(self.events.availability):
-            self._check_subset([ev.zone], zones, f"events.availability[{i}].zone")
-            self._check_subset([ev.gpu_type], types, f"events.availability[{i}].gpu_type")
-        arch = self.workload.model.resolve()
+            field = f"events.availability[{i}]"
+            self._check_subset([ev.zone], zones, f"{field}.zone")
+            self._check_subset([ev.gpu_type], types, f"{field}.gpu_type")
+            count = have.get((ev.gpu_type, ev.zone), 0)
+            if ev.available_gpus > count:
+                raise ValueError(f"{field}.available_gpus: {ev.available_gpus} GPUs of {ev.gpu_type} in zone "
+                                 f"{ev.zone}, but the cluster has {count} there")
+        for i, bw in enumerate(self.events.bandwidth):
+            if bw.zones is not None:
+                _check_pair(*bw.zones, zones, f"events.bandwidth[{i}].zones")
+
+    def _check_trace(self) -> None:
+        """The trace is read now, not first by `replay`: a typo in its path or a bad row would
+        otherwise pass `validate` and `solve` and only fail hours later."""
+        if self.events.trace_csv is None:
+            return
+        path = self.resolve_path(self.events.trace_csv)
+        where = "relative to the instance file" if self.base_dir else "relative to the working directory"
+        if not path.exists():
+            raise ValueError(f"events.trace_csv: file not found: {path} ({self.events.trace_csv!r} is {where})")
+        try:
+            events = read_trace_csv(path)
+        except InstanceError as exc:
+            raise ValueError(f"events.trace_csv: {exc}") from None
+        have = self.gpus_by_type_zone()
+        unknown = sorted({f"{e.gpu_type}_{e.zone}" for e in events if (e.gpu_type, e.zone) not in have})
+        if unknown:
+            raise ValueError(f"events.trace_csv: {path}: columns {unknown} are no (GPU type, zone) of the cluster "
+                             f"(has {sorted(f'{g}_{z}' for g, z in have)})")
+
+    def _check_model(self, types: set[str]) -> None:
+        try:
+            arch = self.workload.model.resolve()
+        except ValidationError as exc:  # a bad override: name it, not pydantic's multi-line report
+            raise ValueError(f"workload.model.overrides: {_first_error(exc)}") from None
         if arch.hidden_size % arch.num_heads:
             raise ValueError("workload.model: hidden_size must be divisible by num_heads")
+        if arch.num_heads % arch.kv_heads:  # grouped-query attention: query heads share KV heads evenly
+            raise ValueError(f"workload.model: num_heads {arch.num_heads} must be divisible by "
+                             f"num_kv_heads {arch.kv_heads}")
         if self.workload.precision == "bf16":
             no_bf16 = sorted(t for t in types if self._gpu_spec(t).peak_bf16_tflops is None)
             if no_bf16:
                 raise ValueError(
                     f"workload.precision: bf16 is not supported by {no_bf16}; use fp16 for this cluster"
                 )
-        return self
 
     @staticmethod
     def _check_subset(values: list[str] | None, known: set[str], field: str) -> None:
@@ -275,6 +399,13 @@ class Instance(BaseModel):
         base = gpu_catalog().get(gpu_type)
         fields = {**(base.model_dump() if base else {"name": gpu_type}), **self.cluster.gpu_overrides.get(gpu_type, {})}
         return GpuSpec(**fields)
+
+    def gpus_by_type_zone(self) -> dict[tuple[str, str], int]:
+        """(GPU type, zone) -> GPUs of the cluster (every node up)."""
+        out: dict[tuple[str, str], int] = {}
+        for g in self.cluster.node_groups:
+            out[(g.gpu_type, g.zone)] = out.get((g.gpu_type, g.zone), 0) + g.count * g.gpus_per_node
+        return out
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Instance":
         """A copy whose resolved views (nodes, GPU specs, model) are recomputed from its own fields:
@@ -353,32 +484,76 @@ def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = _one_line(err["msg"].removeprefix("Value error, "))
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 
 
-def read_structured(path: Path) -> Any:
-    """Parse a YAML or JSON file, turning syntax errors into InstanceError with the position."""
+@contextmanager
+def file_errors(path: Path, error: type[InstanceError] | type[PlanError] = InstanceError) -> Iterator[None]:
+    """Every reason a file cannot be read (missing, a directory, no permission, not UTF-8 text)
+    becomes one `error` naming the file instead of a traceback."""
     if not path.exists():
-        raise InstanceError(f"file not found: {path}")
-    text = path.read_text()
+        raise error(f"file not found: {path}")
+    if path.is_dir():
+        raise error("is a directory, not a file", str(path))
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise error(f"not a UTF-8 text file (undecodable byte at offset {exc.start}); expected YAML, "
+                    f"JSON or CSV text", str(path)) from None
+    except OSError as exc:
+        raise error(f"cannot read: {exc.strerror or exc}", str(path)) from None
+
+
+def read_structured(path: Path, error: type[InstanceError] | type[PlanError] = InstanceError) -> Any:
+    """Parse a YAML or JSON file; syntax errors (with their position) and unreadable files become
+    one `error` naming the file."""
+    with file_errors(path, error):
+        text = path.read_text(encoding="utf-8")
     try:
         if path.suffix == ".json":
             return json.loads(text)
         return yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise InstanceError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", str(path)) from None
+        raise error(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InstanceError(f"invalid YAML{where}: {problem}", str(path)) from None
+        raise error(f"invalid YAML{where}: {_one_line(problem)}", str(path)) from None
+    except (ValueError, RecursionError) as exc:  # YAML timestamps such as 2024-13-40; nesting too deep
+        raise error(f"invalid {'JSON' if path.suffix == '.json' else 'YAML'}: {_one_line(str(exc))}",
+                    str(path)) from None
+
+
+def read_trace_csv(path: Path, changes_only: bool = False) -> list[AvailabilityEvent]:
+    """A Sailor availability trace (`importers.sailor.read_availability_trace`); a file that cannot
+    be read or parsed (missing, not text, bad header, bad row) is one InstanceError naming it."""
+    from hetplan.importers.sailor import read_availability_trace  # it imports this module
+
+    with file_errors(path):
+        try:
+            return read_availability_trace(path, changes_only=changes_only)
+        except csv.Error as exc:  # e.g. a NUL byte
+            raise InstanceError(f"malformed CSV: {exc}", str(path)) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def kind_of(data: Any) -> str:
+    """How a parsed file that should be a mapping looks instead, for error messages."""
+    return "an empty file" if data is None else f"a {type(data).__name__}"
+
+
+_INSTANCE_KEYS = "an instance must be a mapping with keys name, cluster, workload, ..."
 
 
 def instance_from_dict(data: Any, base_dir: str | None = None) -> Instance:
     if not isinstance(data, dict):
-        raise InstanceError("an instance must be a mapping with keys name, cluster, workload, ...")
+        raise InstanceError(f"{_INSTANCE_KEYS}; got {kind_of(data)}")
     try:
         return Instance(**data, base_dir=base_dir)
     except ValidationError as exc:
@@ -394,7 +569,10 @@ def load_instance(path: str | Path) -> Instance:
         from hetplan.bundled import bundled_instance_path
 
         path = bundled_instance_path(str(path))
-    return instance_from_dict(read_structured(path), base_dir=str(path.parent.resolve()))
+    data = read_structured(path)
+    if not isinstance(data, dict):
+        raise InstanceError(f"{_INSTANCE_KEYS}; got {kind_of(data)}", str(path))
+    return instance_from_dict(data, base_dir=str(path.parent.resolve()))
 
 
 def instance_json_schema() -> dict[str, Any]:

@@ -39,6 +39,24 @@ incumbent's heuristics, then the later steps of the choices under the target, in
 step's result depends only on the step (`_Step`) and is used only when the search reaches it, so
 the search makes exactly the decisions it makes in one process (`_Refiner`, `_Helper`, `_refine`).
 
+Time limit: `time_limit_s` bounds the whole call (measured within 10 % + 1 s where the final
+plan's simulation is short). One `joint.Deadline` is checked by the preparation of the choices'
+inputs (at most PREPARE_SHARE of the limit, the most promising choices first by `_Floor`, a bound
+from the layer times alone), by every heuristic and bound in its long loops (`joint.deadline_scope`:
+a computation the deadline stops is dropped, so every bound kept is valid; the stage DP keeps the
+best plan it had), by the helper's steps and the waits for them, and by the MILPs' limits. The
+search then returns the best plan found with status "time_limit" and the bound proven so far; with
+no plan yet, the greedy looks for one on the queued choices for RESCUE_S (or a quarter of the
+limit) before SolverError says the time ran out. A budget or throughput floor beyond every plan
+fails at once (`_Floor`, `_check_reachable`). `progress` receives a `SearchProgress` (choices
+settled, incumbent, bound, gap) at most every PROGRESS_EVERY_S seconds.
+
+Signals: SIGINT raises KeyboardInterrupt in the main process (a wait for the helper or a HiGHS
+solve included: `solvers.highs_backend` runs HiGHS in a thread); a SIGTERM left at its default
+action raises `SearchTerminated` (a KeyboardInterrupt) during the search. Either way the helper is
+stopped before the exception leaves `plan()`; the helper itself ignores SIGINT (Ctrl-C reaches the
+whole process group), dies at SIGTERM without a traceback and dies with the main process.
+
 Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
 within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
 This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
@@ -49,21 +67,25 @@ from __future__ import annotations
 
 import gc
 import heapq
+import math
 import multiprocessing
 import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyomo.environ as pyo
 
-from hetplan.errors import InfeasibleError, SolverError
+from hetplan.errors import InfeasibleError, InstanceError, NoPlanInTimeError, SolverError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.formulations.joint_dp_heuristic import dp_heuristic
 from hetplan.instance import Instance
-from hetplan.plan import Plan
+from hetplan.plan import Plan, tp_indivisible
 from hetplan.simulator import SimulationReport, node_endpoint, simulate
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -127,11 +149,15 @@ class PlannerResult:
     wall_s: float
     backend: str
     records: list[ComboRecord] = field(default_factory=list)
+    # "complete": every outer choice was settled (solved, pruned or ruled out; the gap is within
+    # rel_gap unless a MILP failed); "time_limit": the limit stopped the search first, the plan is
+    # the best found by then and `bound` / `gap` what had been proven
+    status: str = "complete"
 
     def summary(self) -> dict:
-        return {"objective": self.objective_kind, "model_objective": self.model_objective, "bound": self.bound,
-                "gap": self.gap, "greedy_objective": self.greedy_objective, "combos_total": self.combos_total,
-                "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
+        return {"objective": self.objective_kind, "status": self.status, "model_objective": self.model_objective,
+                "bound": self.bound, "gap": self.gap, "greedy_objective": self.greedy_objective,
+                "combos_total": self.combos_total, "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
                 "build_s": self.build_s, "solve_s": self.solve_s, "wall_s": self.wall_s, "backend": self.backend,
                 "simulated": {k: v for k, v in self.report.summary().items() if k not in ("ranks",)}}
 
@@ -338,10 +364,12 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     table = tables.sync_tables.get(key)
     if table is None:
         nbytes = tables.stage_grad_bytes(inp)
-        table = tables.sync_tables[key] = {}
+        table = {}
         for k, pool in enumerate(inp.pools):
+            joint.check_deadline()  # a pool's all-reduces take up to ~20 ms with 2,048 replicas
             times = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, list(nbytes.values()))
             table.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, times))
+        tables.sync_tables[key] = table  # only once complete: a deadline may stop the loop
     return replace(inp, sync_table=table)
 
 
@@ -361,10 +389,263 @@ def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> 
 
 
 # ---- the search -------------------------------------------------------------------------------------
+PROGRESS_EVERY_S = 0.1  # the progress callback is called at most this often (and once at the end)
+PREPARE_SHARE = 0.6  # the outer choices' inputs and cheap bounds may take this share of the limit
+RESCUE_S = 0.25  # no plan at the deadline: the greedy looks for one this long, or a quarter of the limit if less
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """Where a running search stands: the one argument of `plan(progress=...)`."""
+
+    done: int  # outer choices settled (solved, pruned, ruled out, skipped; while preparing: prepared)
+    total: int  # outer choices enumerated
+    what: str  # the phase, or the choice (P, b, D) being worked on
+    incumbent: float | None  # the best plan's model objective so far (s or USD per iteration)
+    bound: float | None  # the proven lower bound so far over the modelled space
+    gap: float | None  # (incumbent - bound) / incumbent, when both exist
+    elapsed_s: float
+
+
+class _Reporter:
+    """Passes `SearchProgress` to the caller's callback at most every PROGRESS_EVERY_S seconds: a
+    progress display needs no more, and the search calls this at every step."""
+
+    def __init__(self, callback: Callable[[SearchProgress], None] | None, t_start: float):
+        self.callback, self.t_start = callback, t_start
+        self.total = 0
+        self.last = -math.inf
+
+    def __call__(self, done: int, what: str, incumbent: float | None = None, bound: float | None = None,
+                 force: bool = False) -> None:
+        if self.callback is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        gap = None if incumbent is None or bound is None else (incumbent - bound) / max(abs(incumbent), 1e-12)
+        self.callback(SearchProgress(done, self.total, what, incumbent, bound, gap, now - self.t_start))
+
+
+class SearchTerminated(KeyboardInterrupt):
+    """SIGTERM stopped `plan()`. Raised only where SIGTERM had its default action (the process
+    would die without stopping the helper or running the caller's clean-up); a KeyboardInterrupt,
+    so whatever handles Ctrl-C handles it too."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """During the search, a default SIGTERM raises SearchTerminated in this (the main) thread.
+    A handler the caller installed is left alone, and so is SIGTERM off the main thread (Python
+    lets only the main thread set handlers)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SearchTerminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass(frozen=True)
+class _Floor:
+    """Lower bounds from the layer times alone, before any outer choice is built (~0.1 s on 10,000
+    GPUs), over every pool a choice can use (no memory test, so over a superset of them). Per
+    microbatch size b: F_b, one microbatch through every unit, each on its fastest pool; W_b and
+    C_b, the least GPU-seconds and USD of one microbatch through every unit; R_b, the cheapest
+    replica's USD per second. A plan with D replicas per stage runs every replica's stage
+    m = B / (D b) times and T >= m theta >= m x (any replica's stage time), so summed over the
+    replicas GPUs x T >= m D W_b and rate x T >= m D C_b, with m D = B / b and GPUs at most the
+    available ones (and max_gpus); T >= F_b too. Cost adds egress >= 0."""
+
+    B: int
+    gpus: int
+    per_b: dict[int, tuple[float, float, float, float]]  # b -> (F_b s, W_b GPU-s, C_b USD, R_b USD/s)
+
+    @property
+    def least_time_s(self) -> float:
+        return min((max(f, self.B / b * w / self.gpus) for b, (f, w, _, _) in self.per_b.items()), default=math.inf)
+
+    @property
+    def least_cost_usd(self) -> float:
+        return min((self.B / b * c for b, (_, _, c, _) in self.per_b.items()), default=math.inf)
+
+    def choice_bound(self, combo: Combo, objective: str) -> float:
+        """A bound on one choice's plans without its inputs, the cheap bound's formula
+        (`joint.time_lower_bound_s`, times the least rate for cost) on the superset of pools."""
+        if combo.b not in self.per_b:
+            return math.inf
+        f, w, _, rate = self.per_b[combo.b]
+        m = self.B // (combo.D * combo.b)
+        t_lb = f + (m - 1) * max(f / combo.P, combo.D * w / self.gpus)
+        return t_lb * combo.P * combo.D * rate if objective == "min_cost" else t_lb
+
+
+def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptions) -> _Floor:
+    B = instance.workload.global_batch_size
+    gpus = sum(avail for avail, *_ in quotas.values())
+    if instance.constraints.max_gpus is not None:
+        gpus = min(gpus, instance.constraints.max_gpus)
+    per_b = {}
+    for b in opts.microbatch_sizes:
+        pools = [(price * t / 3600, t, tables.step(g, t, b)) for (g, _), (avail, per_node, price, _) in quotas.items()
+                 for t in opts.tp_choices if t <= min(per_node, avail) and per_node % t == 0]
+        if B % b or not pools:
+            continue
+        units = range(tables.U)
+        per_b[b] = (sum(min(step[l] for *_, step in pools) for l in units),
+                    sum(min(t * step[l] for _, t, step in pools) for l in units),
+                    sum(min(rate * step[l] for rate, _, step in pools) for l in units),
+                    min(rate for rate, *_ in pools))
+    return _Floor(B, gpus, per_b)
+
+
+def _budget_message(max_cost: float, least: float) -> str:
+    return (f"max_cost_per_iteration_usd: {max_cost:g} USD is below the least cost of any plan, {least:.4g} USD; "
+            f"raise the budget to at least that")
+
+
+def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None) -> None:
+    """InfeasibleError at once when the budget or the throughput floor is beyond every plan
+    (`_Floor`), naming the limit and the best figure any plan can reach."""
+    if max_cost is not None and floor.least_cost_usd > max_cost * (1 + 1e-9):
+        raise InfeasibleError(_budget_message(max_cost, floor.least_cost_usd))
+    if min_its is not None and floor.least_time_s * min_its > 1 + 1e-9:
+        raise InfeasibleError(f"min_throughput_iters_per_s: {min_its:g} it/s is above the most any plan reaches, "
+                              f"{1 / floor.least_time_s:.4g} it/s; lower the floor to at most that")
+
+
+def _check_choices_reachable(queue: list, objective: str, max_cost: float | None) -> None:
+    """With every choice's cheap bound in: InfeasibleError when the budget is below all of their
+    cost bounds (rate_LB x T_LB: unlike `_Floor.least_cost_usd` it counts the P x D replicas a
+    choice pays for while the slowest stage runs)."""
+    if max_cost is None or not queue:
+        return
+    least = min(item[0] if objective == "min_cost" else item[0] * joint.rate_lower_bound_usd_per_s(item[6])
+                for item in queue)
+    if least > max_cost * (1 + 1e-9):
+        raise InfeasibleError(_budget_message(max_cost, least))
+
+
+def _prepare(instance: Instance, tables: _Tables, quotas: dict, combos: list[Combo], objective: str,
+             max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...], floor: _Floor,
+             until: joint.Deadline, report: _Reporter) -> tuple[list[ComboRecord], list, list[ComboRecord]]:
+    """(records, queue items, skipped): every outer choice's inputs and cheap bound, the least
+    `floor.choice_bound` first, until `until`; a choice not reached by then is skipped with that
+    bound (under a tight limit the most promising choices are the ones prepared). Records and
+    items come back in enumeration order: a preparation that finishes gives the search the same
+    queue whatever the order it took."""
+    bounds = [floor.choice_bound(combo, objective) for combo in combos]
+    made: dict[int, ComboRecord | tuple] = {}
+    for j in sorted(range(len(combos)), key=bounds.__getitem__):
+        if until.expired():
+            break
+        report(len(made), "preparing the outer choices")
+        made[j] = _prepare_one(instance, tables, quotas, combos[j], objective, max_cost, min_its, tp_choices)
+    records: list[ComboRecord] = []
+    queue: list = []  # (bound, P, D, b, exact?, combo, inputs): best first, bounds refined lazily
+    skipped: list[ComboRecord] = []
+    for j, combo in enumerate(combos):
+        got = made.get(j)
+        if got is None:
+            skipped.append(ComboRecord(combo.P, combo.b, combo.D, bounds[j], "skipped_time"))
+        elif isinstance(got, ComboRecord):
+            records.append(got)
+        else:
+            queue.append(got)
+    return records, queue, skipped
+
+
+def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
+                 max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> ComboRecord | tuple:
+    """One choice's queue item (cheap bound, P, D, b, level 0, choice, inputs), or its record
+    when no pool holds a unit or the cheap bound misses the throughput floor."""
+    inp = joint_inputs(instance, tables, quotas, combo, objective, max_cost, min_its, tp_choices)
+    if inp is None:
+        return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools")
+    t_lb = joint.time_lower_bound_s(inp)
+    lb = t_lb * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else t_lb
+    if min_its is not None and t_lb > 1 / min_its:
+        return ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound")
+    return (lb, combo.P, combo.D, combo.b, 0, combo, inp)
+
+
+@dataclass
+class _Outcome:
+    """What the search has found and proven so far."""
+
+    records: list[ComboRecord]
+    best: tuple | None = None  # (objective, solution, inputs)
+    greedy_best: tuple | None = None  # the best heuristic plan
+    open_bounds: list[float] = field(default_factory=list)  # bounds of choices not solved to the end
+    unfinished: list = field(default_factory=list)  # `_ChoiceResult`s whose MILP stopped at its limit
+    solved: int = 0
+    pruned: int = 0
+    cut: bool = False  # the time limit stopped the search before every choice was settled
+
+    @property
+    def timed_out(self) -> bool:
+        return self.cut or any(r.status == "skipped_time" for r in self.records)
+
+    def found(self, candidate: tuple | None, heuristic: bool = False) -> None:
+        self.best = joint.better(self.best, candidate)
+        if heuristic:
+            self.greedy_best = joint.better(self.greedy_best, candidate)
+
+    def bound(self, head: float | None = None) -> float | None:
+        """The least of everything still open (the head of the queue: `head`) and the incumbent:
+        a bound on every plan of the modelled space."""
+        values = self.open_bounds + [item.bound for item in self.unfinished]
+        values += [v for v in (head, self.best[0] if self.best else None) if v is not None]
+        return min(values) if values else None
+
+    def skip_rest(self, entry: tuple, queue: list) -> None:
+        """The deadline: the popped choice (queue `entry`) and every queued one are skipped with
+        their bounds; the entry goes back to the list for `_rescue`."""
+        _settle_rest(self.records, entry[0], entry[5], queue, "skipped_time")
+        self.open_bounds += [entry[0]] + [item[0] for item in queue]
+        queue.append(entry)
+        self.cut = True
+
+
 def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: EstimatorSet | None = None,
-         progress: Callable[[int, int, str], None] | None = None) -> PlannerResult:
-    opts = opts or PlannerOptions()
+         progress: Callable[[SearchProgress], None] | None = None) -> PlannerResult:
+    """The best plan found within `opts.time_limit_s`, with its proven bound (module docstring).
+
+    The limit covers the whole call: estimator tables, the choices' inputs, heuristics, bounds,
+    MILPs, the helper process and the final simulation (measured within 10 % + 1 s). `progress`
+    gets a `SearchProgress` at most every PROGRESS_EVERY_S seconds and once at the end. Raises
+    InfeasibleError when the constraints cannot be met (at once when a bound shows a budget or a
+    throughput floor out of reach), SolverError when the time ran out before any plan was found,
+    KeyboardInterrupt on SIGINT and `SearchTerminated` on a SIGTERM left at its default; the
+    helper process is stopped before any of them leaves."""
+    opts = _splittable_tps(instance, opts or PlannerOptions())
     t_start = time.perf_counter()
+    deadline = joint.Deadline.after(opts.time_limit_s)
+    with _sigterm_as_interrupt():
+        return _plan(instance, opts, estimators, _Reporter(progress, t_start), deadline)
+
+
+def _splittable_tps(instance: Instance, opts: PlannerOptions) -> PlannerOptions:
+    """Only TP degrees that split the model's heads and MLP evenly (plan.tp_indivisible): the plan
+    validator refuses the others, so the search must not offer them (e.g. TP 8 for 20 heads)."""
+    arch = instance.model_arch
+    tps = tuple(t for t in opts.tp_choices if not tp_indivisible(arch, t))
+    if not tps:
+        raise InstanceError(f"no TP degree of {opts.tp_choices} splits {arch.name} evenly "
+                            f"({'; '.join(tp_indivisible(arch, max(opts.tp_choices)))})", "tp_choices")
+    return opts if tps == tuple(opts.tp_choices) else replace(opts, tp_choices=tps)
+
+
+def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | None, report: _Reporter,
+          deadline: joint.Deadline) -> PlannerResult:
     est = estimators or build_estimators(instance)
     objective = opts.objective or instance.objective.kind
     max_cost = opts.max_cost_usd if opts.max_cost_usd is not None else instance.constraints.max_cost_per_iteration_usd
@@ -373,43 +654,61 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
     tables = _Tables(instance, est)
+    floor = _floor(instance, tables, quotas, opts)
+    _check_reachable(floor, max_cost, min_its)
     combos = enumerate_combos(instance, quotas, opts)
+    report.total = len(combos)
     linear = opts.linearize or opts.backend not in (None, "scip")
-    backend = opts.backend or ("highs" if linear else "scip")
-
-    records: list[ComboRecord] = []
-    queue: list = []  # (bound, P, D, b, exact?, combo, inputs): best first, bounds refined lazily
-    for combo in combos:
-        inp = joint_inputs(instance, tables, quotas, combo, objective, max_cost, min_its, opts.tp_choices)
-        if inp is None:
-            records.append(ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools"))
-            continue
-        t_lb = joint.time_lower_bound_s(inp)
-        lb = t_lb * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else t_lb
-        if min_its is not None and t_lb > 1 / min_its:
-            records.append(ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound"))
-            continue
-        queue.append((lb, combo.P, combo.D, combo.b, 0, combo, inp))
+    milp = _MilpSettings(opts.backend or ("highs" if linear else "scip"), linear, opts.rel_gap)
+    # the heuristics need part of the limit for a first plan, whatever the preparation takes
+    until = joint.Deadline(deadline.at - (1 - PREPARE_SHARE) * opts.time_limit_s)
+    records, queue, skipped = _prepare(instance, tables, quotas, combos, objective, max_cost, min_its,
+                                       opts.tp_choices, floor, until, report)
+    out = _Outcome(records + skipped)
+    if skipped:  # their bounds from the layer times stand in the reported bound
+        out.open_bounds.append(min(r.lower_bound for r in skipped))
+        out.cut = True
+    else:
+        _check_choices_reachable(queue, objective, max_cost)
     heapq.heapify(queue)
+    with joint.deadline_scope(deadline):
+        _search(queue, tables, objective, max_cost, min_its, opts, milp, deadline, report, out)
+    if out.best is None and out.timed_out:  # outside the search's scope: the rescue has a deadline of its own
+        out.found(_rescue(queue, objective, max_cost, min_its, opts.time_limit_s), heuristic=True)
+    return _result(instance, est, objective, (max_cost, min_its), opts, milp.backend, len(combos), out, deadline,
+                   report)
 
-    # a helper process (two cores) computes the medium bounds of the queued choices, in queue
-    # order, while this one runs the heuristics of the first incumbent, and then the later steps
-    # of the choices under the target (`_Refiner`)
-    helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its) \
-        if opts.workers >= 2 else None
-    refiner = _Refiner(tables, objective, max_cost, min_its, helper)
+
+def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
+            opts: PlannerOptions, milp: "_MilpSettings", deadline: joint.Deadline, report: _Reporter,
+            out: _Outcome) -> None:
+    """Best first over the queued choices (module docstring), into `out`. At the deadline every
+    choice left is recorded "skipped_time" with the bound it has (a computation the deadline cut
+    is dropped, so every bound kept is valid)."""
+    helper = refiner = None
     try:
+        # a helper process (two cores) computes the medium bounds of the queued choices, in queue
+        # order, while this one runs the heuristics of the first incumbent, and then the later steps
+        # of the choices under the target (`_Refiner`)
+        if opts.workers >= 2 and not deadline.expired():  # (the preparation may have used the time up)
+            helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its,
+                                   deadline)
+        refiner = _Refiner(tables, objective, max_cost, min_its, helper)
         # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
         refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6])
                          for item in sorted(queue)[opts.heuristic_choices:]])
         # the first incumbent: heuristics on the most promising choices, so the bounds have a target
         greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
-        best = greedy_best = _first_incumbent(queue, tables, objective, max_cost, min_its, greedies,
-                                              opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap)
+
+        def tick(what: str, best: tuple | None) -> None:
+            report(len(out.records), what, best[0] if best else None, out.bound(queue[0][0] if queue else None))
+
+        out.found(_first_incumbent(queue, tables, objective, max_cost, min_its, greedies, opts.heuristic_choices,
+                                   opts.heuristic_degrees, opts.rel_gap, tick), heuristic=True)
         dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
 
         def target_now() -> float | None:
-            return None if best is None else best[0] * (1 - opts.rel_gap)
+            return None if out.best is None else out.best[0] * (1 - opts.rel_gap)
 
         def step_of(item: tuple) -> _Step:
             """The step the search takes when queued `item` comes out at the head, as things stand."""
@@ -435,118 +734,160 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
                 refiner.enqueue(steps_ahead([pushed]))
 
         follow()
-        milp = _MilpSettings(backend, linear, opts.rel_gap)
-        solved = pruned = 0
-        open_bounds: list[float] = []  # bounds of choices not solved to the end (the reported bound is the least)
-        unfinished: list[_ChoiceResult] = []  # choices whose MILP stopped at its time limit
         while queue:
-            lb, _, _, _, level, combo, inp = heapq.heappop(queue)
-            incumbent = best[0] if best else None
+            entry = heapq.heappop(queue)
+            lb, _, _, _, level, combo, inp = entry
+            incumbent = out.best[0] if out.best else None
+            report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}", incumbent, out.bound(lb))
             if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
                 # best first: every choice left has a bound at least this one
-                pruned += _settle_rest(records, lb, combo, queue, "pruned_bound")
-                open_bounds.append(lb)
+                out.pruned += _settle_rest(out.records, lb, combo, queue, "pruned_bound")
+                out.open_bounds.append(lb)
                 break
-            if time.perf_counter() - t_start > opts.time_limit_s - 0.05:
-                _settle_rest(records, lb, combo, queue, "skipped_time")
-                open_bounds += [lb] + [item[0] for item in queue]
+            if deadline.remaining() < 0.05:
+                out.skip_rest(entry, queue)
                 break
-            if level < 3:
-                # refine in three steps, each choice going back in the queue: the medium bound (quota
-                # aware, no DP: a few milliseconds), the strong one (dynamic programs over stages, tens
-                # of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
-                # incumbent gives them a target); a choice is solved only if it is still the most
-                # promising one. The step is the same whichever process computes it (`_Refiner`).
-                # Each choice's inputs get the all-reduce times: the same object (and its caches)
-                # goes back in the queue
-                inp = with_sync_table(inp, tables)
+            try:
+                if level < 3:
+                    # refine in three steps, each choice going back in the queue: the medium bound
+                    # (quota aware, no DP: a few milliseconds), the strong one (dynamic programs over
+                    # stages, tens of milliseconds), the strongest (replica-level DPs on the sum of
+                    # stage times, once an incumbent gives them a target); a choice is solved only if
+                    # it is still the most promising one. The step is the same whichever process
+                    # computes it (`_Refiner`). Each choice's inputs get the all-reduce times: the
+                    # same object (and its caches) goes back in the queue
+                    inp = with_sync_table(inp, tables)
 
-                def ahead() -> list:
-                    """The steps that may come next (the first levels of the heap), with their inputs."""
-                    out = []
-                    for j in range(min(len(queue), refiner.LOOK)):
-                        if live(queue[j]):
-                            queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
-                            out.append((step_of(item), item[6]))
-                    return out
+                    def ahead() -> list:
+                        """The steps that may come next (the first levels of the heap), with their inputs."""
+                        steps = []
+                        for j in range(min(len(queue), refiner.LOOK)):
+                            if live(queue[j]):
+                                queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
+                                steps.append((step_of(item), item[6]))
+                        return steps
 
-                new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
-                if dp_ran:
-                    dp_runs_left -= 1
-                    greedies[combo] = (found, True)
-                    if found is not None:
-                        plan_found = (*found, inp)
-                        greedy_best, best = joint.better(greedy_best, plan_found), joint.better(best, plan_found)
-                pushed = None
-                if new_lb == float("inf"):
-                    records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
-                else:
-                    pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
-                    heapq.heappush(queue, pushed)
-                follow(pushed)
-                continue
-            if progress:  # choices settled so far (solved, pruned or infeasible) of all
-                progress(len(records), len(combos), f"P={combo.P} b={combo.b} D={combo.D}")
+                    new_lb, found, dp_ran = refiner.run(step_of((lb, 0, 0, 0, level, combo, inp)), inp, ahead)
+                    if dp_ran:
+                        dp_runs_left -= 1
+                        greedies[combo] = (found, True)
+                        if found is not None:
+                            out.found((*found, inp), heuristic=True)
+                    pushed = None
+                    if new_lb == float("inf"):
+                        out.records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
+                    else:
+                        pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
+                        heapq.heappush(queue, pushed)
+                    follow(pushed)
+                    continue
+                found, with_dp = greedies.get(combo, (None, False))
+                if not with_dp:
+                    found = _best_heuristic(inp, objective, max_cost, min_its)
+            except joint.DeadlineExceeded:  # a bound or heuristic of this choice reached the deadline
+                out.skip_rest(entry, queue)
+                break
             rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
-            records.append(rec)
-            found, with_dp = greedies.get(combo, (None, False))
-            if not with_dp:
-                found = _best_heuristic(inp, objective, max_cost, min_its)
+            out.records.append(rec)
             if found is not None:
-                greedy_best, best = joint.better(greedy_best, (*found, inp)), joint.better(best, (*found, inp))
-            remaining = opts.time_limit_s - (time.perf_counter() - t_start)
-            item = _solve_choice(rec, inp, found, best, objective, milp, min(remaining, opts.combo_time_limit_s))
-            solved += 1
+                out.found((*found, inp), heuristic=True)
+            item = _solve_choice(rec, inp, found, out.best, objective, milp, opts.combo_time_limit_s, deadline)
+            out.solved += 1
             if item is not None:
-                best = joint.better(best, item.solution)
-                _file(item, unfinished, open_bounds)
+                out.found(item.solution)
+                _file(item, out.unfinished, out.open_bounds)
             follow()
-    finally:
-        refiner.close()  # the helper stops and the collector's frozen objects come back
-    # time left (every choice settled early): the choices whose MILP stopped at its own limit get
-    # the rest, least bound first, in equal shares
-    unfinished.sort(key=lambda item: item.bound)
-    while unfinished:
-        item = unfinished[0]
-        remaining = opts.time_limit_s - (time.perf_counter() - t_start)
-        if best is not None and item.bound >= best[0] * (1 - opts.rel_gap):
-            open_bounds.append(unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
+    finally:  # the helper stops (and the collector's frozen objects come back) whatever happened
+        if refiner is not None:
+            refiner.close()
+        elif helper is not None:
+            helper.close()
+    _resolve_unfinished(out, objective, milp, deadline, opts.rel_gap)
+
+
+def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", deadline: joint.Deadline,
+                        rel_gap: float) -> None:
+    """Time left (every choice settled early): the choices whose MILP stopped at its own limit get
+    the rest, least bound first, in equal shares; those left at the deadline keep their bounds."""
+    out.unfinished.sort(key=lambda item: item.bound)
+    while out.unfinished:
+        item = out.unfinished[0]
+        remaining = deadline.remaining()
+        if out.best is not None and item.bound >= out.best[0] * (1 - rel_gap):
+            out.open_bounds.append(out.unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
             continue
         if remaining < 1.0:
+            out.cut = True
             break
-        unfinished.pop(0)
-        again = _solve_choice(item.record, item.inputs, item.start, best, objective, milp,
-                              remaining / (len(unfinished) + 1), item.bound)
+        out.unfinished.pop(0)
+        again = _solve_choice(item.record, item.inputs, item.start, out.best, objective, milp,
+                              remaining / (len(out.unfinished) + 1), deadline, item.bound)
         if again is not None:
-            best = joint.better(best, again.solution)
-            _file(again, unfinished, open_bounds)
-            unfinished.sort(key=lambda item: item.bound)
-    open_bounds += [item.bound for item in unfinished]
-    if best is None:
-        if any(r.status in ("skipped_time", "solved:time_limit_no_solution") for r in records):
-            raise SolverError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
+            out.found(again.solution)
+            _file(again, out.unfinished, out.open_bounds)
+            out.unfinished.sort(key=lambda item: item.bound)
+    out.open_bounds += [item.bound for item in out.unfinished]
+    out.unfinished = []
+
+
+def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float | None,
+            limit_s: float) -> tuple | None:
+    """No plan at the deadline: the best plan the greedy finds on the queued choices, least bound
+    first, within RESCUE_S or a quarter of the limit (milliseconds per choice: on 10,000 GPUs the
+    second choice had one), or None. Inputs without their all-reduce table keep the ring formula."""
+    best = None
+    with joint.deadline_scope(joint.Deadline.after(min(RESCUE_S, 0.25 * limit_s))):
+        try:
+            for item in sorted(queue, key=lambda item: item[:5]):
+                found = _best_heuristic(item[6], objective, max_cost, min_its, dp=False)
+                if found is not None:
+                    best = joint.better(best, (*found, item[6]))
+        except joint.DeadlineExceeded:
+            pass
+    return best
+
+
+def _result(instance: Instance, est: EstimatorSet, objective: str, limits: tuple[float | None, float | None],
+            opts: PlannerOptions, backend: str, total: int, out: _Outcome, deadline: joint.Deadline,
+            report: _Reporter) -> PlannerResult:
+    """The result of the search in `out` (`limits`: the budget and the throughput floor), its plan
+    simulated; SolverError or InfeasibleError when it has no plan."""
+    from hetplan.replan import memoised  # (the re-planner imports this module)
+
+    if out.best is None:
+        if out.timed_out or any(r.status == "solved:time_limit_no_solution" for r in out.records):
+            raise NoPlanInTimeError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
                               f"raise --time-limit")
-        raise InfeasibleError(_why_infeasible(records, max_cost, min_its))
-    obj, sol, inp = best
-    bound = min([obj] + open_bounds)
+        raise InfeasibleError(_why_infeasible(out.records, *limits))
+    obj, sol, inp = out.best
+    bound = out.bound()
+    gap = (obj - bound) / max(abs(obj), 1e-12)
+    status = "time_limit" if out.timed_out else "complete"
+    report(len(out.records), "simulating the plan", obj, bound, force=True)
     plan_out = joint.to_plan(sol, inp, name=f"{instance.name}-hetplan").model_copy(
         update={"instance": instance.name,
-                "metadata": {"objective": objective, "model_objective": obj, "bound": bound,
-                             "gap": (obj - bound) / max(abs(obj), 1e-12), "P": inp.P, "D": inp.D, "b": inp.b}})
-    report = simulate(instance, plan_out, est)
-    if report.oom_ranks:  # the model's memory rows use the simulator's estimator: this is a bug if it fires
-        raise SolverError(f"internal error: planned ranks {[r.rank for r in report.oom_ranks]} are OOM in simulation")
-    greedy_report = None
-    if greedy_best is best:  # the heuristic's plan won: the same plan, simulated once
-        greedy_report = report
-    elif greedy_best is not None:
-        greedy_report = simulate(instance, joint.to_plan(greedy_best[1], greedy_best[2], name="greedy"), est)
-    return PlannerResult(
-        plan=plan_out, report=report, objective_kind=objective, model_objective=obj, bound=bound,
-        gap=(obj - bound) / max(abs(obj), 1e-12), greedy_objective=greedy_best[0] if greedy_best else None,
-        greedy_report=greedy_report, combos_total=len(combos), combos_pruned=pruned, combos_solved=solved,
-        build_s=sum(r.build_s for r in records), solve_s=sum(r.solve_s for r in records),
-        wall_s=time.perf_counter() - t_start, backend=backend, records=records)
+                "metadata": {"objective": objective, "model_objective": obj, "bound": bound, "gap": gap,
+                             "status": status, "P": inp.P, "D": inp.D, "b": inp.b}})
+    # memoised: a plan of thousands of replicas asks the same layer times thousands of times
+    sim_est = memoised(est)
+    report_sim = simulate(instance, plan_out, sim_est)
+    if report_sim.oom_ranks:  # the model's memory rows use the simulator's estimator: this is a bug if it fires
+        oom = [r.rank for r in report_sim.oom_ranks]
+        raise SolverError(f"internal error: planned ranks {oom} are OOM in simulation")
+    greedy, greedy_report = out.greedy_best, None
+    if greedy is out.best:  # the heuristic's plan won: the same plan, simulated once
+        greedy_report = report_sim
+    elif greedy is not None and not deadline.expired():  # past the limit, only the plan is simulated
+        greedy_report = simulate(instance, joint.to_plan(greedy[1], greedy[2], name="greedy"), sim_est)
+    records = out.records
+    result = PlannerResult(
+        plan=plan_out, report=report_sim, objective_kind=objective, model_objective=obj, bound=bound, gap=gap,
+        greedy_objective=greedy[0] if greedy else None, greedy_report=greedy_report, combos_total=total,
+        combos_pruned=out.pruned, combos_solved=out.solved, build_s=sum(r.build_s for r in records),
+        solve_s=sum(r.solve_s for r in records), wall_s=time.perf_counter() - report.t_start, backend=backend,
+        records=records, status=status)
+    report(len(records), "done", obj, bound, force=True)
+    return result
 
 
 @dataclass(frozen=True)
@@ -569,11 +910,13 @@ class _ChoiceResult:
 
 
 def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
-                  objective: str, milp: _MilpSettings, limit_s: float, lb: float | None = None) -> _ChoiceResult | None:
+                  objective: str, milp: _MilpSettings, limit_s: float, deadline: joint.Deadline,
+                  lb: float | None = None) -> _ChoiceResult | None:
     """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
     `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
     proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
-    None when nothing in the choice beats the cutoff (infeasible under it)."""
+    None when nothing in the choice beats the cutoff (infeasible under it). The solver gets
+    `limit_s`, or what the build left of the search's `deadline` if that is less."""
     from hetplan.solvers import SolveOptions, solve
 
     lb = rec.lower_bound if lb is None else lb
@@ -591,8 +934,12 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
     if found is not None and found[0] <= (cutoff if cutoff is not None else found[0]):
         start = joint.warm_start(model, inp, found[1])
     rec.build_s += time.perf_counter() - t0
+    left = deadline.remaining()
+    if left < 0.05:  # the build took the time left
+        rec.status = "skipped_time"
+        return _ChoiceResult(lb, rec, inp, found, None, open=False)
     res = solve(model, backend=milp.backend, warm_start=start,
-                options=SolveOptions(time_limit_s=max(limit_s, 0.1), rel_gap=milp.rel_gap / 2,
+                options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=milp.rel_gap / 2,
                                      diagnose_infeasible=False))  # a cutoff makes infeasible normal
     rec.solve_s += res.solve_s
     rec.status = f"solved:{res.status.value}"
@@ -733,14 +1080,22 @@ def _order(step: _Step) -> tuple:
     return (step.lb, step.combo.P, step.combo.D, step.combo.b, step.level)
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 class _Helper:
     """A forked process that computes the refinement steps (`_refine`) it is given, least queue
     key first, and says which one it starts. It holds its own copies of the inputs and their
     caches. Any failure (no fork on this platform, a crash, no word for HELPER_WAIT_S while a step
-    is awaited) makes the main process compute the steps itself."""
+    is awaited) makes the main process compute the steps itself.
 
-    def __init__(self, conn, proc):
-        self.conn, self.proc = conn, proc
+    Signals are the main process's business: the helper ignores SIGINT (Ctrl-C reaches the whole
+    process group; the main process stops it), dies at SIGTERM without a word (what `close`
+    sends), and dies with the main process (Linux: PR_SET_PDEATHSIG). Its steps stop at the
+    search's deadline like the main process's."""
+
+    def __init__(self, conn, proc, deadline: joint.Deadline):
+        self.conn, self.proc, self.deadline = conn, proc, deadline
         self.done: dict[_Step, tuple] = {}  # results received and not yet used
         self.pending: set[_Step] = set()  # given and not finished (nor taken back)
         self.current: _Step | None = None  # the step the helper is computing
@@ -748,7 +1103,7 @@ class _Helper:
 
     @classmethod
     def start(cls, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
-              min_its: float | None) -> "_Helper | None":
+              min_its: float | None, deadline: joint.Deadline) -> "_Helper | None":
         try:
             ctx = multiprocessing.get_context("fork")
             if len(os.sched_getaffinity(0)) < 2:
@@ -756,25 +1111,34 @@ class _Helper:
         except (ValueError, AttributeError):  # no fork (Windows) or no affinity call (macOS)
             return None
         conn, child = ctx.Pipe()
-        proc = ctx.Process(target=_helper_loop, args=(child, inputs, tables, objective, max_cost, min_its),
-                           daemon=True)
+        proc = ctx.Process(target=_helper_main, args=(os.getpid(), child, inputs, tables, objective, max_cost,
+                                                      min_its, deadline), daemon=True)
         # objects that exist now go to the collector's permanent generation until `close`: neither
         # process's collections then touch them, so the pages the fork shares stay shared (not
         # when the caller froze objects already: unfreezing would release theirs too)
         froze = gc.get_freeze_count() == 0
         if froze:
             gc.freeze()
+        # the child is born with SIGINT and SIGTERM blocked and unblocks them once its own handlers
+        # are set: a Ctrl-C at fork time must not raise KeyboardInterrupt (and print a traceback) there
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             proc.start()
         except (AssertionError, OSError):  # a daemon process may not start children; no resources
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if froze:
                 gc.unfreeze()
             conn.close()
             return None
         finally:
             child.close()
-        helper = cls(conn, proc)
+        helper = cls(conn, proc, deadline)
         helper.froze = froze
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that came meanwhile is raised here
+        except BaseException:
+            helper.close()
+            raise
         return helper
 
     def _send(self, msg) -> bool:
@@ -825,11 +1189,15 @@ class _Helper:
         self._drain(block=True)
 
     def _drain(self, block: bool) -> None:
-        """Receive what the helper has sent (with `block`, wait for at least one message)."""
+        """Receive what the helper has sent (with `block`, wait for at least one message; past the
+        deadline, DeadlineExceeded: the helper's steps stop there too, so it has nothing to say)."""
         try:
             while self.conn is not None and (block or self.conn.poll()):
-                if block and not self.conn.poll(HELPER_WAIT_S):  # a hung helper must not hang the search
-                    raise OSError("helper timed out")
+                wait_s = min(HELPER_WAIT_S, max(self.deadline.remaining(), 0.0) + 0.1)
+                if block and not self.conn.poll(wait_s):
+                    if self.deadline.expired():
+                        raise joint.DeadlineExceeded
+                    raise OSError("helper timed out")  # a hung helper must not hang the search
                 step, ok, value = self.conn.recv()
                 block = False
                 if ok is None:  # the helper started this step
@@ -847,14 +1215,41 @@ class _Helper:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-        self.proc.terminate()
-        self.proc.join(timeout=1.0)
-        if self.froze:
-            gc.unfreeze()
+        try:
+            self.proc.terminate()
+            self.proc.join(timeout=0.5)
+            if self.proc.exitcode is None:  # stopped (SIGSTOP) or stuck in the kernel: no orphan either way
+                self.proc.kill()
+                self.proc.join(timeout=0.5)
+        finally:
+            if self.froze:
+                self.froze = False
+                gc.unfreeze()
+
+
+def _quiet_helper(parent: int) -> None:
+    """The helper's signals (`_Helper`): set while they are blocked (`_Helper.start`), then let in."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
+    except (OSError, AttributeError):  # not Linux: the closed pipe ends the helper at its next message
+        pass
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _helper_main(parent: int, conn, *args) -> None:
+    """The helper process: its signals (`_quiet_helper`), then `_helper_loop(conn, *args)`."""
+    _quiet_helper(parent)
+    _helper_loop(conn, *args)
 
 
 def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
-                 min_its: float | None) -> None:
+                 min_its: float | None, deadline: joint.Deadline) -> None:
     refined: dict = {}  # the inputs this process refined, with their caches
     caches: dict = {}  # choice -> bound caches the main process sent, not yet taken into its inputs
     todo: list = []  # heap of (queue key, step)
@@ -886,10 +1281,11 @@ def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: 
         finished.add(step)
         try:
             conn.send((step, None, None))  # started: the main process waits for it rather than redo it
-            inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
-            for cache in caches.pop(step.combo, []):
-                joint.cache_import(inp, cache)
-            result = _refine(inp, tables, step, objective, max_cost, min_its)
+            with joint.deadline_scope(deadline):  # past it, the failure makes the main process stop too
+                inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
+                for cache in caches.pop(step.combo, []):
+                    joint.cache_import(inp, cache)
+                result = _refine(inp, tables, step, objective, max_cost, min_its)
             reply = (step, True, (result, joint.cache_export(inp)))
         except OSError:
             return
@@ -903,46 +1299,54 @@ def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,
                      min_its: float | None, greedies: dict, heuristic_choices: int, heuristic_degrees: int,
-                     rel_gap: float) -> tuple | None:
+                     rel_gap: float, tick: Callable[[str, tuple | None], None] | None = None) -> tuple | None:
     """The best heuristic plan over the most promising queued choices, (objective, solution,
     inputs), or None. A target from the start lets every strong bound stop early (measured on
     GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds). The
     `heuristic_choices` choices with the least cheap bound get the greedy and the stage DP
     (`joint_dp_heuristic`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
-    and only until some plan is found."""
+    and only until some plan is found. At the search's deadline it returns the best plan found so
+    far (the search then stops). `tick(what, best)` after each choice: progress."""
     best = None
-    order = sorted(range(len(queue)), key=lambda idx: queue[idx][:4])
-    for rank, idx in enumerate(order):
-        if rank >= heuristic_choices and best is not None:
-            break
-        item = queue[idx]
-        combo, inp = item[5], with_sync_table(item[6], tables)
-        queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
-        found = _best_heuristic(inp, objective, max_cost, min_its, dp=rank < heuristic_choices)
-        greedies[combo] = (found, rank < heuristic_choices)
-        if found is not None:
-            best = joint.better(best, (*found, inp))
-    # the cheap bound ranks poorly across data-parallel degrees (it ignores memory and quotas per
-    # stage), so the most promising choice of `heuristic_degrees` other D values gets the stage DP
-    # too, by the least medium bound first and only while that bound is below the incumbent
-    # (measured: GPT-Neo on 80 A100 + 240 V100, the 16 first choices all had D >= 32 and no plan or
-    # one 10 % off, the optimum has D = 16; small D with 16 stages make the costliest DPs, 0.6 s
-    # on 2 x 256 GPUs, and rarely win)
-    seen, others = {queue[idx][5].D for idx in order[:heuristic_choices]}, []
-    for idx in order:
-        if queue[idx][5].D not in seen:
-            seen.add(queue[idx][5].D)
-            inp = with_sync_table(queue[idx][6], tables)
-            queue[idx] = queue[idx][:6] + (inp,)
-            others.append((_tight_bound(inp, objective, min_its, exact=False), idx))
-    for lb, idx in sorted(others)[:heuristic_degrees]:
-        if lb == float("inf") or (best is not None and lb >= best[0] * (1 - rel_gap)):
-            break
-        combo, inp = queue[idx][5], queue[idx][6]
-        found = _best_heuristic(inp, objective, max_cost, min_its)
-        greedies[combo] = (found, True)
-        if found is not None:
-            best = joint.better(best, (*found, inp))
+    tick = tick or (lambda what, best: None)
+    try:
+        order = sorted(range(len(queue)), key=lambda idx: queue[idx][:4])
+        for rank, idx in enumerate(order):
+            if rank >= heuristic_choices and best is not None:
+                break
+            joint.check_deadline()  # the preparation may have used the time up
+            item = queue[idx]
+            combo, inp = item[5], with_sync_table(item[6], tables)
+            queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
+            found = _best_heuristic(inp, objective, max_cost, min_its, dp=rank < heuristic_choices)
+            greedies[combo] = (found, rank < heuristic_choices)
+            if found is not None:
+                best = joint.better(best, (*found, inp))
+            tick(f"heuristics P={combo.P} b={combo.b} D={combo.D}", best)
+        # the cheap bound ranks poorly across data-parallel degrees (it ignores memory and quotas per
+        # stage), so the most promising choice of `heuristic_degrees` other D values gets the stage DP
+        # too, by the least medium bound first and only while that bound is below the incumbent
+        # (measured: GPT-Neo on 80 A100 + 240 V100, the 16 first choices all had D >= 32 and no plan or
+        # one 10 % off, the optimum has D = 16; small D with 16 stages make the costliest DPs, 0.6 s
+        # on 2 x 256 GPUs, and rarely win)
+        seen, others = {queue[idx][5].D for idx in order[:heuristic_choices]}, []
+        for idx in order:
+            if queue[idx][5].D not in seen:
+                seen.add(queue[idx][5].D)
+                inp = with_sync_table(queue[idx][6], tables)
+                queue[idx] = queue[idx][:6] + (inp,)
+                others.append((_tight_bound(inp, objective, min_its, exact=False), idx))
+        for lb, idx in sorted(others)[:heuristic_degrees]:
+            if lb == float("inf") or (best is not None and lb >= best[0] * (1 - rel_gap)):
+                break
+            combo, inp = queue[idx][5], queue[idx][6]
+            found = _best_heuristic(inp, objective, max_cost, min_its)
+            greedies[combo] = (found, True)
+            if found is not None:
+                best = joint.better(best, (*found, inp))
+            tick(f"heuristics P={combo.P} b={combo.b} D={combo.D}", best)
+    except joint.DeadlineExceeded:
+        pass
     return best
 
 

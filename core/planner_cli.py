@@ -1,34 +1,126 @@
 """`hetplan solve` and `hetplan pareto`: the joint planner on the command line."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import Progress
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 
 def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages):
     from hetplan.planner import PlannerOptions
 
+    _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages)
     return PlannerOptions(backend=solver, objective=objective, max_cost_usd=max_cost, min_iters_per_s=min_throughput,
                           time_limit_s=time_limit, rel_gap=gap, max_stages=max_stages,
                           linearize=(solver != "scip"))
 
 
+def _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages) -> None:
+    """Refuse bad options before anything is loaded or searched, each naming its option."""
+    from hetplan.errors import InstanceError
+
+    def finite_positive(value, name):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InstanceError(f"must be a positive finite number, got {value:g}", name)
+
+    if objective not in (None, "max_throughput", "min_cost"):
+        raise InstanceError(f"unknown objective {objective!r}; use max_throughput or min_cost", "--objective")
+    finite_positive(time_limit, "--time-limit")
+    finite_positive(max_cost, "--max-cost")
+    finite_positive(min_throughput, "--min-throughput")
+    if not (math.isfinite(gap) and 0 <= gap < 1):
+        raise InstanceError(f"must be a relative gap in [0, 1), got {gap:g}", "--gap")
+    if max_stages < 1:
+        raise InstanceError(f"must be at least 1, got {max_stages}", "--max-stages")
+    if solver is not None:
+        from hetplan.errors import SolverError
+        from hetplan.solvers.registry import get_backend
+
+        try:
+            get_backend(solver)
+        except SolverError as exc:
+            raise InstanceError(str(exc), "--solver") from None
+
+
+def _fmt(value, unit: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.5g} {unit}"
+
+
+def _describe(state, unit: str) -> str:
+    """One status line of a running search: where it is, incumbent, bound and gap."""
+    parts = [state.what] if getattr(state, "what", "") else []
+    parts.append(f"best {_fmt(getattr(state, 'incumbent', None), unit)}")
+    parts.append(f"bound {_fmt(getattr(state, 'bound', None), unit)}")
+    gap = getattr(state, "gap", None)
+    parts.append(f"gap {100 * gap:.2f} %" if gap is not None and math.isfinite(gap) else "gap -")
+    return "  ".join(parts)
+
+
 def _run(instance, opts, quiet: bool):
+    """Run the planner; on a terminal, a progress display on stderr shows choices settled,
+    incumbent, bound and gap as they move (stdout stays for the requested output)."""
     from hetplan.planner import plan
 
-    if quiet:
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
         return plan(instance, opts)
-    with Progress(transient=True) as bar:
+    unit = "s/it" if (opts.objective or instance.objective.kind) == "max_throughput" else "USD/it"
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("searching", total=None)
 
-        def tick(i: int, n: int, what: str) -> None:
-            bar.update(task, total=n, completed=i, description=f"outer choice {what}")
+        def tick(state) -> None:
+            bar.update(task, total=state.total, completed=state.done, description=_describe(state, unit))
 
         return plan(instance, opts, progress=tick)
+
+
+def _check_outputs(output: Optional[Path], plot: Optional[Path]) -> None:
+    from hetplan.files import check_writable
+
+    if output is not None:
+        check_writable(output, "--output")
+    if plot is not None:
+        check_writable(plot, "--plot")
+
+
+def _write_outputs(res, output: Optional[Path], plot: Optional[Path]) -> None:
+    from hetplan.files import write_atomic
+
+    if output:
+        write_atomic(output, res.plan.to_json() + "\n", "--output")
+    if plot:
+        from hetplan.timeline import plot_timeline
+
+        plot_timeline(res.report, plot)
+
+
+def _search_table(res) -> Table:
+    unit = "s/iteration" if res.objective_kind == "max_throughput" else "USD/iteration"
+    table = Table(title=f"search (planner's model, {unit})")
+    for col in ("model estimate", "proven bound", "gap", "heuristic", "outer choices", "pruned by bound", "solved",
+                "build s", "solve s", "wall s", "solver"):
+        table.add_column(col)
+    table.add_row(f"{res.model_objective:.5g}", f"{res.bound:.5g}", f"{100 * res.gap:.2f} %",
+                  f"{res.greedy_objective:.5g}" if res.greedy_objective is not None else "-",
+                  str(res.combos_total), str(res.combos_pruned), str(res.combos_solved),
+                  f"{res.build_s:.2f}", f"{res.solve_s:.2f}", f"{res.wall_s:.2f}", res.backend)
+    return table
+
+
+def _model_vs_simulation_note(res) -> str:
+    simulated = (res.report.iteration_time_s if res.objective_kind == "max_throughput"
+                 else res.report.cost_per_iteration_usd)
+    what = "iteration time" if res.objective_kind == "max_throughput" else "cost per iteration"
+    return (f"The simulated {what} above ({simulated:.5g}) is the plan's figure. The model estimate "
+            f"({res.model_objective:.5g}) is the planner's own figure for the same plan, the one its bound and "
+            "gap refer to; the two differ where the planner's model simplifies the simulator.")
 
 
 def register(app: typer.Typer) -> None:
@@ -49,32 +141,20 @@ def register(app: typer.Typer) -> None:
         """Choose GPUs and a parallelization plan that optimise the objective, with a proven bound."""
         from hetplan.instance import load_instance
 
-        if objective not in (None, "max_throughput", "min_cost"):
-            raise typer.BadParameter("--objective must be max_throughput or min_cost")
+        opts = _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages)
+        _check_outputs(output, plot)
         inst = load_instance(instance)
-        res = _run(inst, _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages), as_json)
-        if output:
-            res.plan.save(output)
-        if plot:
-            from hetplan.timeline import plot_timeline
-
-            plot_timeline(res.report, str(plot))
+        res = _run(inst, opts, as_json)
+        _write_outputs(res, output, plot)
         if as_json:
             print_json(res.summary())
             return
         render_simulation(res.report, f"hetplan plan for {inst.name} ({res.objective_kind})")
-        unit = "s/iteration" if res.objective_kind == "max_throughput" else "USD/iteration"
-        table = Table(title="search")
-        for col in ("model objective", "proven bound", "gap", "heuristic objective", "outer choices",
-                    "pruned by bound", "solved", "build s", "solve s", "wall s", "solver"):
-            table.add_column(col)
-        table.add_row(f"{res.model_objective:.5g} {unit}", f"{res.bound:.5g}", f"{100 * res.gap:.2f} %",
-                      f"{res.greedy_objective:.5g}" if res.greedy_objective is not None else "-",
-                      str(res.combos_total), str(res.combos_pruned), str(res.combos_solved),
-                      f"{res.build_s:.2f}", f"{res.solve_s:.2f}", f"{res.wall_s:.2f}", res.backend)
-        console.print(table)
-        if output:
-            console.print(f"plan written to {output}")
+        console.print(_search_table(res))
+        console.print(_model_vs_simulation_note(res))
+        for path in (output, plot):
+            if path:
+                console.print(f"written: {path}")
 
     @app.command()
     def pareto(instance: str = typer.Argument(..., help="instance file or bundled name"),
@@ -82,22 +162,22 @@ def register(app: typer.Typer) -> None:
                solver: Optional[str] = typer.Option(None, "--solver"),
                time_limit: float = typer.Option(30.0, "--time-limit", help="seconds per solve"),
                max_stages: int = typer.Option(8, "--max-stages"),
+               plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG of the front here"),
                as_json: bool = typer.Option(False, "--json")) -> None:
         """Sweep budgets and print the throughput-cost front."""
+        from hetplan.errors import InstanceError
         from hetplan.instance import load_instance
 
+        if points < 2:
+            raise InstanceError(f"must be at least 2 (the cheapest and the fastest plan), got {points}", "--points")
+        _check_search_options(solver, None, None, None, time_limit, 0.01, max_stages)
+        _check_outputs(None, plot)
         inst = load_instance(instance)
-        fast = _run(inst, _options(solver, "max_throughput", None, None, time_limit, 0.01, max_stages), True)
-        cheap = _run(inst, _options(solver, "min_cost", None, None, time_limit, 0.01, max_stages), True)
-        lo, hi = cheap.report.cost_per_iteration_usd, fast.report.cost_per_iteration_usd
-        rows = [(lo, cheap)]
-        for k in range(1, max(points - 1, 1)):
-            budget = lo + (hi - lo) * k / max(points - 1, 1)
-            rows.append((budget, _run(inst, _options(solver, "max_throughput", budget, None, time_limit, 0.01,
-                                                     max_stages), True)))
-        rows.append((hi, fast))
-        front = [{"budget_usd": b, "cost_usd": r.report.cost_per_iteration_usd, "iters_per_s": r.report.iters_per_s,
-                  "samples_per_s": r.report.samples_per_s, "gpus": r.report.num_gpus, "gap": r.gap} for b, r in rows]
+        front = _front(inst, points, solver, time_limit, max_stages, as_json)
+        if plot:
+            from hetplan.timeline import plot_pareto
+
+            plot_pareto(front, plot)
         if as_json:
             print_json(front)
             return
@@ -108,3 +188,22 @@ def register(app: typer.Typer) -> None:
             table.add_row(f"{p['budget_usd']:.5g}", f"{p['cost_usd']:.5g}", f"{p['iters_per_s']:.4g}",
                           f"{p['samples_per_s']:.4g}", str(p["gpus"]), f"{100 * p['gap']:.2f} %")
         console.print(table)
+        if plot:
+            console.print(f"written: {plot}")
+
+
+def _front(inst, points: int, solver, time_limit: float, max_stages: int, quiet: bool) -> list[dict]:
+    """The cheapest plan, the fastest plan and `points - 2` budgets evenly between their costs."""
+    def solve_with(objective, budget):
+        return _run(inst, _options(solver, objective, budget, None, time_limit, 0.01, max_stages), quiet)
+
+    fast = solve_with("max_throughput", None)
+    cheap = solve_with("min_cost", None)
+    lo, hi = cheap.report.cost_per_iteration_usd, fast.report.cost_per_iteration_usd
+    rows = [(lo, cheap)]
+    for k in range(1, points - 1):
+        budget = lo + (hi - lo) * k / (points - 1)
+        rows.append((budget, solve_with("max_throughput", budget)))
+    rows.append((hi, fast))
+    return [{"budget_usd": b, "cost_usd": r.report.cost_per_iteration_usd, "iters_per_s": r.report.iters_per_s,
+             "samples_per_s": r.report.samples_per_s, "gpus": r.report.num_gpus, "gap": r.gap} for b, r in rows]

@@ -58,7 +58,7 @@ from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.base import Endpoint
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor, unit_params
 from hetplan.instance import Instance
-from hetplan.plan import Plan, Replica, Stage, validate_plan, workers
+from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan, workers
 from hetplan.simulator import SimulationReport, endpoint, in_flight_microbatches, simulate
 
 # ---- what a rank holds ----------------------------------------------------------------------------
@@ -162,7 +162,7 @@ def memoised(est: EstimatorSet) -> EstimatorSet:
 @dataclass(frozen=True)
 class ReplanOptions:
     warm: bool = True  # False: from scratch (planner only, first-fit placement)
-    planner_time_limit_s: float = 1.0  # the joint planner's run; 0 skips it when a repair exists
+    planner_time_limit_s: float = 1.0  # the joint planner's runs, together; 0 skips it when a repair exists
     planner_combo_time_limit_s: float = 0.5
     planner_cutoff: bool = True  # the planner must beat the best candidate so far
     backend: str | None = None
@@ -315,7 +315,9 @@ def _best(cands: list[Candidate]) -> Candidate | None:
 def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, state: ClusterState,
                        prev: Plan | None, lost: frozenset, opts: ReplanOptions, incumbent: Candidate | None,
                        cache: dict | None) -> tuple[Plan | None, str | None, float]:
-    """(placed plan or None, a note, planner seconds)."""
+    """(placed plan or None, a note, planner seconds). The planner runs on what is available and,
+    if its plan does not fit the GPUs up on partially available nodes, again on whole nodes only:
+    the two runs share `planner_time_limit_s` (the second gets what the first left)."""
     min_its = max_cost = None
     if opts.warm and opts.planner_cutoff and incumbent is not None and incumbent.feasible:
         if view.objective.kind == "min_cost":
@@ -329,9 +331,13 @@ def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, st
     held = holdings(instance, prev) if (opts.warm and prev is not None) else {}
     held = {g: p for g, p in held.items() if g not in lost}
     tried, spent = [], 0.0
+    budget = opts.planner_time_limit_s or 0.5  # both tries together (0: only when no repair exists)
     for available in (state.available(), state.whole_node_available()):
         if available in tried:
             continue
+        if tried and budget - spent < 0.05 * budget:  # the first try used the time up
+            return None, "planner: its plan does not fit the GPUs up on partially available nodes, and no " \
+                         "time was left to plan on whole nodes", spent
         tried.append(available)
         key = (state.key(), tuple(sorted(available.items())), opts.planner_time_limit_s,
                opts.planner_combo_time_limit_s, opts.backend, opts.tp_choices, opts.microbatch_sizes,
@@ -339,7 +345,7 @@ def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, st
         if cache is not None and key in cache:
             unplaced, note, secs = cache[key]
         else:
-            unplaced, note, secs = _run_planner(view, est, opts, available, min_its, max_cost)
+            unplaced, note, secs = _run_planner(view, est, opts, available, min_its, max_cost, budget - spent)
             if cache is not None:
                 cache[key] = (unplaced, note, secs)
         spent += secs
@@ -353,11 +359,11 @@ def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, st
 
 
 def _run_planner(view: Instance, est: EstimatorSet, opts: ReplanOptions, available: dict, min_its: float | None,
-                 max_cost: float | None) -> tuple[Plan | None, str | None, float]:
+                 max_cost: float | None, limit_s: float) -> tuple[Plan | None, str | None, float]:
     from hetplan.planner import PlannerOptions, plan as joint_plan
 
     t0 = time.perf_counter()
-    popts = PlannerOptions(backend=opts.backend, time_limit_s=opts.planner_time_limit_s or 0.5,
+    popts = PlannerOptions(backend=opts.backend, time_limit_s=limit_s,
                            combo_time_limit_s=opts.planner_combo_time_limit_s, max_stages=opts.max_stages,
                            microbatch_sizes=opts.microbatch_sizes, tp_choices=opts.tp_choices,
                            available=available, min_iters_per_s=min_its, max_cost_usd=max_cost)
@@ -606,6 +612,8 @@ class _Repair:
         first (best fit keeps whole nodes free for wide TP groups)."""
         out: dict[tuple[str, str, int], list[_Rep]] = {}
         for tp in self.opts.tp_choices:
+            if tp_indivisible(self.arch, tp):  # the plan validator would refuse it
+                continue
             for node_id in sorted(free, key=lambda n: (len(free[n]), n)):
                 gpus, node = free[node_id], self.node_info[node_id]
                 if node.num_gpus % tp:

@@ -34,7 +34,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from hetplan.cluster_state import (
     ClusterState,
@@ -185,14 +185,27 @@ def load_events(instance: Instance, trace: str | Path | None) -> tuple[str | Non
     return csv, events
 
 
+@dataclass(frozen=True)
+class ReplayProgress:
+    """Where a replay is, for a progress display: a strategy's events handled so far."""
+
+    strategy: str
+    done: int
+    total: int
+    time_s: float  # the trace time of the last event handled
+    samples_per_s: float  # the plan training after it (0 while no plan runs)
+
+
 def replay(instance: Instance, trace: str | Path | None = None, options: ReplayOptions | None = None,
-           extra_events: Iterable[Event] = ()) -> ReplayResult:
+           extra_events: Iterable[Event] = (),
+           progress: Callable[[ReplayProgress], None] | None = None) -> ReplayResult:
     """Replay the instance's events (plus `trace`: a Sailor CSV replacing the instance's
     `events.trace_csv`, or an events file) under every strategy of `options`."""
     opts = options or ReplayOptions()
     t_wall = time.perf_counter()
     csv, file_events = load_events(instance, trace)
-    events = event_stream(instance, csv, [*file_events, *extra_events], opts.notice_s)
+    notes: list[str] = []  # counts above the instance's, clamped (the state's own notes would repeat them)
+    events = event_stream(instance, csv, [*file_events, *extra_events], opts.notice_s, notes=notes)
     groups = batches(events)
     start = 0.0  # event times are relative to the start of the job (traces: to their first row)
     state = ClusterState.initial(instance)
@@ -202,7 +215,6 @@ def replay(instance: Instance, trace: str | Path | None = None, options: ReplayO
         groups = ([(start, notices0)] if notices0 else []) + groups[1:]
     horizon = opts.horizon_s if opts.horizon_s is not None else _default_horizon(start, events)
     groups = [(t, evs) for t, evs in groups if t < horizon]
-    notes = list(state.clamped)
     plan0, initial = _initial_plan(instance, state, opts, notes)
     if opts.plan_horizon_s is None:
         opts = replace(opts, plan_horizon_s=_median_gap(events))
@@ -210,9 +222,12 @@ def replay(instance: Instance, trace: str | Path | None = None, options: ReplayO
     results = {}
     for name in opts.strategies:
         runner = (_Static if name == "static" else _Adaptive)(name, instance, state, plan0, start, opts, cache)
-        for t, evs in groups:
+        for k, (t, evs) in enumerate(groups):
             runner.advance(t)
             runner.on_events(t, evs)
+            if progress:
+                progress(ReplayProgress(name, k + 1, len(groups), t, runner.report.samples_per_s
+                                        if runner.report is not None else 0.0))
         runner.advance(horizon)
         results[name] = runner.result
     return ReplayResult(instance.name, start, horizon, len(events), initial, results, time.perf_counter() - t_wall,

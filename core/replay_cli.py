@@ -69,6 +69,30 @@ def render(result) -> None:
     console.print(f"replayed in {result.wall_s:.1f} s")
 
 
+def _run(inst, trace, opts, quiet: bool):
+    """Replay; on a terminal, a progress line on stderr per strategy: events handled, trace time,
+    and the samples/s of the plan training after the last event."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hetplan.replay import replay as run_replay
+
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        return run_replay(inst, trace, opts)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def tick(state) -> None:
+            if state.strategy not in tasks:
+                tasks[state.strategy] = bar.add_task(state.strategy, total=state.total)
+            bar.update(tasks[state.strategy], completed=state.done,
+                       description=f"{state.strategy}: t={state.time_s:g} s, {state.samples_per_s:.1f} samples/s")
+
+        return run_replay(inst, trace, opts, progress=tick)
+
+
 def register(app: typer.Typer) -> None:
     from hetplan.cli import print_json
 
@@ -93,12 +117,11 @@ def register(app: typer.Typer) -> None:
                as_json: bool = typer.Option(False, "--json")) -> None:
         """Replay an availability trace: re-plan at each event and compare with static / cold re-planning."""
         from hetplan.instance import load_instance
-        from hetplan.replay import replay as run_replay
 
         inst = load_instance(instance)
         opts = _options(horizon, restart, notice, no_notice, planner_time_limit, initial_time_limit, fixed_latency,
                         strategies, move_penalty, checkpoint_interval)
-        result = run_replay(inst, trace, opts)
+        result = _run(inst, trace, opts, quiet=as_json)
         if as_json:
             print_json(result.summary())
             return

@@ -82,9 +82,13 @@ simulator may find a faster hierarchical or intra-node one); link classes, not z
 from __future__ import annotations
 
 import bisect
+import contextvars
 import functools
 import math
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 import numpy as np
 import pyomo.environ as pyo
@@ -95,6 +99,58 @@ from hetplan.plan import Plan, Replica, Stage
 
 COST_SCALE = 1e6  # objective and budget rows in micro-dollars
 TIME_UNITS_PER_S = 1e3  # the model's time variables are in milliseconds (`in_model_units`)
+
+
+# ---- deadlines --------------------------------------------------------------------------------------
+class DeadlineExceeded(Exception):
+    """A bound or heuristic stopped at the deadline of the search it serves. What it had computed
+    is dropped (caches store only finished values), so every figure kept stays valid."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point in time (`time.monotonic()`, the same clock in a forked helper) after which the
+    search's long computations stop."""
+
+    at: float = math.inf
+
+    @classmethod
+    def after(cls, seconds: float) -> "Deadline":
+        return cls(time.monotonic() + seconds)
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.at
+
+    def check(self) -> None:
+        if time.monotonic() > self.at:
+            raise DeadlineExceeded
+
+
+NO_DEADLINE = Deadline()
+# The deadline the bounds and heuristics of this module (and `joint_dp_heuristic`) check in their
+# long loops. A scope rather than a parameter: the bounds call each other many levels deep through
+# caches keyed by their inputs alone, and a finished value does not depend on the deadline.
+_DEADLINE: contextvars.ContextVar[Deadline] = contextvars.ContextVar("hetplan_deadline", default=NO_DEADLINE)
+
+
+@contextmanager
+def deadline_scope(deadline: Deadline) -> Iterator[Deadline]:
+    """Within the block, `check_deadline()` raises DeadlineExceeded after `deadline` (or an
+    enclosing scope's earlier one)."""
+    effective = Deadline(min(deadline.at, _DEADLINE.get().at))
+    token = _DEADLINE.set(effective)
+    try:
+        yield effective
+    finally:
+        _DEADLINE.reset(token)
+
+
+def check_deadline() -> None:
+    """Raise DeadlineExceeded when the current scope's deadline has passed (about 0.1 us)."""
+    _DEADLINE.get().check()
 
 
 @dataclass(frozen=True)
@@ -270,6 +326,7 @@ def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
     stage can hold >= v blocks need D replicas each of classes with cap >= v there, and at most
     N(v) positions can have that at once (`_hall_counts`). Total blocks <= sum_v (v - v_next) N(v)
     (layer-cake sum over the capacity levels)."""
+    check_deadline()
     tab = _coverable_tables(inp)
     by_time = np.floor((theta_s - tab.extra_s) / tab.block_s[:, None] + 1e-9)
     caps = np.maximum(-1, np.minimum(np.minimum(by_time, tab.by_mem), inp.U - 2)).astype(np.int64)  # (K, P)
@@ -519,6 +576,7 @@ def _first_true_from(pred, cands, lo: int, hi: int | None = None) -> int:
     hi = len(cands) - 1 if hi is None else hi
     failed, probe, step = lo - 1, lo, 1
     while not pred(cands[probe]):
+        check_deadline()  # every probe is costly (a DP or a Hall count)
         failed, probe, step = probe, min(probe + step, hi), step * 2
     return _first_true(pred, cands, failed + 1, probe)
 
@@ -532,6 +590,7 @@ def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps:
         if lo >= hi:
             break
         mid = (lo + hi) // 2
+        check_deadline()
         if pred(cands[mid]):
             hi = mid
         else:
@@ -621,6 +680,7 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     best[0, 0] = 0.0
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
     for i in range(inp.P):
+        check_deadline()  # a stage's step: up to ~10 ms on 10,000 GPUs
         new = np.full_like(best, np.inf)
         by_need: dict[tuple[float, float], list[int]] = {}  # block counts with the same GPUs per replica
         at = slice(starts[i], starts[i + 1])
@@ -1009,6 +1069,7 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     prev, valid = _minplus_index(N)
 
     def values(lams: np.ndarray) -> np.ndarray:  # (B, types + 1) prices -> (B,) dual values
+        check_deadline()
         stage = by_time.costs(arr, lams, inp.D).min(axis=3)  # (B, P, N)
         best = np.full((lams.shape[0], N), np.inf)
         best[:, 0] = 0.0
@@ -1116,6 +1177,7 @@ def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) 
     best[:, 0, 0] = 0.0
     allowed = [np.isfinite(c).any(axis=0) for c in cost]  # (P, N) per unit: the counts a stage may take
     for i in range(P):
+        check_deadline()
         new = np.full_like(best, np.inf)
         for u, c, ok_u in zip(units, cost, allowed):
             if u > V:
@@ -1151,6 +1213,7 @@ def _replica_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float,
         best = np.full((L + 1, cap_a + 1), np.inf)
         best[0, 0] = 0.0
         for choices in stages:
+            check_deadline()
             new = np.full_like(best, np.inf)
             for (wa, wb), per_n in choices.items():
                 contrib = _stage_contrib(best, wa, mu * wb if wb < math.inf else wb, D)
@@ -1288,6 +1351,7 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
         best = np.full((thetas.size, L + 1), np.inf)
         best[:, 0] = 0.0
         for i in range(inp.P):
+            check_deadline()
             new = np.full_like(best, np.inf)
             for n in block_counts(inp, i):
                 np.minimum(new[:, n:], best[:, :L + 1 - n] + weight(i, n)[:, None], out=new[:, n:])
@@ -1935,6 +1999,7 @@ def greedy(inp: JointInputs, order: str = "speed") -> JointSolution | None:
     speed = sorted(range(inp.K), key=lambda k: sum(inp.step_s[k]) * inp.pools[k].tp * weight(k))
     replicas = []
     for _ in range(inp.P):
+        check_deadline()
         row = _fill_stage(inp, left, speed)
         if row is None:
             return None

@@ -24,6 +24,10 @@ searches plans of *homogeneous* stages exactly, by a dynamic program over the st
 Zones are merged in the DP; a plan is then placed stage by stage in one zone with room for all
 of its replicas, or spread over the zones of one region (Sailor H5), or dropped. Mixed stages (two
 classes in one stage) are outside this heuristic's space: the MILP covers them.
+
+Time: the DP checks the search's deadline (`joint.deadline_scope`) at every stage (one stage is
+up to ~50 ms with 4096 usage states); when it passes, `dp_heuristic` returns the best plan scored
+so far (or None).
 """
 from __future__ import annotations
 
@@ -100,6 +104,7 @@ def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
     best[(slice(None),) + (0,) * (len(shape) - 1)] = 0.0  # stage 0 may start in any region
     picks = []
     for i, row in enumerate(options):
+        joint.check_deadline()
         # best over the previous stage's region, per target region: staying, or crossing at a price
         entering = []
         for r in range(len(regions)):
@@ -200,7 +205,8 @@ def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_
     """(objective, solution) of the best plan the stage DP finds for this outer choice within the
     limits, or None (not the blocks form, or no plan of homogeneous stages). `theta_lo_s`: a known
     lower bound on the bottleneck (the search starts there). `descent`: at each cap, how many times
-    the all-reduce + update cap is lowered below the plan's (`_less_sync`)."""
+    the all-reduce + update cap is lowered below the plan's (`_less_sync`). At the search's
+    deadline it returns the best plan scored so far."""
     if not joint.blocks_identical(inp):
         return None
     time_s, _ = joint._class_figures(inp)
@@ -210,6 +216,21 @@ def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_
         thetas = [t for t in thetas if t <= cap]
     if not thetas:
         return None
+    scored: list[tuple[float, joint.JointSolution]] = []  # every plan within the limits, in order
+    try:
+        return _sweep(inp, thetas, objective, max_cost_usd, min_iters_per_s, sweep, descent, scored)
+    except joint.DeadlineExceeded:  # the best plan scored so far is still a plan
+        best = None
+        for got in scored:
+            best = joint.better(best, got)
+        return best
+
+
+def _sweep(inp: joint.JointInputs, thetas: list[float], objective: str, max_cost_usd: float | None,
+           min_iters_per_s: float | None, sweep: int, descent: int,
+           scored: list) -> tuple[float, joint.JointSolution] | None:
+    """`dp_heuristic` over the caps `thetas`; every plan scored within the limits is also appended
+    to `scored`."""
     memo: dict = {}
 
     def solve(theta: float, value: str, extra_cap: float = math.inf):  # the first cap's "time" DP is
@@ -234,7 +255,10 @@ def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_
     def score(stages):
         sol = place(inp, stages) if stages is not None else None
         obj = None if sol is None else joint.objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
-        return None if obj is None else (obj, sol)
+        if obj is None:
+            return None
+        scored.append((obj, sol))
+        return obj, sol
 
     for j in caps:
         found = False

@@ -8,7 +8,9 @@ task per node), kubernetes (Kubeflow PyTorchJob, kubeflow.org/v1), megatron (arg
 deepspeed (JSON config). The first three run hetplan's executor and accept any valid plan;
 megatron and deepspeed are refused with the specific reason when the plan uses what they cannot
 express (different TP or DP per stage, uneven microbatch shares, explicit per-stage layers for
-DeepSpeed, GPipe). Every target re-checks the spec invariants before anything is written.
+DeepSpeed). A uniform GPipe plan runs there as 1F1B, said in `CompiledLaunch.notes` and in the
+README.md written beside the files. Every target re-checks the spec invariants before anything
+is written.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from hetplan.errors import PlanError
+from hetplan.errors import PlanError, RefusedError
 from hetplan.instance import Instance
 from hetplan.plan import Plan
 from hetplan.runtime import targets
@@ -31,7 +33,7 @@ class CompileOptions:
     master_port: int = 29500
     rendezvous: Literal["static", "c10d"] = "static"
     rdzv_id: str | None = None
-    image: str = "hetplan-runtime:latest"  # container image for kubernetes
+    image: str = targets.K8S_IMAGE  # container image for kubernetes (Dockerfile at the repository root)
     training: TrainingSpec | None = None
 
 
@@ -39,7 +41,8 @@ class CompileOptions:
 class CompiledLaunch:
     target: str
     spec: LaunchSpec
-    files: dict[str, str]  # relative path -> content (launch_spec.json included)
+    files: dict[str, str]  # relative path -> content (launch_spec.json and README.md included)
+    notes: tuple[str, ...] = ()  # where the launch departs from the plan (also in README.md)
 
 
 def _refusals() -> dict[str, Callable[[LaunchSpec], str | None]]:
@@ -56,8 +59,9 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     refusal = _refusals().get(target)
     reason = refusal(spec) if refusal else None
     if reason:
-        raise PlanError(f"plan {spec.plan_name!r} cannot be launched with {target}: {reason}", "target")
-    files = {targets.SPEC_FILE: spec.to_json() + "\n"}
+        raise RefusedError(f"plan {spec.plan_name!r} cannot be launched with {target}: {reason}", "target")
+    files = {targets.SPEC_FILE: spec.to_json() + "\n",
+             targets.README_FILE: targets.render_readme(spec, target, targets.notes(spec, target))}
     if target == "torchrun":
         files |= targets.render_torchrun(spec)
     elif target == "slurm":
@@ -80,19 +84,23 @@ def compile_plan(instance: Instance, plan: Plan, target: str = "torchrun",
     rendezvous = "c10d" if target == "slurm" else options.rendezvous
     spec = build_spec(instance, plan, hosts=options.hosts, master_port=options.master_port,
                       rendezvous=rendezvous, rdzv_id=options.rdzv_id, training=options.training)
-    return CompiledLaunch(target, spec, render(spec, target, options))
+    return CompiledLaunch(target, spec, render(spec, target, options), tuple(targets.notes(spec, target)))
 
 
 def write_launch(instance: Instance, plan: Plan, target: str, out_dir: str | Path,
                  options: CompileOptions | None = None) -> list[Path]:
-    """Write the spec (JSON) and the target's files under `out_dir`; returns the written paths."""
+    """Write the spec (JSON) and the target's files under `out_dir`; returns the written paths.
+    Everything is rendered before the first file is written, and each file is written whole
+    (temporary file + rename), so a refusal or an interruption leaves no half-written file."""
+    from hetplan.files import write_atomic
+
     launch = compile_plan(instance, plan, target, options)
     out = Path(out_dir)
     written = []
     for rel, text in sorted(launch.files.items()):
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_atomic(path, text, "--out")
         if path.suffix == ".sh" or path.suffix == ".sbatch":
             path.chmod(0o755)
         written.append(path)

@@ -62,6 +62,12 @@ class RunOptions:
     load_checkpoint: str | None = None
     timeout_s: float = 300.0
     quiet: bool = False
+    progress_dir: str | None = None  # each rank writes rank<r>.steps (steps completed) there
+
+
+def progress_path(progress_dir: str | Path, spec_rank: int) -> Path:
+    """Steps a rank has completed, so a launcher can say when a rank died (runtime/local.py)."""
+    return Path(progress_dir) / f"rank{spec_rank}.steps"
 
 
 def model_config(spec: LaunchSpec, overrides: dict[str, Any]) -> ModelConfig:
@@ -300,6 +306,8 @@ class Trainer:
             row = {"step": k + 1, "iteration": iteration, "loss": sum(s[2] for s in stats),
                    "time_s": max(s[0] for s in stats), "peak_mem_bytes": [int(s[1]) for s in stats]}
             steps.append(row)
+            if opts.progress_dir:
+                progress_path(opts.progress_dir, self.world.me.rank).write_text(f"{k + 1}\n")
             if self.world.is_reporter and not opts.quiet:
                 print(f"[hetplan] step {k + 1}/{opts.steps} loss {row['loss']:.6f} time {row['time_s']:.3f} s "
                       f"peak mem {max(row['peak_mem_bytes']) / 2**20:.1f} MiB (max over {spec.world_size} ranks)",
@@ -386,6 +394,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--single-host", action="store_true", help="all ranks on this host: spec rank = RANK")
     p.add_argument("--collective-timeout", dest="timeout", type=float, default=300.0,
                    help="seconds before a collective gives up")
+    p.add_argument("--progress-dir", help="directory: every rank writes rank<r>.steps, its completed steps")
     return p
 
 
@@ -395,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(steps=args.steps, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                       seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
                       save_checkpoint=args.save_checkpoint, load_checkpoint=args.load_checkpoint,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, progress_dir=args.progress_dir)
     try:
         run_worker(load_spec(args.spec), opts, single_host=args.single_host)
     except HetplanError as exc:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hetplan.errors import HetplanError
+from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
-from hetplan.runtime.execute import RunOptions, run_worker
+from hetplan.runtime.execute import RunOptions, progress_path, run_worker
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
 
-class LaunchError(HetplanError):
+class LaunchError(RunFailedError):
     """A local launch failed: a rank raised, died or timed out; the message carries its error."""
 
 
@@ -59,7 +61,14 @@ def _local_env() -> dict[str, str]:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
+def _started_path(out_dir: Path, rank: int) -> Path:
+    """Written by a rank's first line of hetplan code: a rank that exits without it never got past
+    multiprocessing's bootstrap (the missing `if __name__ == '__main__':` guard)."""
+    return out_dir / f"rank{rank}.pid"
+
+
 def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int) -> None:
+    _started_path(Path(err_path).parent, rank).write_text(f"{os.getpid()}\n")
     os.environ.update(_local_env())
     import torch
 
@@ -78,8 +87,9 @@ def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir:
     ctx.set_forkserver_preload(["hetplan.runtime.execute", "torch._dynamo"])
     store = out_dir / f"store-{os.getpid()}-{time.monotonic_ns()}"
     errs = [out_dir / f"rank{r}.err" for r in range(spec.world_size)]
-    for e in errs:
-        e.unlink(missing_ok=True)
+    for r, e in enumerate(errs):
+        for stale in (e, _started_path(out_dir, r), progress_path(out_dir, r)):
+            stale.unlink(missing_ok=True)
     procs = [ctx.Process(target=_child, args=(str(spec_path), opts, r, f"file://{store}", str(errs[r]), threads))
              for r in range(spec.world_size)]
     for p in procs:
@@ -89,13 +99,13 @@ def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir:
         while any(p.exitcode is None for p in procs):
             failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if failed:
-                raise LaunchError(_failure_message(failed, procs, errs))
+                raise LaunchError(_failure_message(spec, opts, failed, [p.exitcode for p in procs], out_dir))
             if time.monotonic() > deadline:
                 raise LaunchError(f"local launch did not finish within {timeout_s:.0f} s")
             time.sleep(0.05)
         failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failed:
-            raise LaunchError(_failure_message(failed, procs, errs))
+            raise LaunchError(_failure_message(spec, opts, failed, [p.exitcode for p in procs], out_dir))
     finally:
         for p in procs:
             if p.exitcode is None:
@@ -105,16 +115,41 @@ def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir:
         store.unlink(missing_ok=True)
 
 
-def _failure_message(failed: list[int], procs, errs: list[Path]) -> str:
-    # The rank that raised first usually explains the others' broken-pipe errors.
-    with_text = [r for r in failed if errs[r].exists()]
-    r = with_text[0] if with_text else failed[0]
-    text = errs[r].read_text().strip() if errs[r].exists() else f"exit code {procs[r].exitcode}"
-    last = text.splitlines()[-1] if text else ""
-    if errs[r].exists():
-        return f"rank {r} failed: {last} (traceback in {errs[r]})"
-    return (f"rank {r} failed before training started ({last}); a script that calls launch_local needs an "
-            f"`if __name__ == '__main__':` guard (or use method='torchrun')")
+def _failure_message(spec: LaunchSpec, opts: RunOptions, failed: list[int], codes: list[int | None],
+                     out_dir: Path) -> str:
+    """One line on the rank that explains the failure. A rank killed by a signal comes first: the
+    others then fail on broken connections, which says nothing of the cause. Next a rank that
+    raised (its traceback is in rank<r>.err); the guard hint only for a rank that never started."""
+    killed = [r for r in failed if (codes[r] or 0) < 0]
+    raised = [r for r in failed if (out_dir / f"rank{r}.err").exists()]
+    if killed:
+        return _death_message(spec, opts, killed[0], codes[killed[0]] or 0, out_dir)
+    if raised:
+        err = out_dir / f"rank{raised[0]}.err"
+        lines = err.read_text().strip().splitlines()
+        return f"rank {raised[0]} failed: {lines[-1] if lines else 'no message'} (traceback in {err})"
+    r = failed[0]
+    if not _started_path(out_dir, r).exists():
+        return (f"rank {r} exited with code {codes[r]} before running any hetplan code: a script that calls "
+                f"launch_local needs an `if __name__ == '__main__':` guard (or use method='torchrun')")
+    return _death_message(spec, opts, r, codes[r] or 0, out_dir)
+
+
+def _death_message(spec: LaunchSpec, opts: RunOptions, rank: int, code: int, progress_dir: Path) -> str:
+    """'rank 3 (node v100-0, stage 1) was killed by signal SIGKILL (9) during step 2 of 5'."""
+    row = spec.ranks[rank]
+    if code < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-code).name} ({-code})"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code} without a Python error"
+    path = progress_path(progress_dir, rank)
+    done = int(path.read_text()) if path.exists() else 0
+    when = (f"during step {done + 1} of {opts.steps}" if done < opts.steps
+            else f"after its last step ({opts.steps} of {opts.steps}), while finishing")
+    return f"rank {rank} (node {row.node}, stage {row.stage}) {how} {when}; the other ranks were stopped"
 
 
 def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s: float) -> None:
@@ -131,6 +166,7 @@ def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s
             argv += [flags[key], str(value)]
     for flag, value in (("--optimizer", opts.optimizer), ("--lr", opts.lr), ("--seed", opts.seed),
                         ("--log-json", opts.log_path), ("--dump-params", opts.dump_dir),
+                        ("--progress-dir", opts.progress_dir),
                         ("--save-checkpoint", opts.save_checkpoint), ("--load-checkpoint", opts.load_checkpoint)):
         if value is not None:
             argv += [flag, str(value)]
@@ -142,8 +178,20 @@ def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s
     if not opts.quiet and proc.stdout:
         print(proc.stdout, end="")
     if proc.returncode != 0:
-        errors = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "Error" in ln or "error" in ln]
-        raise LaunchError(f"torchrun exited with {proc.returncode}: {errors[-1] if errors else proc.stderr[-500:]}")
+        raise LaunchError(_torchrun_failure(spec, opts, proc.returncode, proc.stderr + proc.stdout))
+
+
+def _torchrun_failure(spec: LaunchSpec, opts: RunOptions, returncode: int, output: str) -> str:
+    """torchrun's summary names the first failed rank ('Root Cause' section: 'rank : 1 (local_rank:
+    1)', 'exitcode : -9 (pid: ...)', torch/distributed/elastic/multiprocessing/errors); a
+    negative exit code is a signal. --single-host makes the spec rank equal torchrun's RANK."""
+    root = output.split("Root Cause", 1)[-1]
+    rank, code = re.search(r"rank\s*:\s*(\d+)", root), re.search(r"exitcode\s*:\s*(-?\d+)", root)
+    if rank and code and int(code.group(1)) < 0 and int(rank.group(1)) < spec.world_size:
+        return "torchrun: " + _death_message(spec, opts, int(rank.group(1)), int(code.group(1)),
+                                             Path(opts.progress_dir or "."))
+    errors = [ln for ln in output.splitlines() if "Error" in ln or "error" in ln]
+    return f"torchrun exited with {returncode}: {errors[-1] if errors else output[-500:]}"
 
 
 def _check_options(spec: LaunchSpec, opts: RunOptions) -> None:
@@ -184,11 +232,13 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
                       dump_dir=str(out / "params") if dump_params else None,
                       save_checkpoint=str(save_checkpoint) if save_checkpoint else None,
                       load_checkpoint=str(load_checkpoint) if load_checkpoint else None,
-                      timeout_s=min(timeout_s, 300.0), quiet=quiet)
+                      timeout_s=min(timeout_s, 300.0), quiet=quiet, progress_dir=str(out))
     _check_options(spec, opts)
     if method == "processes":
         _run_processes(spec, spec_path, opts, out, timeout_s, threads_per_rank)
     elif method == "torchrun":
+        for r in range(spec.world_size):
+            progress_path(out, r).unlink(missing_ok=True)
         _run_torchrun(spec, spec_path, opts, timeout_s)
     else:
         raise LaunchError(f"unknown local launch method {method!r}; use 'processes' or 'torchrun'")

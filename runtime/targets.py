@@ -3,25 +3,47 @@
 torchrun, slurm and kubernetes run hetplan's own executor, so they take any valid plan.
 megatron and deepspeed hand the plan to those frameworks, which need the same TP and DP on every
 stage and one microbatch size (DESIGN.md, "Conventions for launch specs"); `megatron_refusal` /
-`deepspeed_refusal` return the specific reason a plan does not fit, or None.
+`deepspeed_refusal` return the specific reason a plan does not fit, or None. A uniform GPipe plan
+is accepted there and launched as 1F1B, with a note (`notes`) in the files and in README.md.
 """
 from __future__ import annotations
 
+import base64
 import json
+import lzma
+import re
 import shlex
+from typing import NamedTuple
 
 import yaml
 
-from hetplan.runtime.spec import LaunchSpec, NodeSpec
+from hetplan.errors import RefusedError
+from hetplan.runtime.spec import LaunchSpec, NodeSpec, dns_label
 
 SPEC_FILE = "launch_spec.json"
+README_FILE = "README.md"
 EXECUTOR_MODULE = "hetplan.runtime.execute"
 K8S_GPU_LABEL = "hetplan.io/gpu-type"  # node label the cluster admin sets to the GPU type name
+K8S_ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known label; cloud providers set it on every node
 K8S_SPEC_DIR = "/etc/hetplan"
+K8S_IMAGE = "hetplan-runtime:latest"  # built from the Dockerfile at the repository root
+# Kubernetes stores an object in etcd only if its data is at most 1 MiB (ConfigMap docs). Below
+# K8S_PLAIN_SPEC_BYTES the spec stays readable JSON; client-side `kubectl apply` also copies the
+# whole object into an annotation limited to 256 KiB, hence the margin. Larger specs go xz-compressed.
+K8S_CONFIGMAP_LIMIT = 1024 * 1024
+K8S_PLAIN_SPEC_BYTES = 200_000
+# Label values: at most 63 characters, alphanumeric at both ends, '-', '_', '.' inside
+# (k8s.io/apimachinery/pkg/util/validation, IsValidLabelValue).
+_K8S_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 
 
 def _node_file(node: NodeSpec) -> str:
-    return f"node{node.node_rank}_{node.node}.sh"
+    return f"node{node.node_rank}_{dns_label(node.node)}.sh"
+
+
+def _q(value: object) -> str:
+    """A shell word: node ids and hosts come from instance files and may hold any character."""
+    return shlex.quote(str(value))
 
 
 def _rendezvous_flags(spec: LaunchSpec, node: NodeSpec, master_addr: str) -> list[str]:
@@ -54,15 +76,56 @@ def node_env(node: NodeSpec) -> dict[str, str]:
     return {"HETPLAN_NODE_ID": node.node, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in node.gpus)}
 
 
+# ---- notes and README -------------------------------------------------------------------------
+def notes(spec: LaunchSpec, target: str) -> list[str]:
+    """What the launch does differently from the plan, said in the files and in README.md."""
+    framework = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}.get(target)
+    if framework is None or spec.schedule.name == "1F1B":
+        return []
+    p, m = spec.num_stages, spec.schedule.num_microbatches
+    # Both schedules run the same microbatches through the same stages and step once on the same
+    # accumulated gradients; 1F1B only reorders forwards and backwards (Narayanan et al. 2021).
+    return [f"The plan's schedule is {spec.schedule.name}; {framework} runs 1F1B instead: the same {m} "
+            f"microbatches and the same optimizer step per iteration (the same math), with at most "
+            f"{min(p, m)} microbatches' activations held per stage instead of {m} (lower activation memory)."]
+
+
+_HOW_TO_RUN = {
+    "torchrun": "Run `torchrun/node<rank>_<node>.sh` on each node, or the node's line of `torchrun/commands.txt` "
+                "from inside `torchrun/`.",
+    "slurm": "Submit `sbatch hetplan.sbatch` from this directory (it reads `launch_spec.json` from here).",
+    "kubernetes": "`kubectl create -f pytorchjob.yaml` with the Kubeflow training operator installed; the image "
+                  "is built from the Dockerfile at the root of the hetplan repository.",
+    "megatron": "Set MEGATRON_LM (a Megatron-LM checkout) and DATA_ARGS, then run `megatron/node<rank>_<node>.sh` "
+                "on each node.",
+    "deepspeed": "Set TRAIN_SCRIPT, then run `deepspeed/launch.sh` on the first node.",
+}
+
+
+def render_readme(spec: LaunchSpec, target: str, lines: list[str]) -> str:
+    nodes = ", ".join(f"{n.node} ({n.nproc} x {n.gpu_type}, {n.zone})" for n in spec.nodes)
+    out = [f"# hetplan launch: plan {spec.plan_name} on {spec.instance_name}, target {target}", "",
+           f"{spec.world_size} ranks on {len(spec.nodes)} nodes: {nodes}. `{SPEC_FILE}` is the launch spec "
+           f"(rank table, process groups, schedule).", "", _HOW_TO_RUN[target]]
+    if lines:
+        out += ["", "## Notes", "", *[f"- {line}" for line in lines]]
+    return "\n".join(out) + "\n"
+
+
+def _comment_lines(lines: list[str]) -> list[str]:
+    return [f"# NOTE: {line}" for line in lines]
+
+
 # ---- torchrun ---------------------------------------------------------------------------------
 def render_torchrun(spec: LaunchSpec) -> dict[str, str]:
     files = {}
     lines = [f"# hetplan launch of plan {spec.plan_name} on {spec.instance_name}: {spec.world_size} ranks on "
-             f"{len(spec.nodes)} nodes; one line per node (environment + command), run from this directory"]
+             f"{len(spec.nodes)} nodes; one line per node (environment + command). Run each line from this "
+             f"directory (torchrun/): the spec is ../{SPEC_FILE}"]
     for node in spec.nodes:
         env = node_env(node)
-        argv = torchrun_argv(spec, node, SPEC_FILE)
-        lines.append(" ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(argv))
+        argv = torchrun_argv(spec, node, f"../{SPEC_FILE}")
+        lines.append(" ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + shlex.join(argv))
         ranks = f"{node.ranks[0]}-{node.ranks[-1]}" if node.nproc > 1 else str(node.ranks[0])
         master = spec.rendezvous.master_addr
         body = [
@@ -73,7 +136,7 @@ def render_torchrun(spec: LaunchSpec) -> dict[str, str]:
             "set -euo pipefail",
             'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         ]
-        body += [f"export {k}={v}" for k, v in env.items()]
+        body += [f"export {k}={_q(v)}" for k, v in env.items()]
         spec_arg = '"${HETPLAN_SPEC:-$here/../' + SPEC_FILE + '}"'
         argv = torchrun_argv(spec, node, spec_arg, '"${MASTER_ADDR:-' + master + '}"')
         body.append("exec " + _multiline(argv) + ' "$@"')
@@ -87,14 +150,15 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False) -> dict[str, str]:
     """`pin_hosts`: hostnames were given, so ask Slurm for exactly those nodes."""
     n = len(spec.nodes)
     port = spec.rendezvous.master_port
-    cases = [f'  {node.hostname}) NODE_ID={node.node}; NPROC={node.nproc}; GPUS={",".join(map(str, node.gpus))} ;;'
-             for node in spec.nodes]
-    fallback = [f"      {node.node_rank}) NODE_ID={node.node}; NPROC={node.nproc}; "
+    cases = [f"  {_q(node.hostname)}) NODE_ID={_q(node.node)}; NPROC={node.nproc}; "
+             f"GPUS={','.join(map(str, node.gpus))} ;;" for node in spec.nodes]
+    fallback = [f"      {node.node_rank}) NODE_ID={_q(node.node)}; NPROC={node.nproc}; "
                 f"GPUS={','.join(map(str, node.gpus))} ;;" for node in spec.nodes]
     types = ", ".join(f"{node.hostname}: {node.nproc} x {node.gpu_type}" for node in spec.nodes)
+    job_name = "hetplan-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.plan_name)  # one word in #SBATCH
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=hetplan-{spec.plan_name}",
+        f"#SBATCH --job-name={job_name}",
         f"#SBATCH --nodes={n}",
         f"#SBATCH --ntasks={n}",
         "#SBATCH --ntasks-per-node=1",
@@ -104,7 +168,10 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False) -> dict[str, str]:
         "# One torchrun per node; c10d rendezvous on the first allocated host, so node ranks may come",
         "# in any order: every task names its plan node (HETPLAN_NODE_ID) and the executor maps ranks.",
         "set -euo pipefail",
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        # Assigned apart from `export` so that a failing scontrol stops the script (shellcheck SC2155);
+        # sed reads every line where head would exit early and, under pipefail, fail on scontrol's SIGPIPE.
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
+        "export MASTER_ADDR",
         f"export MASTER_PORT={port}",
         f'export HETPLAN_SPEC="${{HETPLAN_SPEC:-$SLURM_SUBMIT_DIR/{SPEC_FILE}}}"',
         "read -r -d '' TASK <<'EOF' || true",
@@ -129,29 +196,50 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False) -> dict[str, str]:
 
 # ---- kubernetes (Kubeflow PyTorchJob) ---------------------------------------------------------
 def kubernetes_refusal(spec: LaunchSpec) -> str | None:
-    """A PyTorchJob gives all Worker pods one template: nodes after the first must be alike."""
-    workers = {(n.gpu_type, n.nproc) for n in spec.nodes[1:]}
+    """A PyTorchJob gives all Worker pods one template, so one nodeSelector: nodes after the first
+    must be alike in GPU type, processes and zone; GPU types and zones must be label values."""
+    workers = {(n.gpu_type, n.nproc, n.zone) for n in spec.nodes[1:]}
     if len(workers) > 1:
         return (f"Kubeflow PyTorchJob gives every Worker pod one template, but nodes after the master differ "
-                f"in (GPU type, processes): {sorted(workers)}; use the torchrun or slurm target")
+                f"in (GPU type, processes, zone): {sorted(workers)}; use the torchrun or slurm target")
+    bad = sorted({v for n in spec.nodes for v in (n.gpu_type, n.zone) if not _K8S_LABEL_VALUE.match(v)})
+    if bad:
+        return (f"{bad} cannot be Kubernetes label values (node selectors {K8S_GPU_LABEL}, {K8S_ZONE_LABEL}): at "
+                f"most 63 characters, letters, digits, '-', '_', '.', alphanumeric at both ends")
     return None
 
 
-def _pod(spec: LaunchSpec, node: NodeSpec, image: str) -> dict:
+class _K8sNames(NamedTuple):
+    job: str  # PyTorchJob; the operator names its pods and Services '<job>-master-0', '<job>-worker-<i>'
+    config_map: str
+    spec_key: str  # ConfigMap key = file name under K8S_SPEC_DIR in the pods
+
+
+def _k8s_names(spec: LaunchSpec, compressed: bool) -> _K8sNames:
+    """The training operator requires the job name to be an RFC 1035 label (webhook
+    validatePyTorchJob, pkg/webhooks/pytorch/pytorchjob_webhook.go) and derives pod and Service
+    names from it, which must be labels too: the longest, '<job>-worker-<last>', must fit in 63
+    characters. The 'hetplan-' prefix makes every name start with a letter."""
+    longest_pod = f"-worker-{max(len(spec.nodes) - 2, 0)}"
+    job = "hetplan-" + dns_label(spec.plan_name, 63 - len("hetplan-") - len(longest_pod))
+    return _K8sNames(job, f"{job}-spec", SPEC_FILE + (".xz" if compressed else ""))
+
+
+def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames) -> dict:
     # Pods take their node rank from Kubeflow's RANK (master 0, worker i -> i + 1); static
     # rendezvous then gives GROUP_RANK = node rank, which the executor maps to the plan's node.
     cmd = (f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} --node-rank=$RANK "
            f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {EXECUTOR_MODULE} "
-           f"--spec {K8S_SPEC_DIR}/{SPEC_FILE}")
+           f"--spec {K8S_SPEC_DIR}/{names.spec_key}")
     return {"replicas": None, "restartPolicy": "OnFailure", "template": {"spec": {
-        "nodeSelector": {K8S_GPU_LABEL: node.gpu_type},
+        "nodeSelector": {K8S_GPU_LABEL: node.gpu_type, K8S_ZONE_LABEL: node.zone},
         "containers": [{
             "name": "pytorch", "image": image, "command": ["bash", "-c", cmd],
             "resources": {"limits": {"nvidia.com/gpu": node.nproc}},
             "volumeMounts": [{"name": "hetplan-spec", "mountPath": K8S_SPEC_DIR},
                              {"name": "dshm", "mountPath": "/dev/shm"}],
         }],
-        "volumes": [{"name": "hetplan-spec", "configMap": {"name": f"hetplan-{_k8s_name(spec.plan_name)}-spec"}},
+        "volumes": [{"name": "hetplan-spec", "configMap": {"name": names.config_map}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }}}
 
@@ -168,27 +256,41 @@ def _str_repr(dumper: yaml.SafeDumper, value: str):
 _LiteralDumper.add_representer(str, _str_repr)
 
 
-def _k8s_name(name: str) -> str:
-    out = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
-    return out or "plan"
+def spec_config_map(spec: LaunchSpec) -> tuple[dict, _K8sNames]:
+    """The ConfigMap that carries the spec: readable JSON while small, else xz-compressed compact
+    JSON in binaryData (the executor's load_spec reads both). The rank table and the holder lists
+    of the gradient-sync entries repeat across megabytes; xz's 8 MiB dictionary finds those
+    repeats (gzip's 32 KiB window does not): 2 048 ranks take some 30 kB."""
+    text = spec.to_json() + "\n"
+    compressed = len(text.encode()) > K8S_PLAIN_SPEC_BYTES
+    names = _k8s_names(spec, compressed)
+    config_map: dict = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": names.config_map}}
+    if not compressed:
+        config_map["data"] = {names.spec_key: text}
+        return config_map, names
+    blob = base64.b64encode(lzma.compress(spec.to_json(indent=None).encode(), format=lzma.FORMAT_XZ, preset=6))
+    if len(blob) > K8S_CONFIGMAP_LIMIT:
+        raise RefusedError(f"the launch spec of {spec.world_size} ranks takes {len(blob)} bytes compressed, over the "
+                        f"{K8S_CONFIGMAP_LIMIT} bytes of a Kubernetes ConfigMap; use the torchrun or slurm target",
+                        "target")
+    config_map["binaryData"] = {names.spec_key: blob.decode("ascii")}
+    return config_map, names
 
 
-def render_kubernetes(spec: LaunchSpec, image: str = "hetplan-runtime:latest") -> dict[str, str]:
-    name = _k8s_name(spec.plan_name)
-    master = _pod(spec, spec.nodes[0], image)
+def render_kubernetes(spec: LaunchSpec, image: str = K8S_IMAGE) -> dict[str, str]:
+    config_map, names = spec_config_map(spec)
+    master = _pod(spec, spec.nodes[0], image, names)
     master["replicas"] = 1
     replica_specs = {"Master": master}
     if len(spec.nodes) > 1:
-        worker = _pod(spec, spec.nodes[1], image)
+        worker = _pod(spec, spec.nodes[1], image, names)
         worker["replicas"] = len(spec.nodes) - 1
         replica_specs["Worker"] = worker
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"hetplan-{name}-spec"},
-                  "data": {SPEC_FILE: spec.to_json() + "\n"}}
-    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": f"hetplan-{name}"},
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": names.job},
            "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "pytorchReplicaSpecs": replica_specs}}
     header = (f"# hetplan plan {spec.plan_name}: {spec.world_size} ranks; Master = node {spec.nodes[0].node}"
               + (f", Workers = {', '.join(n.node for n in spec.nodes[1:])}" if len(spec.nodes) > 1 else "")
-              + f".\n# Nodes must carry the label {K8S_GPU_LABEL}=<GPU type>.\n")
+              + f".\n# Nodes must carry the labels {K8S_GPU_LABEL}=<GPU type> and {K8S_ZONE_LABEL}=<zone>.\n")
     text = header + yaml.dump_all([config_map, job], Dumper=_LiteralDumper, sort_keys=False, width=120)
     return {"pytorchjob.yaml": text}
 
@@ -220,8 +322,7 @@ def _rank_order_refusal(spec: LaunchSpec, framework: str) -> str | None:
 
 
 def megatron_refusal(spec: LaunchSpec) -> str | None:
-    if spec.schedule.name != "1F1B":
-        return f"Megatron-LM runs 1F1B (optionally interleaved), not {spec.schedule.name}"
+    """A uniform GPipe plan is not refused: Megatron runs it as 1F1B (see `notes`)."""
     uniform = _uniform(spec)
     if isinstance(uniform, str):
         return f"Megatron-LM needs the same TP and DP on every stage and one micro batch size: {uniform}"
@@ -267,31 +368,39 @@ def megatron_args(spec: LaunchSpec) -> list[str]:
     return args
 
 
+def _megatron_script(spec: LaunchSpec, node: NodeSpec, tp: int) -> str:
+    master = spec.rendezvous.master_addr
+    body = ["#!/usr/bin/env bash",
+            f"# Megatron-LM for plan {spec.plan_name}: node {node.node} (node rank {node.node_rank}), "
+            f"{node.gpu_type}.",
+            "# MEGATRON_LM: checkout of Megatron-LM; DATA_ARGS: --data-path / --tokenizer-* for your corpus",
+            "# (split on whitespace, never glob-expanded).",
+            *_comment_lines(notes(spec, "megatron")),
+            "set -euo pipefail",
+            'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+            f"export CUDA_VISIBLE_DEVICES={','.join(map(str, node.gpus))}"]
+    if tp > 1:
+        # Megatron's validate_args (megatron/training/arguments.py) asserts this with TP > 1: kernels
+        # then queue in launch order, which its TP communication overlap relies on.
+        body.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    body += [
+        # One argument per line; mapfile keeps each line one word and never globs it (layout
+        # strings such as Et*4 would otherwise expand against files in the working directory).
+        'mapfile -t args < "$here/args.txt"',
+        'read -r -a data_args <<< "${DATA_ARGS:-}"',
+        f"exec torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} --node-rank={node.node_rank} "
+        f"--master-addr=\"${{MASTER_ADDR:-{master}}}\" --master-port={spec.rendezvous.master_port} \\",
+        '  "${MEGATRON_LM:?set MEGATRON_LM}/pretrain_gpt.py" "${args[@]}" "${data_args[@]}" "$@"']
+    return "\n".join(body) + "\n"
+
+
 def render_megatron(spec: LaunchSpec) -> dict[str, str]:
     args = megatron_args(spec)
-    pairs, i = [], 0
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            pairs.append(f"{args[i]} {args[i + 1]}")
-            i += 2
-        else:
-            pairs.append(args[i])
-            i += 1
+    tp = _uniform(spec)[0]  # type: ignore[index]
     files = {"megatron/args.json": json.dumps(args, indent=2) + "\n",
-             "megatron/args.txt": "\n".join(pairs) + "\n"}
+             "megatron/args.txt": "\n".join(args) + "\n"}
     for node in spec.nodes:
-        master = spec.rendezvous.master_addr
-        body = ["#!/usr/bin/env bash",
-                f"# Megatron-LM for plan {spec.plan_name}: node {node.node} (node rank {node.node_rank}), "
-                f"{node.gpu_type}.",
-                "# MEGATRON_LM: checkout of Megatron-LM; DATA_ARGS: --data-path / --tokenizer-* for your corpus.",
-                "set -euo pipefail",
-                'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-                f"export CUDA_VISIBLE_DEVICES={','.join(map(str, node.gpus))}",
-                f"exec torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} --node-rank={node.node_rank} "
-                f"--master-addr=\"${{MASTER_ADDR:-{master}}}\" --master-port={spec.rendezvous.master_port} \\",
-                '  "${MEGATRON_LM:?set MEGATRON_LM}/pretrain_gpt.py" $(cat "$here/args.txt") ${DATA_ARGS:-} "$@"']
-        files[f"megatron/{_node_file(node)}"] = "\n".join(body) + "\n"
+        files[f"megatron/{_node_file(node)}"] = _megatron_script(spec, node, tp)
     return files
 
 
@@ -306,8 +415,7 @@ def deepspeed_uniform_parts(num_items: int, num_parts: int) -> list[int]:
 
 
 def deepspeed_refusal(spec: LaunchSpec) -> str | None:
-    if spec.schedule.name != "1F1B":
-        return f"DeepSpeed's pipeline engine runs its own 1F1B-style schedule, not {spec.schedule.name}"
+    """A uniform GPipe plan is not refused: DeepSpeed's pipeline engine runs it as 1F1B (see `notes`)."""
     uniform = _uniform(spec)
     if isinstance(uniform, str):
         return f"DeepSpeed needs the same DP on every stage and one micro batch size: {uniform}"
@@ -358,6 +466,7 @@ def render_deepspeed(spec: LaunchSpec) -> dict[str, str]:
               f"# DeepSpeed for plan {spec.plan_name}: {spec.world_size} GPUs, {p} pipeline stages.",
               "# TRAIN_SCRIPT builds PipelineModule(layers, num_stages, partition_method='uniform')",
               "# with the layers of pipeline.json.",
+              *_comment_lines(notes(spec, "deepspeed")),
               "set -euo pipefail",
               'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
               f'exec deepspeed --hostfile "$here/hostfile" --include "{include}" '

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from time import perf_counter
 from typing import Any
 
@@ -60,7 +61,7 @@ class HighsBackend(Backend):
         build_s = perf_counter() - t0
         t1 = perf_counter()
         try:
-            h.run()
+            _run_interruptible(h)
         except Exception as exc:
             return Outcome(Status.ERROR, "exception", build_s=build_s, solve_s=perf_counter() - t1,
                            message=f"HiGHS failed: {exc}")
@@ -73,6 +74,50 @@ class HighsBackend(Backend):
         if outcome.status is Status.ERROR:
             outcome.message += "".join(f"; {e}" for e in _error_lines(request.log_path))
         return outcome
+
+
+def _run_interruptible(h: Any) -> None:
+    """`h.run()` in a worker thread while this one waits. Python runs signal handlers in the main
+    thread only, between bytecodes, so a Ctrl-C (KeyboardInterrupt; SIGTERM where a handler turns
+    it into one) during `h.run()` on the main thread would act only when the solve ends, at its
+    time limit seconds later. Here the handler runs at once; HiGHS is asked to stop at its next
+    interrupt callback (measured on a planner MILP: 71 in 4 s, at most 0.76 s apart), and the
+    exception goes on once it has stopped (a HiGHS thread still running at interpreter exit aborts
+    the process). A solve's outcome is the same either way."""
+    stop, done = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def interrupt(event: Any) -> None:
+        if stop.is_set():
+            event.interrupt()
+
+    def work() -> None:
+        try:
+            h.run()
+        except BaseException as exc:  # noqa: BLE001  re-raised in the caller's thread
+            failure.append(exc)
+        finally:
+            reset = getattr(type(h), "resetThreadScheduler", None)
+            if reset is not None:  # this thread's share of HiGHS's task scheduler goes with it (as highspy does)
+                reset(False)
+            done.set()
+
+    h.cbSimplexInterrupt += interrupt
+    h.cbIpmInterrupt += interrupt
+    h.cbMipInterrupt += interrupt
+    threading.Thread(target=work, name="highs-run", daemon=True).start()
+    try:
+        done.wait()  # Event.wait returns to the interpreter when a signal arrives
+    except BaseException:
+        stop.set()
+        while not done.is_set():
+            try:
+                done.wait()
+            except KeyboardInterrupt:  # a second Ctrl-C: HiGHS is stopping already
+                pass
+        raise
+    if failure:
+        raise failure[0]
 
 
 _scheduler_threads: int | None = None  # thread count HiGHS's process-wide scheduler was started with

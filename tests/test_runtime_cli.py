@@ -1,4 +1,5 @@
-"""`compile` and `launch --local` commands: files written, one-line errors with exit code 1."""
+"""`compile` and `launch --local` commands: files written, training runs (their error cases are in
+test_cli_contract.py, through the installed executable)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from hetplan.runtime.cli import register
+from hetplan.runtime_cli import register
 
 
 @pytest.fixture(scope="module")
@@ -22,32 +23,11 @@ def _run(app, *args):
     return CliRunner().invoke(app, list(args))
 
 
-def _one_line_error(result, needle: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert needle in result.output and "Traceback" not in result.output
-    assert len([ln for ln in result.output.splitlines() if ln.strip()]) == 1
-
-
 def test_compile_writes_target_files(app, tmp_path):
     result = _run(app, "compile", "a100_v100_one_zone", "a100_v100_one_zone", "--target", "slurm", "-o", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert (tmp_path / "hetplan.sbatch").exists() and (tmp_path / "launch_spec.json").exists()
     assert "hetplan.sbatch" in result.output
-
-
-def test_compile_refusal_is_one_line(app, tmp_path):
-    result = _run(app, "compile", "a100_v100_one_zone", "a100_v100_one_zone", "-t", "megatron", "-o", str(tmp_path))
-    _one_line_error(result, "cannot be launched with megatron")
-    _one_line_error(_run(app, "compile", "a100_v100_one_zone", "a100_v100_one_zone", "-t", "mpi", "-o", str(tmp_path)),
-                    "unknown launch target 'mpi'")
-    _one_line_error(_run(app, "compile", "a100_v100_one_zone", "a100_v100_one_zone", "--host", "a100-0",
-                         "-o", str(tmp_path)), "--host expects NODE=HOSTNAME")
-    _one_line_error(_run(app, "compile", "a100_v100_one_zone", str(tmp_path / "nope.json"), "-o", str(tmp_path)),
-                    "file not found")
-
-
-def test_launch_requires_local(app):
-    _one_line_error(_run(app, "launch", "a100_v100_one_zone", "a100_v100_one_zone"), "only --local launches")
 
 
 def test_launch_local_tiny_model(app, tmp_path):
@@ -69,5 +49,8 @@ def test_launch_local_tiny_model(app, tmp_path):
     assert [r[0] for r in rows] == ["1", "2"]
     log = json.loads((tmp_path / "run" / "log.json").read_text())
     assert [s["loss"] for s in log["steps"]] == pytest.approx([float(r[1]) for r in rows], abs=1e-6)
-    _one_line_error(_run(app, *args[:-2], "--heads", "3"), "hidden_size 16 is not divisible by num_heads 3")
-    _one_line_error(_run(app, *args, "--schedule", "ZB"), "unknown schedule 'ZB'")
+    # errors reach the caller as HetplanError (hetplan.cli.main prints them as one line)
+    bad = _run(app, *args[:-2], "--heads", "3")
+    assert bad.exit_code == 1 and "hidden_size 16 is not divisible by num_heads 3" in str(bad.exception)
+    bad = _run(app, *args, "--schedule", "ZB")
+    assert bad.exit_code == 1 and "unknown schedule 'ZB'" in str(bad.exception)

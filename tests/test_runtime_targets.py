@@ -87,7 +87,8 @@ def test_rendered_files_match_golden(case, instance, het_plan):
 def test_write_launch_writes_spec_and_scripts(instance, het_plan, tmp_path):
     paths = write_launch(instance, het_plan, "torchrun", tmp_path)
     names = sorted(str(p.relative_to(tmp_path)) for p in paths)
-    assert names == ["launch_spec.json", "torchrun/commands.txt", "torchrun/node0_a100-0.sh", "torchrun/node1_v100-0.sh"]
+    assert names == ["README.md", "launch_spec.json", "torchrun/commands.txt", "torchrun/node0_a100-0.sh",
+                     "torchrun/node1_v100-0.sh"]
     assert LaunchSpec.model_validate_json((tmp_path / "launch_spec.json").read_text()).world_size == 5
     assert os.access(tmp_path / "torchrun/node0_a100-0.sh", os.X_OK)
 
@@ -110,7 +111,7 @@ def test_torchrun_commands_one_line_per_node(instance, het_plan):
 def test_slurm_script_runs_one_torchrun_per_node(instance, het_plan):
     text = compile_plan(instance, het_plan, "slurm").files["hetplan.sbatch"]
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
-    assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in text
+    assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\nexport MASTER_ADDR\n' in text
     assert text.count("exec torchrun") == 1 and "--rdzv-backend=c10d" in text
     assert "a100-0) NODE_ID=a100-0; NPROC=3; GPUS=0,1,2 ;;" in text
     assert "--nodelist" not in text  # only pinned when hostnames are given
@@ -184,7 +185,6 @@ def test_megatron_layout_for_uneven_middle_stages(instance):
 
 @pytest.mark.parametrize("plan_kwargs, message", [
     ({"bounds": [0, 13, 26], "tp": 1, "shares": [3, 5]}, "uneven microbatch shares \\[3, 5\\]"),
-    ({"bounds": [0, 13, 26], "tp": 1, "schedule": "GPipe"}, "runs 1F1B"),
 ])
 def test_megatron_refusals(instance, plan_kwargs, message):
     with pytest.raises(PlanError, match=message):
@@ -241,11 +241,29 @@ def test_deepspeed_uniform_partition_by_hand():
 @pytest.mark.parametrize("plan_kwargs, message", [
     ({"bounds": [0, 13, 26], "tp": 2}, "no tensor parallelism \\(plan uses TP=2\\)"),
     ({"bounds": [0, 11, 26], "tp": 1}, "cannot take an explicit layer list per stage: .*\\[0, 11, 26\\] .*\\[0, 13, 26\\]"),
-    ({"bounds": [0, 13, 26], "tp": 1, "schedule": "GPipe"}, "not GPipe"),
 ])
 def test_deepspeed_refusals(instance, plan_kwargs, message):
     with pytest.raises(PlanError, match=message):
         compile_plan(instance, uniform_plan(**plan_kwargs), "deepspeed")
+
+
+@pytest.mark.parametrize("target, launcher", [("megatron", "megatron/node0_a100-0.sh"),
+                                               ("deepspeed", "deepspeed/launch.sh")])
+def test_uniform_gpipe_plan_runs_as_1f1b_with_a_note(instance, target, launcher):
+    """Same microbatches, same accumulated gradients, one optimizer step: only the order of
+    forwards and backwards differs, so the framework's 1F1B runs the GPipe plan's iteration."""
+    gpipe = compile_plan(instance, uniform_plan([0, 13, 26], tp=1, schedule="GPipe"), target)
+    one_f_one_b = compile_plan(instance, uniform_plan([0, 13, 26], tp=1), target)
+    (note,) = gpipe.notes
+    assert f"schedule is GPipe; {'Megatron-LM' if target == 'megatron' else 'DeepSpeed'} runs 1F1B" in note
+    assert "at most 2 microbatches' activations held per stage instead of 8" in note
+    assert f"# NOTE: {note}" in gpipe.files[launcher].splitlines()
+    assert f"- {note}" in gpipe.files["README.md"].splitlines()
+    assert one_f_one_b.notes == () and "NOTE" not in one_f_one_b.files[launcher]
+    framework_files = [rel for rel in gpipe.files if rel.startswith(f"{target}/") and rel != launcher]
+    for rel in framework_files:  # arguments / configs do not depend on the schedule
+        if not rel.endswith(".sh"):
+            assert gpipe.files[rel] == one_f_one_b.files[rel], rel
 
 
 def test_unknown_target(instance, het_plan):

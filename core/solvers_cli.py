@@ -4,10 +4,7 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
-
-from hetplan.solvers.registry import describe_backends
 
 _CAPS = [("integer", "MILP"), ("quadratic", "quadratic"), ("nonlinear", "MINLP"),
          ("warm_start", "warm start"), ("partial_warm_start", "partial start"), ("dual_bound", "dual bound")]
@@ -19,6 +16,9 @@ def register(app: typer.Typer) -> None:
     @app.command("solvers")
     def solvers(as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON.")) -> None:
         """List solver back-ends: available, version, capabilities, note."""
+        from hetplan.cli import console
+        from hetplan.solvers.registry import describe_backends
+
         rows = describe_backends()
         if as_json:
             typer.echo(json.dumps([r.as_dict() for r in rows], indent=2))
@@ -29,4 +29,4 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             caps = ", ".join(label for attr, label in _CAPS if getattr(r.capabilities, attr))
             table.add_row(r.name, "yes" if r.available else "no", r.version or "-", caps, r.note)
-        Console().print(table)
+        console.print(table)

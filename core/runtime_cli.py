@@ -3,7 +3,8 @@
     hetplan compile INSTANCE PLAN --target torchrun -o out/
     hetplan launch --local INSTANCE PLAN --steps 10 --hidden 64 --heads 4 --ffn 256 --vocab 512 --seq-len 32
 
-Instances and plans are paths or bundled short names. A HetplanError prints one line and exits 1.
+Instances and plans are paths or bundled short names. Errors reach `hetplan.cli.main`, which prints
+one line and exits with the error's status.
 """
 from __future__ import annotations
 
@@ -12,14 +13,7 @@ from typing import Optional
 
 import typer
 
-from hetplan.errors import HetplanError, PlanError
-from hetplan.instance import load_instance
-from hetplan.plan import load_plan
-
-
-def _fail(exc: HetplanError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
+from hetplan.errors import PlanError
 
 
 def _hosts(pairs: list[str]) -> dict[str, str]:
@@ -46,15 +40,17 @@ def register(app: typer.Typer) -> None:
         image: str = typer.Option("hetplan-runtime:latest", "--image", help="container image (kubernetes)"),
     ) -> None:
         """Write the launch spec and the target's launch files for a plan."""
+        from hetplan.instance import load_instance
+        from hetplan.plan import load_plan
         from hetplan.runtime.compile import CompileOptions, write_launch
 
-        try:
-            if rendezvous not in ("static", "c10d"):
-                raise PlanError(f"unknown rendezvous {rendezvous!r}; use static or c10d", "rendezvous")
-            options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image)
-            paths = write_launch(load_instance(instance), load_plan(plan), target, out, options)
-        except HetplanError as exc:
-            _fail(exc)
+        from hetplan.files import check_output_dir
+
+        if rendezvous not in ("static", "c10d"):
+            raise PlanError(f"unknown rendezvous {rendezvous!r}; use static or c10d", "--rendezvous")
+        check_output_dir(out, "--out")
+        options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image)
+        paths = write_launch(load_instance(instance), load_plan(plan), target, out, options)
         for p in paths:
             typer.echo(str(p))
 
@@ -80,21 +76,22 @@ def register(app: typer.Typer) -> None:
         """Train a plan on this machine, one process per rank, and print loss and time per step."""
         from hetplan.runtime.local import launch_local
 
-        try:
-            if not local:
-                raise PlanError("only --local launches are run by this command; for a cluster use "
-                                "`hetplan compile ... --target torchrun|slurm|kubernetes`", "launch")
-            if schedule is not None and schedule not in ("GPipe", "1F1B"):
-                raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "schedule")
-            if method not in ("processes", "torchrun"):
-                raise PlanError(f"unknown method {method!r}; use processes or torchrun", "method")
-            overrides = {k: v for k, v in (("hidden_size", hidden), ("num_heads", heads), ("ffn_hidden_size", ffn),
-                                           ("vocab_size", vocab), ("seq_len", seq_len)) if v is not None}
-            result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
-                                  optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
-                                  method=method)  # type: ignore[arg-type]
-        except HetplanError as exc:
-            _fail(exc)
+        if not local:
+            raise PlanError("only --local launches are run by this command; for a cluster use "
+                            "`hetplan compile ... --target torchrun|slurm|kubernetes`", "--local")
+        if schedule is not None and schedule not in ("GPipe", "1F1B"):
+            raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
+        if method not in ("processes", "torchrun"):
+            raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
+        if out is not None:
+            from hetplan.files import check_output_dir
+
+            check_output_dir(out, "--out")
+        overrides = {k: v for k, v in (("hidden_size", hidden), ("num_heads", heads), ("ffn_hidden_size", ffn),
+                                       ("vocab_size", vocab), ("seq_len", seq_len)) if v is not None}
+        result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
+                              optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
+                              method=method)  # type: ignore[arg-type]
         typer.echo(f"log: {result.out_dir / 'log.json'}")
         typer.echo("step  loss        time_s")
         for k, (loss, t) in enumerate(zip(result.losses, result.times_s), start=1):

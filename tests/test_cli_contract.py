@@ -1,0 +1,235 @@
+"""The command-line contract, case by case, through the installed `hetplan` executable.
+
+Each failure exits with its documented status (1 bad input or usage, 2 no plan: infeasible, out
+of memory or refused), prints one line on stderr that starts with `error:` and names the problem,
+and never a traceback. Every `--json` output parses as JSON (nothing else on stdout).
+
+`python tests/test_cli_contract.py [--exe PATH]` prints the table of cases with what an executable
+(another checkout's, for a before/after table) does on each.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_INSTANCE = (REPO / "instances" / "a100_v100_one_zone.yaml").read_text()
+_PLAN = json.loads((REPO / "instances" / "plans" / "a100_v100_one_zone.json").read_text())
+
+
+def _instance_with(old: str, new: str) -> str:
+    assert old in _INSTANCE, old
+    return _INSTANCE.replace(old, new)
+
+
+def _plan_with_tp3() -> str:
+    plan = json.loads(json.dumps(_PLAN))
+    plan["stages"][1]["replicas"][0]["tp"] = 3  # OPT-350M has 16 heads: TP 3 cannot split them
+    return json.dumps(plan)
+
+
+# name -> content of the files the cases refer to as {name}
+FILES: dict[str, str | bytes] = {
+    "binary.yaml": bytes(range(256)) * 4,
+    "empty.yaml": "",
+    "garbage.json": "{ this is not json",
+    "list_plan.json": "[1, 2, 3]",
+    "inf_bandwidth.yaml": _instance_with("bandwidth_GBps: 12.5", "bandwidth_GBps: .inf"),
+    "inf_price.yaml": _instance_with("price_per_gpu_hour_usd: 3.67", "price_per_gpu_hour_usd: .inf"),
+    "nan_latency.yaml": _instance_with("latency_s: 2.0e-5", "latency_s: .nan"),
+    "missing_trace.yaml": _INSTANCE + "events: {trace_csv: no_such_trace.csv}\n",
+    "bad_trace.yaml": _INSTANCE + "events: {trace_csv: bad_trace.csv}\n",
+    "bad_trace.csv": "this,is\nnot a trace\n",
+    "too_many.yaml": _INSTANCE + ("events: {availability: [{time_s: 10, zone: us-central1-a, gpu_type: A100-40, "
+                                  "available_gpus: 64}]}\n"),
+    "zero_nodes.yaml": ("name: empty\ncluster: {node_groups: []}\n"
+                        "workload: {model: OPT-350M, global_batch_size: 64}\n"),
+    "tp3_plan.json": _plan_with_tp3(),
+    "oom.yaml": _instance_with("model: OPT-350M", "model: {preset: OPT-350M, overrides: {hidden_size: 8192, "
+                               "ffn_hidden_size: 32768}}"),
+    "a_file": "not a directory\n",
+}
+
+# (id, arguments, exit status, text the one error line must contain). {d} is the folder of FILES.
+CASES: list[tuple[str, list[str], int, str]] = [
+    ("no such command", ["nonsense"], 1, "No such command 'nonsense'"),
+    ("solve without instance", ["solve"], 1, "Missing argument"),
+    ("time limit not a number", ["solve", "a100_v100_one_zone", "--time-limit", "abc"], 1, "--time-limit"),
+    ("unknown objective", ["solve", "a100_v100_one_zone", "--objective", "fastest"], 1, "--objective"),
+    ("negative time limit", ["solve", "a100_v100_one_zone", "--time-limit", "-1"], 1, "--time-limit"),
+    ("zero time limit", ["solve", "a100_v100_one_zone", "--time-limit", "0"], 1, "--time-limit"),
+    ("negative gap", ["solve", "a100_v100_one_zone", "--gap", "-0.1"], 1, "--gap"),
+    ("infinite budget", ["solve", "a100_v100_one_zone", "--max-cost", "inf"], 1, "--max-cost"),
+    ("unknown solver", ["solve", "a100_v100_one_zone", "--solver", "nonsense"], 1, "unknown solver back-end"),
+    ("pareto one point", ["pareto", "a100_v100_one_zone", "--points", "1"], 1, "--points"),
+    ("pareto unknown option", ["pareto", "a100_v100_one_zone", "--plott", "x.png"], 1, "No such option"),
+    ("instance not found", ["validate", "{d}/nowhere.yaml"], 1, "nowhere.yaml"),
+    ("instance is a directory", ["validate", "{d}"], 1, "directory"),
+    ("instance is binary", ["validate", "{d}/binary.yaml"], 1, "binary.yaml"),
+    ("instance is empty", ["validate", "{d}/empty.yaml"], 1, "empty.yaml"),
+    ("plan is garbage", ["simulate", "a100_v100_one_zone", "{d}/garbage.json"], 1, "garbage.json"),
+    ("plan is a list", ["simulate", "a100_v100_one_zone", "{d}/list_plan.json"], 1, "plan"),
+    ("plan is a directory", ["simulate", "a100_v100_one_zone", "{d}"], 1, "directory"),
+    ("solve -o into missing folder", ["solve", "a100_v100_one_zone", "-o", "{d}/missing/plan.json"], 1, "--output"),
+    ("solve -o onto a folder", ["solve", "a100_v100_one_zone", "-o", "{d}"], 1, "--output"),
+    ("solve -o under a file", ["solve", "a100_v100_one_zone", "-o", "{d}/a_file/plan.json"], 1, "--output"),
+    ("solve --plot into missing folder", ["solve", "a100_v100_one_zone", "--plot", "{d}/missing/t.png"], 1, "--plot"),
+    ("pareto --plot into missing folder", ["pareto", "a100_v100_one_zone", "--plot", "{d}/missing/f.png"], 1,
+     "--plot"),
+    ("schema -o into missing folder", ["schema", "-o", "{d}/missing/schema.json"], 1, "--output"),
+    ("schema -o into /proc", ["schema", "-o", "/proc/hetplan-schema.json"], 1, "hetplan-schema.json"),
+    ("compile -o under a file", ["compile", "a100_v100_one_zone", "a100_v100_one_zone", "-o", "{d}/a_file/x"], 1,
+     "--out"),
+    ("compile unknown target", ["compile", "a100_v100_one_zone", "a100_v100_one_zone", "-t", "mpi", "-o", "{d}/c1"],
+     1, "unknown launch target 'mpi'"),
+    ("compile bad --host", ["compile", "a100_v100_one_zone", "a100_v100_one_zone", "--host", "a100-0", "-o",
+                            "{d}/c2"], 1, "--host expects NODE=HOSTNAME"),
+    ("compile refused by megatron", ["compile", "a100_v100_one_zone", "a100_v100_one_zone", "-t", "megatron", "-o",
+                                     "{d}/c3"], 2, "cannot be launched with megatron"),
+    ("launch without --local", ["launch", "a100_v100_one_zone", "a100_v100_one_zone"], 1, "--local"),
+    ("launch with 5 heads", ["launch", "--local", "a100_v100_one_zone", "a100_v100_one_zone", "--heads", "5",
+                             "--hidden", "64", "--steps", "1"], 1, "num_heads 5"),
+    ("simulate an out-of-memory plan", ["simulate", "{d}/oom.yaml", "a100_v100_one_zone"], 2, "out of memory"),
+    ("TP 3 on 16 heads", ["simulate", "a100_v100_one_zone", "{d}/tp3_plan.json"], 1, "tp"),
+    ("infinite bandwidth", ["validate", "{d}/inf_bandwidth.yaml"], 1, "bandwidth_GBps"),
+    ("infinite price", ["validate", "{d}/inf_price.yaml"], 1, "price_per_gpu_hour_usd"),
+    ("NaN latency", ["validate", "{d}/nan_latency.yaml"], 1, "latency_s"),
+    ("missing trace file", ["validate", "{d}/missing_trace.yaml"], 1, "events.trace_csv"),
+    ("malformed trace file", ["validate", "{d}/bad_trace.yaml"], 1, "events.trace_csv"),
+    ("availability above the cluster", ["validate", "{d}/too_many.yaml"], 1, "events.availability[0]"),
+    ("cluster with zero nodes", ["solve", "{d}/zero_nodes.yaml"], 1, "node_groups"),
+    ("impossible budget", ["solve", "a100_v100_one_zone", "--max-cost", "1e-9", "--time-limit", "30"], 2,
+     "max_cost"),
+    ("impossible throughput floor", ["solve", "a100_v100_one_zone", "--min-throughput", "1e6", "--time-limit", "30"],
+     2, "min_throughput"),
+]
+
+# Commands whose --json output must parse (and carry these keys).
+JSON_CASES: list[tuple[str, list[str], set[str]]] = [
+    ("gpus", ["gpus", "--json"], {"A100-40"}),
+    ("solvers", ["solvers", "--json"], set()),
+    ("validate", ["validate", "a100_v100_one_zone", "--json"], {"gpus", "model"}),
+    ("simulate", ["simulate", "a100_v100_one_zone", "a100_v100_one_zone", "--json"], {"iteration_time_s"}),
+    ("solve", ["solve", "a100_v100_one_zone", "--time-limit", "10", "--json"], {"bound", "gap", "simulated"}),
+    ("pareto", ["pareto", "a100_v100_one_zone", "--points", "2", "--time-limit", "10", "--json"], set()),
+    ("replay", ["replay", "spot_trace_2type", "--fixed-latency", "0.1", "--planner-time-limit", "0.5",
+                "--initial-time-limit", "2", "--strategies", "warm", "--json"], {"strategies"}),
+]
+
+
+def executable() -> str:
+    exe = shutil.which("hetplan")
+    if exe is None:
+        pytest.fail("the `hetplan` executable is not on PATH: install the package as the README says")
+    return exe
+
+
+def write_files(folder: Path) -> None:
+    for name, content in FILES.items():
+        path = folder / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+
+
+def run(exe: str, args: list[str], folder: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    argv = [exe, *(a.replace("{d}", str(folder)) for a in args)]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=folder, timeout=timeout)
+
+
+def error_lines(stderr: str) -> list[str]:
+    # HiGHS's banner may precede the message on stderr (it is kept off stdout); it is not ours
+    return [ln for ln in stderr.splitlines() if ln.strip() and not _solver_banner(ln)]
+
+
+def _solver_banner(line: str) -> bool:
+    return line.startswith(("Running HiGHS", "Includes third-party software", "Copyright (c)"))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("cli")
+    write_files(d)
+    return d
+
+
+@pytest.mark.parametrize("name, args, status, needle", CASES, ids=[c[0] for c in CASES])
+def test_failure_is_one_line_with_its_status(folder, name, args, status, needle):
+    proc = run(executable(), args, folder)
+    lines = error_lines(proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    assert proc.returncode == status, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_no_output_is_written_when_an_early_check_fails(folder):
+    """-o is checked before the search: the case returns at once and leaves nothing behind."""
+    t0 = time.perf_counter()
+    proc = run(executable(), ["solve", "zorse_4type_2region", "-o", "{d}/missing/plan.json"], folder)
+    assert proc.returncode == 1 and time.perf_counter() - t0 < 30
+    assert not (folder / "missing").exists()
+
+
+def test_output_files_are_written_whole(folder):
+    out = folder / "plan_out.json"
+    out.write_text("old content")
+    proc = run(executable(), ["solve", "a100_v100_one_zone", "--time-limit", "10", "-o", str(out), "--json"], folder)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["stages"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".plan_out.json.")]  # no temporary left
+
+
+@pytest.mark.parametrize("name, args, keys", JSON_CASES, ids=[c[0] for c in JSON_CASES])
+def test_json_output_parses(folder, name, args, keys):
+    proc = run(executable(), args, folder)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)  # raises if a banner or a log line reached stdout
+    if keys:
+        assert keys <= set(data if isinstance(data, dict) else data[0]), sorted(data)
+
+
+def test_debug_shows_the_traceback(folder):
+    proc = run(executable(), ["simulate", "a100_v100_one_zone", "{d}/garbage.json", "--debug"], folder)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_no_arguments_shows_the_help(folder):
+    proc = run(executable(), [], folder)
+    assert proc.returncode == 0 and "Usage" in proc.stdout and "Exit status" in proc.stdout
+
+
+def _table(exe: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_files(folder)
+        print("| case | status | stderr (last line, 110 chars) | traceback |")
+        print("|---|---|---|---|")
+        for name, args, _status, _needle in CASES:
+            try:
+                proc = run(exe, args, folder, timeout=300)
+                code, err = proc.returncode, proc.stderr
+            except subprocess.TimeoutExpired:
+                code, err = "timeout", ""
+            last = (error_lines(err) or [""])[-1][:110].replace("|", "/")
+            print(f"| {name} | {code} | {last} | {'yes' if 'Traceback' in err else 'no'} |")
+        for name, args, _keys in JSON_CASES:
+            proc = run(exe, args, folder, timeout=300)
+            try:
+                json.loads(proc.stdout)
+                ok = "parses"
+            except ValueError:
+                ok = "does not parse"
+            print(f"| {name} --json | {proc.returncode} | stdout {ok} | {'yes' if 'Traceback' in proc.stderr else 'no'} |")
+
+
+if __name__ == "__main__":
+    exe_path = sys.argv[sys.argv.index("--exe") + 1] if "--exe" in sys.argv else shutil.which("hetplan") or "hetplan"
+    _table(exe_path)
