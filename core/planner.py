@@ -570,6 +570,10 @@ def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     inp = joint_inputs(instance, tables, quotas, combo, objective, max_cost, min_its, tp_choices)
     if inp is None:
         return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools")
+    if joint.blocks_identical(inp) and any(not joint.block_counts(inp, i) for i in range(combo.P)):
+        # The compact form puts a block with the embedding, so P = L + 2 (one unit a stage) has no
+        # layout there; its bounds looked up a stage-0 block count that does not exist (KeyError).
+        return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "infeasible")
     t_lb = joint.time_lower_bound_s(inp)
     lb = t_lb * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else t_lb
     if min_its is not None and t_lb > 1 / min_its:
