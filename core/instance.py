@@ -167,6 +167,17 @@ class Objective(BaseModel):
     kind: Literal["max_throughput", "min_cost"] = "max_throughput"
 
 
+# Limits (budget, throughput floor) are met up to this relative tolerance. The simulator's check
+# and the planner both read it, so a plan at a limit up to rounding meets it in both.
+LIMIT_REL_TOL = 1e-9
+
+
+def relaxed_limits(max_cost_usd: float | None, min_iters_per_s: float | None) -> tuple[float | None, float | None]:
+    """The budget and the throughput floor as the tolerance lets them be met (None stays None)."""
+    return (None if max_cost_usd is None else max_cost_usd * (1 + LIMIT_REL_TOL),
+            None if min_iters_per_s is None else min_iters_per_s * (1 - LIMIT_REL_TOL))
+
+
 class Constraints(BaseModel):
     model_config = _STRICT
     max_cost_per_iteration_usd: float | None = Field(default=None, gt=0)

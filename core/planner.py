@@ -84,7 +84,7 @@ from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.formulations.joint_dp_heuristic import dp_heuristic
-from hetplan.instance import Instance
+from hetplan.instance import Instance, relaxed_limits
 from hetplan.plan import Plan, tp_indivisible
 from hetplan.simulator import SimulationReport, node_endpoint, simulate
 
@@ -515,9 +515,9 @@ def _budget_message(max_cost: float, least: float) -> str:
 def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None) -> None:
     """InfeasibleError at once when the budget or the throughput floor is beyond every plan
     (`_Floor`), naming the limit and the best figure any plan can reach."""
-    if max_cost is not None and floor.least_cost_usd > max_cost * (1 + 1e-9):
+    if max_cost is not None and floor.least_cost_usd > max_cost:
         raise InfeasibleError(_budget_message(max_cost, floor.least_cost_usd))
-    if min_its is not None and floor.least_time_s * min_its > 1 + 1e-9:
+    if min_its is not None and floor.least_time_s * min_its > 1:
         raise InfeasibleError(f"min_throughput_iters_per_s: {min_its:g} it/s is above the most any plan reaches, "
                               f"{1 / floor.least_time_s:.4g} it/s; lower the floor to at most that")
 
@@ -530,7 +530,7 @@ def _check_choices_reachable(queue: list, objective: str, max_cost: float | None
         return
     least = min(item[0] if objective == "min_cost" else item[0] * joint.rate_lower_bound_usd_per_s(item[6])
                 for item in queue)
-    if least > max_cost * (1 + 1e-9):
+    if least > max_cost:
         raise InfeasibleError(_budget_message(max_cost, least))
 
 
@@ -652,8 +652,9 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
           deadline: joint.Deadline) -> PlannerResult:
     est = estimators or build_estimators(instance)
     objective = opts.objective or instance.objective.kind
-    max_cost = opts.max_cost_usd if opts.max_cost_usd is not None else instance.constraints.max_cost_per_iteration_usd
-    min_its = opts.min_iters_per_s if opts.min_iters_per_s is not None else instance.constraints.min_throughput_iters_per_s
+    max_cost, min_its = relaxed_limits(  # the simulator's tolerance, so both call the same plans feasible
+        opts.max_cost_usd if opts.max_cost_usd is not None else instance.constraints.max_cost_per_iteration_usd,
+        opts.min_iters_per_s if opts.min_iters_per_s is not None else instance.constraints.min_throughput_iters_per_s)
     quotas = _quotas(instance, opts)
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from hetplan.estimators import Endpoint, EstimatorSet, MemoryBreakdown, build_estimators
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.estimators.network import ring_order
-from hetplan.instance import Instance, Node
+from hetplan.instance import Instance, Node, relaxed_limits
 from hetplan.plan import Plan, Replica, redistribution, validate_plan
 
 
@@ -298,9 +298,10 @@ class _Sim:
 
 def _with_violations(instance: Instance, report: SimulationReport) -> SimulationReport:
     c, out = instance.constraints, []
-    if c.max_cost_per_iteration_usd is not None and report.cost_per_iteration_usd > c.max_cost_per_iteration_usd * (1 + 1e-9):
+    max_cost, min_its = relaxed_limits(c.max_cost_per_iteration_usd, c.min_throughput_iters_per_s)
+    if max_cost is not None and report.cost_per_iteration_usd > max_cost:
         out.append(f"cost per iteration {report.cost_per_iteration_usd:.4g} USD > max {c.max_cost_per_iteration_usd:.4g}")
-    if c.min_throughput_iters_per_s is not None and report.iters_per_s < c.min_throughput_iters_per_s * (1 - 1e-9):
+    if min_its is not None and report.iters_per_s < min_its:
         out.append(f"throughput {report.iters_per_s:.4g} it/s < min {c.min_throughput_iters_per_s:.4g}")
     if c.max_gpus is not None and report.num_gpus > c.max_gpus:
         out.append(f"{report.num_gpus} GPUs > max_gpus {c.max_gpus}")

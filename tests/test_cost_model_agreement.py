@@ -436,11 +436,8 @@ def test_strong_bottleneck_bound_keeps_the_stage_time_it_rounds_past() -> None:
     assert res.bound <= rep.cost_per_iteration_usd * (1 + BOUND_TOL), f"bound {res.bound:.6g}"
 
 
-@pytest.mark.xfail(strict=True, raises=InfeasibleError,
-                   reason="the planner compares limits with no tolerance "
-                   "(joint.objective_within_limits: T > 1 / min_iters_per_s, cost > max_cost_usd; the MILP rows; "
-                   "planner._prepare) while the simulator accepts 1e-9 relative (simulator._with_violations): a "
-                   "floor at a plan's own throughput, up to rounding, is infeasible to the planner")
+# C8, fixed: the planner compared limits with no tolerance while the simulator accepted 1e-9
+# relative; both now read instance.relaxed_limits (the planner relaxes them once, at its start).
 def test_limits_are_checked_with_the_simulators_tolerance() -> None:
     inst = tiny([group("h", H100, 1)], layers=2, batch=1)  # one GPU: P1 b1 D1 is the only plan
     rep = simulate(inst, pipeline([(0, 4, [(H100, 1, "r1-a")])], 1, 1))

@@ -24,7 +24,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import tomllib
 from importlib import metadata, util
