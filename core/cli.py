@@ -171,7 +171,6 @@ EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug in hetplan, not in the input
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 _signal_exit: list[int] = []  # the exit status a caught SIGTERM asks for
-_main_pid: list[int] = []
 
 
 def _interrupted(code: int) -> str:
@@ -181,12 +180,8 @@ def _interrupted(code: int) -> str:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     # SIGTERM takes the path of Ctrl-C (KeyboardInterrupt), so the planner stops its helper and
-    # no output file is written; main() then exits 143 instead of 130. A forked child (the
-    # planner's helper) inherits this handler: there SIGTERM keeps its default meaning.
-    if _main_pid and os.getpid() != _main_pid[0]:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
+    # no output file is written; main() then exits 143 instead of 130. (The planner's forked
+    # helper is born with the signal blocked and sets its own handlers: planner._helper_main.)
     _signal_exit.append(EXIT_SIGTERM)
     raise KeyboardInterrupt
 
@@ -245,7 +240,6 @@ def main() -> None:
     args = sys.argv[1:]
     debug = "--debug" in args or os.environ.get("HETPLAN_DEBUG", "") not in ("", "0")
     args = [a for a in args if a != "--debug"] or ["--help"]  # no command: show the help
-    _main_pid.append(os.getpid())
     signal.signal(signal.SIGTERM, _on_sigterm)
     # A job started with `&` by a non-interactive shell inherits SIGINT ignored; `kill -INT` must
     # still stop a search, so Python's own Ctrl-C handler is put back.

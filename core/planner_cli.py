@@ -53,10 +53,10 @@ def _fmt(value, unit: str) -> str:
 
 def _describe(state, unit: str) -> str:
     """One status line of a running search: where it is, incumbent, bound and gap."""
-    parts = [state.what] if getattr(state, "what", "") else []
-    parts.append(f"best {_fmt(getattr(state, 'incumbent', None), unit)}")
-    parts.append(f"bound {_fmt(getattr(state, 'bound', None), unit)}")
-    gap = getattr(state, "gap", None)
+    gap = state.gap
+    parts = [state.what] if state.what else []
+    parts.append(f"best {_fmt(state.incumbent, unit)}")
+    parts.append(f"bound {_fmt(state.bound, unit)}")
     parts.append(f"gap {100 * gap:.2f} %" if gap is not None and math.isfinite(gap) else "gap -")
     return "  ".join(parts)
 

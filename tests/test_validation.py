@@ -16,20 +16,11 @@ from hetplan.errors import InstanceError, PlanError
 from hetplan.instance import instance_from_dict, load_instance
 from hetplan.plan import load_plan, plan_from_dict, validate_plan
 from hetplan.replay import ReplayOptions, replay
+from test_instance_and_plan import BASE, mutated  # the bundled instance as a dict, and one field changed
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = yaml.safe_load((REPO / "instances" / "a100_v100_one_zone.yaml").read_text())
 PLAN = json.loads((REPO / "instances" / "plans" / "a100_v100_one_zone.json").read_text())
 ZONE = "us-central1-a"
-
-
-def mutated(path: list, value) -> dict:
-    data = copy.deepcopy(BASE)
-    node = data
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return data
 
 
 def write(folder: Path, data: dict, name: str = "inst.yaml") -> Path:
