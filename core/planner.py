@@ -28,10 +28,12 @@ cannot beat the incumbent by more than the requested gap: every choice left is p
 Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
 least bound first, in equal shares. With several regions the strong time bound also splits the
 plans by the regions they use (`joint.region_split_time_bound_s`).
-All-reduce and boundary transfer times come from the communication estimator
-(`with_sync_table`, `_Tables.effective_link`), so the model's iteration time matches the
-simulator's on stages of one pool (measured: 13.4987 vs 13.4974 s, 2 stages x 16 A100, Sailor
-profiles).
+One cost model: the MILPs, bounds and heuristics read a relaxation of the simulator (its figures
+are at most the simulator's on every plan of the space: formulations/joint.py), whose all-reduce
+and boundary figures are the communication estimator's floors over the placements first fit may
+make (`with_sync_table`, `tied_floors_s`, `_Tables.effective_link`). Every plan the search keeps
+is scored by `simulate` (`_Scorer`): the incumbent, the MILP cutoffs, the limits and the reported
+objective and gap are the simulator's, and a bound on the relaxation is one on the simulator.
 
 Two cores: with `workers=2` (the default) a forked helper process takes refinement steps ahead
 of the search: the medium bounds of the queued choices while the main process runs the first
@@ -79,7 +81,7 @@ from typing import Callable, Iterator
 
 import pyomo.environ as pyo
 
-from hetplan.errors import InfeasibleError, InstanceError, NoPlanInTimeError, SolverError
+from hetplan.errors import InfeasibleError, InstanceError, NoPlanInTimeError, PlanError, SolverError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
@@ -173,7 +175,8 @@ class _Tables:
         self._step: dict = {}
         self._upd: dict = {}
         self._mem: dict = {}
-        self._sync: dict = {}
+        self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
+        self._node_sets: dict = {}
         self._links: dict = {}
         self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
         self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
@@ -235,40 +238,45 @@ class _Tables:
             self._upd[key] = tuple(self.est.time.update_time_s(g, range(l, l + 1), t, D) for l in range(self.U))
         return self._upd[key]
 
-    def sync_s(self, g: str, zone: str, t: int, D: int, sizes: list[float]) -> list[float]:
-        """All-reduces of each of `sizes` bytes (all TP shards) over D replicas of (g, TP t) packed on
-        the zone's nodes, as the communication estimator (and so the simulator) times them. An
-        estimator with `allreduce_times_s` (both bundled ones) reads the members' ring once for all
-        sizes: per size, a call would walk every member again."""
-        missing = [n for n in dict.fromkeys(sizes) if (g, zone, t, D, n) not in self._sync]
+    def floor_s(self, nodes: tuple, members: int, sizes: list[float], spans: str = "node",
+                min_nodes: int = 1) -> list[float]:
+        """The communication estimator's lower bound on an all-reduce of each of `sizes` bytes over
+        `members` endpoints drawn from `nodes` ((endpoint, slots), `_nodes`), for every placement
+        (`allreduce_floor_s`; inf where no placement exists; 0 for an estimator that has none: a
+        valid, weak floor)."""
+        floor = getattr(self.est.comm, "allreduce_floor_s", None)
+        if members <= 1:
+            return [0.0] * len(sizes)
+        if floor is None or not nodes:
+            return [0.0 if floor is None else math.inf] * len(sizes)
+        key = (nodes, members, spans, min_nodes)
+        cache = self._sync.setdefault(key, {})
+        missing = [n for n in dict.fromkeys(sizes) if n not in cache]
         if missing:
-            if D <= 1:
-                values = [0.0] * len(missing)
-            else:
-                members = self._members(g, zone, t, D)
-                factor = sync_volume_factor(self.inst.workload.zero_stage)
-                scaled = [factor * n / t for n in missing]
-                many = getattr(self.est.comm, "allreduce_times_s", None)
-                values = many(members, scaled) if many is not None else [
-                    self.est.comm.allreduce_time_s(members, x) for x in scaled]
-            for n, v in zip(missing, values):
-                self._sync[g, zone, t, D, n] = v
-        return [self._sync[g, zone, t, D, n] for n in sizes]
+            cache.update(zip(missing, floor(list(nodes), members, missing, spans, min_nodes)))
+        return [cache[n] for n in sizes]
 
-    def _members(self, g: str, zone: str, t: int, D: int) -> list:
-        """Endpoints of D replicas of (g, TP t) packed on the zone's nodes, node by node."""
-        nodes = [n for n in self.inst.nodes if n.gpu_type == g and n.zone == zone]
-        members = []
-        for node in nodes * (1 + D // max(1, len(nodes))):  # more replicas than GPUs: reuse nodes
-            members += [node_endpoint(node)] * (node.num_gpus // t)
-            if len(members) >= D:
-                break
-        return members[:D]
+    def nodes(self, pools: tuple, zone: str | None = None, region: str | None = None,
+              gpu_type: str | None = None) -> tuple:
+        """(node endpoint, the most replicas it holds) for the nodes of the pools' (type, zone)
+        groups in `zone` / `region` / of `gpu_type` (None: any); a node holds num_gpus // (the least
+        TP of its type's pools), since every replica takes at least that many GPUs."""
+        key = (pools, zone, region, gpu_type)
+        if key not in self._node_sets:
+            least: dict = {}
+            for p in pools:
+                if (zone or p.zone) == p.zone and (region or p.region) == p.region and (gpu_type or p.gpu_type) == p.gpu_type:
+                    least[p.gpu_type, p.zone] = min(least.get((p.gpu_type, p.zone), p.tp), p.tp)
+            self._node_sets[key] = tuple((node_endpoint(n), n.num_gpus // least[n.gpu_type, n.zone])
+                                         for n in self.inst.nodes if (n.gpu_type, n.zone) in least)
+        return self._node_sets[key]
 
     def effective_link(self, kind: str, b: int) -> joint.LinkCost | None:
-        """One microbatch's boundary transfer between two nodes of one zone ("node"), of two zones of
-        a region ("zone") or of two regions, timed by the communication estimator (the simulator's)
-        between the fastest pair of nodes found; None when the cluster has no such pair."""
+        """One microbatch's boundary transfer inside a zone ("node": between two nodes or two GPUs of
+        one node), between two zones of a region ("zone") or two regions, timed by the communication
+        estimator (the simulator's) between the fastest pair found: a lower bound on the transfer of
+        every placement, exact at this message size (the time, not the link, is what the model
+        reads: `JointInputs.p2p_s`); None when the cluster has no such pair."""
         key = (kind, b)
         if key not in self._links:
             nbytes = boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
@@ -279,11 +287,13 @@ class _Tables:
             for src_nodes in groups.values():
                 a = src_nodes[0]
                 for dst_nodes in groups.values():
-                    c = next((n for n in dst_nodes if n.node_id != a.node_id), None)
-                    if c is None or not _pair_is(kind, a, c):
-                        continue
-                    t = self.est.comm.p2p_time_s(node_endpoint(a), node_endpoint(c), nbytes)
-                    best = t if best is None else min(best, t)
+                    others = [n for n in dst_nodes if n.node_id != a.node_id][:1]
+                    if kind == "node" and dst_nodes is src_nodes and a.num_gpus >= 2:
+                        others.append(a)  # first fit may put both stages on one node: its own link
+                    for c in others:
+                        if _pair_is(kind, a, c):
+                            t = self.est.comm.p2p_time_s(node_endpoint(a), node_endpoint(c), nbytes)
+                            best = t if best is None else min(best, t)
             self._links[key] = None if not best else joint.LinkCost(nbytes / best, 0.0)
         return self._links[key]
 
@@ -350,27 +360,61 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         egress_zone_usd_per_GB=net.egress.inter_zone_usd_per_GB,
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
         sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
-        min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared)
+        min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
+        tied_s=tied_floors_s(tables, pools, combo.D, tied))
     return inp
 
 
 def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInputs:
-    """`inp` with the estimator's all-reduce times per (pool, stage position, blocks) filled in."""
+    """`inp` with lower bounds on the gradient all-reduce per (pool, stage position, blocks) filled in:
+    `sync_table` for a stage in one zone, `span_sync_table` for one spanning zones of its region.
+    A stage holding a replica of pool k all-reduces at least factor x bytes / t_k per member (its
+    least TP is at most t_k) over D members placed on one node of k's type or on two or more nodes
+    of its zone (region, spanning); the estimator's floor over those placements
+    (`_Tables.floor_s`) holds whatever the first-fit placement and the stage's other pools."""
     if inp.sync_table is not None or not joint.blocks_identical(inp):
         return inp
-    # choices with the same D, pools and P share the table (b changes neither the bytes of a
+    # choices with the same D, pools and P share the tables (b changes neither the bytes of a
     # position's n blocks nor the replicas that all-reduce them)
     key = (inp.D, inp.pools, inp.P)
-    table = tables.sync_tables.get(key)
-    if table is None:
+    tabs = tables.sync_tables.get(key)
+    if tabs is None:
         nbytes = tables.stage_grad_bytes(inp)
-        table = {}
+        factor = sync_volume_factor(tables.inst.workload.zero_stage)
+        table, span = {}, {}
         for k, pool in enumerate(inp.pools):
-            joint.check_deadline()  # a pool's all-reduces take up to ~20 ms with 2,048 replicas
-            times = tables.sync_s(pool.gpu_type, pool.zone, pool.tp, inp.D, list(nbytes.values()))
-            table.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, times))
-        tables.sync_tables[key] = table  # only once complete: a deadline may stop the loop
-    return replace(inp, sync_table=table)
+            joint.check_deadline()
+            sizes = [factor * n / pool.tp for n in nbytes.values()]
+            one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
+            many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes, min_nodes=2)
+            table.update(((k, pos, n), _finite(min(a, b))) for (pos, n), a, b in zip(nbytes, one, many))
+            if len(inp.zones) > 1:
+                far = tables.floor_s(tables.nodes(inp.pools, region=pool.region), inp.D, sizes, spans="zone")
+                span.update(((k, pos, n), _finite(v)) for (pos, n), v in zip(nbytes, far))
+        tabs = tables.sync_tables[key] = (table, span or None)  # only once complete: a deadline may stop the loop
+    return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
+
+
+def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[float, float, float]:
+    """Lower bounds on the tied-embedding all-reduce of the first and last stage (2 D members, factor x
+    bytes / the largest TP of any pool each) when both ends sit in one zone, in zones of one region
+    (ez = 1) or in two regions (er = 1): the estimator's floor over every placement of that kind."""
+    if tied_bytes <= 0:
+        return 0.0, 0.0, 0.0
+    size = [sync_volume_factor(tables.inst.workload.zero_stage) * tied_bytes / max(p.tp for p in pools)]
+    zones = sorted({p.zone for p in pools})
+    regions = sorted({p.region for p in pools})
+    node = min(tables.floor_s(tables.nodes(pools, zone=z), 2 * D, size)[0] for z in zones)
+    zone = min((tables.floor_s(tables.nodes(pools, region=r), 2 * D, size, spans="zone")[0] for r in regions
+                if len({p.zone for p in pools if p.region == r}) > 1), default=node)
+    region = tables.floor_s(tables.nodes(pools), 2 * D, size, spans="region")[0] if len(regions) > 1 else zone
+    return _finite(node), _finite(zone), _finite(region)
+
+
+def _finite(floor_s: float) -> float:
+    """A floor where no placement exists (inf) is 0 in the model: such plans are ruled out by the
+    quota rows, and an infinite coefficient would break the MILP."""
+    return floor_s if floor_s < math.inf else 0.0
 
 
 def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> list[Combo]:
@@ -581,11 +625,53 @@ def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     return (lb, combo.P, combo.D, combo.b, 0, combo, inp)
 
 
+class _Scorer:
+    """The objective of a candidate plan as the simulator says (the model is a relaxation of it:
+    formulations/joint.py), or None when the simulator finds it over a limit, out of memory or
+    unplaceable. Every plan the search keeps is scored here, so the incumbent, the cutoffs and the
+    gap all read the simulator's figure."""
+
+    def __init__(self, instance: Instance, est: EstimatorSet, objective: str, max_cost: float | None,
+                 min_its: float | None):
+        from hetplan.replan import memoised  # (the re-planner imports this module)
+
+        self.instance, self.est, self.objective = instance, memoised(est), objective
+        self.max_cost, self.min_its = max_cost, min_its
+        self.reports: dict = {}  # (pools, P, D, b, ranges, replicas) -> SimulationReport or None
+
+    def __call__(self, candidate: tuple | None) -> tuple | None:
+        if candidate is None:
+            return None
+        _, sol, inp = candidate
+        rep = self.report(sol, inp)
+        if rep is None:
+            return None
+        obj = rep.cost_per_iteration_usd if self.objective == "min_cost" else rep.iteration_time_s
+        return (obj, sol, inp)
+
+    def report(self, sol: joint.JointSolution, inp: joint.JointInputs) -> SimulationReport | None:
+        key = (inp.pools, inp.P, inp.D, inp.b, sol.ranges, sol.replicas)
+        if key not in self.reports:
+            self.reports[key] = self._simulate(sol, inp)
+        return self.reports[key]
+
+    def _simulate(self, sol: joint.JointSolution, inp: joint.JointInputs) -> SimulationReport | None:
+        try:
+            rep = simulate(self.instance, joint.to_plan(sol, inp), self.est)
+        except PlanError:  # first fit found no node for some replica (TP degrees mixed on a node group)
+            return None
+        if rep.oom_ranks or (self.max_cost is not None and rep.cost_per_iteration_usd > self.max_cost) or (
+                self.min_its is not None and rep.iters_per_s < self.min_its):
+            return None
+        return rep
+
+
 @dataclass
 class _Outcome:
     """What the search has found and proven so far."""
 
     records: list[ComboRecord]
+    score: _Scorer
     best: tuple | None = None  # (objective, solution, inputs)
     greedy_best: tuple | None = None  # the best heuristic plan
     open_bounds: list[float] = field(default_factory=list)  # bounds of choices not solved to the end
@@ -599,6 +685,8 @@ class _Outcome:
         return self.cut or any(r.status == "skipped_time" for r in self.records)
 
     def found(self, candidate: tuple | None, heuristic: bool = False) -> None:
+        """Keep `candidate` (model objective, solution, inputs) if the simulator finds it better."""
+        candidate = self.score(candidate)
         self.best = joint.better(self.best, candidate)
         if heuristic:
             self.greedy_best = joint.better(self.greedy_best, candidate)
@@ -669,7 +757,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
     until = joint.Deadline(deadline.at - (1 - PREPARE_SHARE) * opts.time_limit_s)
     records, queue, skipped = _prepare(instance, tables, quotas, combos, objective, max_cost, min_its,
                                        opts.tp_choices, floor, until, report)
-    out = _Outcome(records + skipped)
+    out = _Outcome(records + skipped, _Scorer(instance, est, objective, max_cost, min_its))
     if skipped:  # their bounds from the layer times stand in the reported bound
         out.open_bounds.append(min(r.lower_bound for r in skipped))
         out.cut = True

@@ -97,6 +97,30 @@ class CommEstimator(Protocol):
         ...
 
 
+# Where an all-reduce's members may sit, for `allreduce_floor_s`: "node" (one zone; one node or
+# several), "zone" (at least two zones of one region), "region" (at least two regions).
+SPANS = ("node", "zone", "region")
+
+
+def spans_pair(spans: str, a: Endpoint, b: Endpoint) -> bool:
+    """Whether two endpoints on different nodes are a pair that a ring spanning `spans` must cross."""
+    if spans == "node":
+        return a.zone == b.zone
+    if spans == "zone":
+        return a.zone != b.zone and a.region == b.region
+    return a.region != b.region
+
+
+def least_nodes(slots: list[int], members: int) -> int | None:
+    """The fewest nodes whose member slots add up to `members` (None when all of them do not)."""
+    total = 0
+    for count, n in enumerate(sorted(slots, reverse=True), start=1):
+        total += n
+        if total >= members:
+            return count
+    return None
+
+
 @runtime_checkable
 class CostEstimator(Protocol):
     name: str

@@ -11,13 +11,22 @@ All-reduce of n bytes held by each of k members:
   possible, and the slowest link on that ring (B_min) bounds it;
 - hierarchical: reduce-scatter and all-gather inside each node, ring all-reduce of n bytes between
   node leaders; option `allreduce` = ring | hierarchical | best (default best: the faster).
+
+Floor (`allreduce_floor_s`, what the planner's bounds read when placement is not known): the ring
+time grows with its members, its bytes-per-second term with 1 / B_min and its latency term with
+alpha_max. Members on one node ring over that node's link. Members on L >= 2 nodes: the flat ring
+has an edge that crosses nodes (B_min <= that link's bandwidth, alpha_max >= its latency), and the
+hierarchical one costs at least its ring between the L >= 2 leaders, over such links. So the time
+is at least the ring over max(2, L_min) members (L_min: the fewest nodes that hold them; all members
+for the flat ring) at the fastest crossing link and its least latency.
 """
 from __future__ import annotations
 
+import math
 from itertools import groupby
 
 from hetplan.catalog import LinkSpec
-from hetplan.estimators.base import Endpoint
+from hetplan.estimators.base import Endpoint, least_nodes, spans_pair
 from hetplan.instance import Instance, Network
 
 
@@ -97,3 +106,29 @@ class AlphaBetaComm:
         if len(members) <= 1 or nbytes <= 0:
             return 0.0  # before any link is read
         return self.allreduce_times_s(members, [nbytes])[0]
+
+    def allreduce_floor_s(self, nodes: list[tuple[Endpoint, int]], members: int, sizes: list[float],
+                          spans: str = "node", min_nodes: int = 1) -> list[float]:
+        """A lower bound on `allreduce_time_s(M, n)` for each n of `sizes`, over every list M of
+        `members` endpoints drawn from `nodes` (a node's endpoint, the most members it holds) that
+        spans as `spans` says (estimators.base.SPANS) and sits on at least `min_nodes` nodes (module
+        docstring); inf where no such M exists."""
+        if members <= 1:
+            return [0.0] * len(sizes)
+        rings = []  # (ring members, bandwidth B/s, latency s): each a lower bound of one placement kind
+        if spans == "node" and min_nodes <= 1:
+            rings += [(members, e.intra_node.bandwidth_GBps * 1e9, e.intra_node.latency_s)
+                      for e, slots in nodes if slots >= members and e.intra_node is not None]
+        spread = least_nodes([slots for _, slots in nodes], members)
+        if spread is not None and len(nodes) >= 2:
+            by_zone = {}  # links between different nodes depend on the zones alone
+            for e, _ in nodes:
+                by_zone.setdefault(e.zone, []).append(e)
+            links = [self.link(a[0], b[-1]) for a in by_zone.values() for b in by_zone.values()
+                     if (a is not b or len(a) >= 2) and spans_pair(spans, a[0], b[-1])]
+            if links:
+                count = members if self.allreduce == "ring" else max(2, spread)
+                rings.append((count, max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links)))
+        if not rings:
+            return [math.inf] * len(sizes)
+        return [min(ring_allreduce_time_s(n, *r) for r in rings) for n in sizes]

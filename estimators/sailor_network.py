@@ -25,6 +25,11 @@ made with NCCL collectives on whole buffers, so every link's bandwidth is read a
 Latency per link class (intra_node, inter_node, inter_zone, inter_region) comes from the instance's
 network section (the endpoint's own intra_node link for same-node pairs), 0 when built without one.
 `link(a, b)` returns the class's kind and latency with the fit's peak bandwidth.
+
+Floor (`allreduce_floor_s`): the ring's k members are the plan's replicas, so only B_min and the
+latency are unknown before placement. Members on one node ring over that node's intra-node fit;
+members on several nodes have a ring edge between two of them, so B_min is at most the fastest such
+pair's fit at n and the latency at least the least of those pairs'.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from typing import Any, Mapping
 
 from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
-from hetplan.estimators.base import Endpoint
+from hetplan.estimators.base import Endpoint, least_nodes, spans_pair
 from hetplan.estimators.network import ring_allreduce_time_s
 from hetplan.estimators.profile_time import own_options
 from hetplan.profiles import BandwidthFit
@@ -208,3 +213,40 @@ class SailorNetworkComm:
         if len(members) <= 1 or nbytes <= 0:
             return 0.0  # before any fit is looked up: a pair the table lacks does not matter here
         return self.allreduce_times_s(members, [nbytes])[0]
+
+    def allreduce_floor_s(self, nodes: list[tuple[Endpoint, int]], members: int, sizes: list[float],
+                          spans: str = "node", min_nodes: int = 1) -> list[float]:
+        """A lower bound on `allreduce_time_s(M, n)` for each n of `sizes`, over every list M of
+        `members` endpoints drawn from `nodes` (a node's endpoint, the most members it holds) that
+        spans as `spans` says (estimators.base.SPANS) and sits on at least `min_nodes` nodes (module
+        docstring); inf where no such M exists."""
+        if members <= 1:
+            return [0.0] * len(sizes)
+        kinds: dict = {}  # nodes alike (zone, GPU type, GPUs) have the same fits: one pair per kind pair
+        for e, slots in nodes:
+            key = (e.region, e.zone, self._gpu_and_count(e))
+            kinds.setdefault(key, []).append((e, slots))
+        pairs = []  # (fit or None, latency, endpoint for the constant intra-node link)
+        if spans == "node" and min_nodes <= 1:
+            for same in kinds.values():
+                e, slots = max(same, key=lambda item: item[1])
+                if slots >= members:
+                    pairs.append((self.fit(e, e, members), self._latency(e, e), e))
+        if least_nodes([slots for _, slots in nodes], members) is not None and len(nodes) >= 2:
+            for ka in kinds.values():
+                for kb in kinds.values():
+                    a, b = ka[0][0], kb[-1][0]
+                    if a.node_id == b.node_id or not spans_pair(spans, a, b):
+                        continue
+                    try:
+                        pairs.append((self.fit(a, b), self._latency(a, b), a))
+                    except EstimatorError:  # a pair the table lacks: no plan can use it either
+                        continue
+        if not pairs:
+            return [math.inf] * len(sizes)
+        out = []
+        for n in sizes:
+            best = min(ring_allreduce_time_s(n, members, self._intra_link(e).bandwidth_GBps * 1e9 if fit is None
+                                             else fit.bandwidth_Bps(n), lat) for fit, lat, e in pairs)
+            out.append(0.0 if n <= 0 else best)
+        return out

@@ -36,21 +36,27 @@ Constraints
   straggler:   tau[i] >= sum_l step[k,l] y[i,l] - Mstep[k] (1 - u[i,k])
   memory:      sum_l (stat[k,l] + nf[i] act[k,l]) y[i,l] <= cap[k] + Mmem[k] (1 - u[i,k])     (per worker)
   region (H5): sum_r rho[i,r] = 1;  u[i,k] <= rho[i,r_k]          a stage's DP traffic stays in one region
-  zones:       v[i,z_k] >= u[i,k];  sum_z v[i,z] <= 1 + (|Z| - 1) span[i]
-  boundaries:  dz[i] >= v[i,z] + v[i+1,z'] - 1 (z != z'), dz[i] >= span[i], dz[i] >= span[i+1]
+  zones:       v[i,z_k] >= u[i,k];  v[i,z] <= sum_{k: z_k = z} u[i,k];  sum_z v[i,z] <= 1 + (|Z| - 1) span[i];
+               span[i] <= sum_z v[i,z] - 1   (v and span exact: span relaxes the boundary rows)
+  boundaries:  replicas pair up over a boundary (equal shares): a pair surely crosses zones where one
+               side sits in one zone and the other has a replica elsewhere, every pair where both
+               sides sit in one zone each (and in different regions):
+               dz[i] >= v[i,z] + v[i+1,z'] - 1 - span[i],  dz[i] >= v[i,z] + v[i+1,z'] - 1 - span[i+1]
+               dz_all[i] >= v[i,z] + v[i+1,z'] - 1 - span[i] - span[i+1],  dz_all[i] >= dr[i]  (z != z')
                dr[i] >= rho[i,r] + rho[i+1,r'] - 1 (r != r')
                c[i] = c_node + (c_zone - c_node) dz[i] + (c_region - c_zone) dr[i]
   ends:        ez >= v[0,z] + v[P-1,z'] - 1, ez >= span[0], ez >= span[P-1]; er likewise with rho:
                the tied-embedding all-reduce between first and last stage crosses zones / regions
   bottleneck:  theta >= tau[i];  theta >= c[i] / 2              (links are full duplex)
   cuts:        tau[i] >= sum_l min_k step[k,l] y[i,l];  P theta >= sum_i tau[i]   (valid, no big-M)
-  sync:        sync[i] >= a_node gb_i / t_k + l_node - Msync (1 - u[i,k])
-               sync[i] >= a_zone gb_i / t_k + l_zone - Msync (2 - u[i,k] - span[i]),
-               with gb_i = sum_l gb[l] y[i,l], a = 2 (D-1)/D / bandwidth (ring), plus the tied-embedding
-               all-reduce on the first and last stage;  sigma >= sync[i]
+  sync:        sync[i] >= tied[i];  (blocks form)  sync[i] >= S[k,i,n_i] - Msync (1 - u[i,k] + span[i]) + tied[i]
+               and sync[i] >= S'[k,i,n_i] - Msync (2 - u[i,k] - span[i]) + tied[i], S / S' the all-reduce
+               floors of a stage holding pool k in one zone / spanning zones (`sync_table`,
+               `span_sync_table`); tied[0] = tied[P-1] = t_node + (t_zone - t_node) ez + (t_region - t_zone) er
+               (`tied_s`);  sigma >= sync[i]
   update:      mu >= sum_l upd[k,l] y[i,l] - Mupd[k] (1 - u[i,k])
   time (1F1B): T = sum_i tau[i] + sum_i c[i] + (m - 1) theta + sigma + mu
-  cost:        rate = sum_{i,k} price[k] t_k x[i,k] / 3600 (USD/s);  egress = bytes crossing zones x price
+  cost:        rate = sum_{i,k} price[k] t_k x[i,k] / 3600 (USD/s);  egress = bytes crossing zones x price (boundaries: D transfers where dz_all)
                cost = rate * T + egress   (bilinear: kept for SCIP; exact binary-expansion
                linearisation of x[i,k] * T for HiGHS when `linearize=True`)
   limits:      cost <= budget;  T <= 1 / min_throughput;  sum_{i,k} t_k x[i,k] <= max_gpus
@@ -72,12 +78,27 @@ which are exact (no big-M on time or memory), plus the valid cuts
 (a stage's all-reduce is the slowest of its pools, so at least the mean over its replicas; the big-M
 sync rows are slack in the LP relaxation);  with a cutoff T* every choice with time[r,i,n] >
 stage_time_cap_s(T*) = (T* - rest_LB) / m is dropped (T >= m tau_i + rest); all-reduce times per (pool, position, n) come from
-the communication estimator (`sync_table`) instead of the ring formula. Time variables are in
+the communication estimator's floors (`sync_table`). Time variables are in
 milliseconds and cost rows in micro-dollars (`in_model_units`), for the solvers' tolerances.
 
-Simplifications (the simulator scores the decoded plan exactly): every replica takes b sequences
-(uneven shares are not modelled here); all-reduces use the ring bound over the inter-node link (the
-simulator may find a faster hierarchical or intra-node one); link classes, not zone-pair overrides.
+The model is a relaxation of the simulator (`hetplan.simulator`): for every plan of its space,
+each figure it computes (`evaluate`) is at most the simulator's, so every bound on the model is a
+bound on the simulated objective; the planner scores each plan it keeps with the simulator.
+Exact: stage compute times of a stage with one time class, update times, memory, compute cost.
+Relaxed, because the model does not place replicas on nodes (first fit does, in the simulator):
+  - a stage's time is its slowest replica's fwd + bwd (the simulator adds the slowest fwd and the
+    slowest bwd, which may come from different replicas);
+  - c_node is the fastest boundary transfer inside a zone, between two nodes or two GPUs of one node
+    (`planner._Tables.effective_link`); c_zone, c_region the fastest pair of their class;
+  - all-reduces are the communication estimator's floor over every placement the stage's pools
+    allow (`planner.with_sync_table`, `planner.tied_floors_s`, `allreduce_floor_s` of the estimator:
+    one node of the pool's type, or >= 2 nodes of its zone, or of its region when spanning zones),
+    at factor x bytes / t_k per member (the stage's least TP is at most t_k; the tied embedding's
+    at most the largest TP of any pool); the staircase form (units that differ) has no all-reduce
+    floor but the tied embedding's;
+  - a boundary next to a stage spanning zones crosses zones only where the rows above force it, and
+    its egress is charged only where every pair crosses.
+Every replica takes b sequences (uneven shares are not modelled here).
 """
 from __future__ import annotations
 
@@ -97,6 +118,7 @@ from pyomo.common.collections import ComponentMap
 from hetplan.plan import Plan, Replica, Stage
 
 
+ULP_SLACK = 1e-12  # relative: bounds built from sums in another order are lowered by this much
 COST_SCALE = 1e6  # objective and budget rows in micro-dollars
 TIME_UNITS_PER_S = 1e3  # the model's time variables are in milliseconds (`in_model_units`)
 
@@ -205,6 +227,11 @@ class JointInputs:
     # over the inter-node link otherwise). Lets the model match the simulator's hierarchical or
     # fitted all-reduce instead of a flat ring.
     sync_table: dict | None = None
+    # the same for a stage spanning zones of its region (None with one zone or without sync_table)
+    span_sync_table: dict | None = None
+    # lower bounds on the tied-embedding all-reduce of the first and last stage when both sit in one
+    # zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`)
+    tied_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     # figures that depend only on the rows above (pools, step, update, memory, gradient bytes), not
     # on P, m, the links or the sync table (`_shared_for`): choices built from the same row objects
     # may pass one dict (`planner.joint_inputs` does, per (b, D)); inputs whose rows are not the
@@ -228,19 +255,6 @@ class JointInputs:
     def p2p_s(self, link: LinkCost) -> float:
         """Forward activation + backward gradient of one microbatch over one boundary."""
         return 2 * (link.latency_s + self.boundary_bytes / link.bandwidth_Bps)
-
-    def ring_s(self, link: LinkCost, nbytes, tp: int = 1):
-        """Seconds of the model's ring all-reduce of `nbytes` gradient bytes (all TP shards, each
-        worker holding 1/tp of them) over the D replicas on this link; nbytes may be a Pyomo
-        expression."""
-        a, lat = self.ring_coeff(link, self.D)
-        return a * self.sync_factor * nbytes / tp + lat
-
-    def ring_coeff(self, link: LinkCost, members: int) -> tuple[float, float]:
-        """(seconds per byte, latency seconds) of a ring all-reduce over `members` on this link."""
-        if members <= 1:
-            return 0.0, 0.0
-        return 2 * (members - 1) / members / link.bandwidth_Bps, 2 * (members - 1) * link.latency_s
 
     @property
     def zones(self) -> list[str]:
@@ -266,10 +280,9 @@ class JointSolution:
 def time_upper_bound_s(inp: JointInputs) -> float:
     """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
     worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
-    worst_sync = inp.ring_s(inp.region, sum(inp.grad_bytes))
-    a2, lat2 = inp.ring_coeff(inp.region, 2 * inp.D)
-    worst_sync += a2 * inp.tied_grad_bytes + lat2
-    worst_c = inp.p2p_s(inp.region) * max(inp.P - 1, 0)
+    tables = [inp.sync_table or {}, inp.span_sync_table or {}]
+    worst_sync = max([v for tab in tables for v in tab.values()] + [0.0]) + max(inp.tied_s)
+    worst_c = max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
     worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U))
     return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
 
@@ -557,7 +570,9 @@ def _hall_theta_s(inp: JointInputs) -> float:
     # every stage time a class can have: n blocks plus what its position adds
     block = np.array([inp.step_s[k][2] for k, _ in pairs])
     extra = np.array([e for _, e in pairs])
-    cands = np.unique(np.arange(L + 1)[None, :] * block[:, None] + extra[:, None])
+    # n x block + extra rounds differently from the class tables' prefix sums of the same units (1 ulp
+    # above them was seen): a candidate a hair lower keeps every stage time it stands for at or above it
+    cands = np.unique(np.arange(L + 1)[None, :] * block[:, None] + extra[:, None]) * (1 - ULP_SLACK)
     cands = cands[cands != 0.0].tolist()
     if not cands or blocks_coverable(inp, cands[-1]) < L:
         return math.inf
@@ -798,7 +813,7 @@ def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float
     hop = c_region - c_node
     theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, True), c_region / 2)
     ends_apart = (sum_tau_lower_bound_s(inp) + (inp.P - 1) * c_node + hop + (inp.m - 1) * theta
-                  + _tied_s(inp, inp.region) + _mu_lower_bound_s(inp))
+                  + inp.tied_s[2] + _mu_lower_bound_s(inp))
     out = min(merged_s + 2 * hop, ends_apart)
     for sub in _region_inputs(inp).values():
         if target_s is not None and out < target_s:
@@ -818,11 +833,11 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
     keep = [k for k, p in enumerate(inp.pools) if p.region == region]
     new_index = {k: j for j, k in enumerate(keep)}
     pick = lambda rows: tuple(rows[k] for k in keep)  # noqa: E731
-    table = None if inp.sync_table is None else {
-        (new_index[k], pos, n): v for (k, pos, n), v in inp.sync_table.items() if k in new_index}
+    def table(tab: dict | None) -> dict | None:
+        return None if tab is None else {(new_index[k], pos, n): v for (k, pos, n), v in tab.items() if k in new_index}
     return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
-                   sync_table=table)
+                   sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table))
 
 
 def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None,
@@ -1272,9 +1287,9 @@ def _sigma_lower_bound_s(inp: JointInputs) -> float:
     otherwise the model's ring over the inter-node link at the largest TP."""
     if inp.sync_table is not None:
         n_big = -(-(inp.U - 2) // inp.P)
-        return min((v for (_, _, n), v in inp.sync_table.items() if n >= n_big), default=0.0)
-    a, lat = inp.ring_coeff(inp.node, inp.D)
-    return a * inp.sync_factor * sum(inp.grad_bytes) / inp.P / max(p.tp for p in inp.pools) + lat
+        tables = [inp.sync_table] + ([inp.span_sync_table] if inp.span_sync_table else [])
+        return min((v for tab in tables for (_, _, n), v in tab.items() if n >= n_big), default=0.0)
+    return 0.0  # without the table (layer units that differ) the model has no all-reduce floor
 
 
 def _mu_lower_bound_s(inp: JointInputs) -> float:
@@ -1390,7 +1405,7 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     if layers == "blocks" and not blocks_identical(inp):
         raise ValueError("layers='blocks' needs identical transformer blocks after the first one")
     if layers == "staircase" and inp.sync_table is not None:
-        raise ValueError("the staircase form times all-reduces by the ring formula: drop sync_table")
+        raise ValueError("the staircase form has no all-reduce table: drop sync_table")
     inp = in_model_units(inp)
     if time_cutoff_s is not None:
         time_cutoff_s *= TIME_UNITS_PER_S
@@ -1448,7 +1463,10 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
-        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()})
+        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()},
+        span_sync_table=None if inp.span_sync_table is None else {
+            key: v * ms for key, v in inp.span_sync_table.items()},
+        tied_s=tuple(v * ms for v in inp.tied_s))
 
 
 def objective_value(inp: JointInputs, solver_objective: float) -> float:
@@ -1665,29 +1683,28 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     grad = _prefix_rows([inp.grad_bytes])[0]
     nbytes = grad[lay.hi] - grad[lay.lo]
     tp = np.array([c[1] for c in classes], dtype=float)[:, None]
+    in_zone_s = span_s = np.zeros_like(time_s)  # without the tables (layer units that differ): no floor
     if inp.sync_table is not None:
-        per_pool = _sync_by_pool(inp, lay)  # (K, M)
-        sync_s = np.stack([per_pool[ks].min(axis=0) for ks in members])
-    else:  # the model's ring over the inter-node link
-        a, lat = inp.ring_coeff(inp.node, inp.D)
-        sync_s = a * inp.sync_factor * nbytes[None, :] / tp + lat
+        in_zone_s = np.stack([_sync_by_pool(inp, lay, inp.sync_table)[ks].min(axis=0) for ks in members])
+        span_s = in_zone_s
+    if inp.span_sync_table is not None:
+        span_s = np.stack([_sync_by_pool(inp, lay, inp.span_sync_table)[ks].min(axis=0) for ks in members])
+    sync_s = np.minimum(in_zone_s, span_s)  # a floor wherever the stage sits
     ends = (lay.stage == 0) | (lay.stage == inp.P - 1)
     tied_in, tied_span = _ends_tied_s(inp)
-    extra_in = sync_s + upd_s + np.where(ends, tied_in, 0.0)
+    extra_in = in_zone_s + upd_s + np.where(ends, tied_in, 0.0)
     if len(inp.zones) == 1:
         extra_span = extra_in
     else:
-        a, lat = inp.ring_coeff(inp.zone, inp.D)
-        span_sync = np.maximum(sync_s, a * inp.sync_factor * nbytes[None, :] / tp + lat)
-        extra_span = span_sync + upd_s + np.where(ends, tied_span, 0.0)
+        extra_span = span_s + upd_s + np.where(ends, tied_span, 0.0)
     return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
 
 
-def _sync_by_pool(inp: JointInputs, lay: _PairLayout) -> np.ndarray:
-    """(K, M) the all-reduce table's entry of every pool at every pair."""
+def _sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray:
+    """(K, M) an all-reduce table's entry of every pool at every pair."""
     N = inp.U - 1
     grid = np.full((inp.K, len(lay.positions), N), np.inf)
-    for (k, pos, n), v in inp.sync_table.items():
+    for (k, pos, n), v in table.items():
         if pos in lay.positions:
             grid[k, lay.positions.index(pos), n] = v
     return grid[:, lay.pos, lay.count]
@@ -1710,7 +1727,7 @@ def _ends_tied_s(inp: JointInputs) -> tuple[float, float]:
     zones (regions) in every plan (ez = 1, er = 1 in the model: `ends_forced`)."""
     if inp.P <= 1:
         return 0.0, 0.0
-    t_node, t_zone, t_region = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
+    t_node, t_zone, t_region = inp.tied_s
     ez, er = ends_forced(inp)
     far = t_region if er else t_zone
     return (far if ez else min(t_node, far)), far
@@ -1806,15 +1823,27 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
     m.in_region = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.u[i, k] <= m.rho[i, inp.pools[k].region])
     m.in_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.v[i, inp.pools[k].zone] >= m.u[i, k])
     m.spanning = pyo.Constraint(m.I, rule=lambda m, i: sum(m.v[i, z] for z in Zs) <= 1 + (len(Zs) - 1) * m.span[i])
+    # v and span exact (span relaxes the boundary rows below, so it must not be set at will)
+    m.zone_used = pyo.Constraint(m.I, Zs, rule=lambda m, i, z: m.v[i, z] <= sum(
+        m.u[i, k] for k in m.K if inp.pools[k].zone == z))
+    m.spanning_only = pyo.Constraint(m.I, rule=lambda m, i: m.span[i] <= sum(m.v[i, z] for z in Zs) - 1)
     pairs_z = [(z1, z2) for z1 in Zs for z2 in Zs if z1 != z2]
     pairs_r = [(r1, r2) for r1 in Rs for r2 in Rs if r1 != r2]
     B = range(inp.P - 1)
+    # replicas pair up over a boundary (equal shares), so a pair crosses zones for sure only where one
+    # side sits in one zone and the other has a replica elsewhere (dz: the time), and every pair
+    # crosses only where both sides sit in one zone each (dz_all: the egress of all D transfers)
+    cross = lambda m, i, z1, z2, slack: m.v[i, z1] + m.v[i + 1, z2] - 1 - slack  # noqa: E731
     m.cross_zone = pyo.Constraint(B, pairs_z or [("", "")], rule=lambda m, i, z1, z2: (
-        m.dz[i] >= m.v[i, z1] + m.v[i + 1, z2] - 1) if z1 else pyo.Constraint.Skip)
-    m.cross_zone_span = pyo.Constraint(B, rule=lambda m, i: m.dz[i] >= m.span[i])
-    m.cross_zone_span_next = pyo.Constraint(B, rule=lambda m, i: m.dz[i] >= m.span[i + 1])
+        m.dz[i] >= cross(m, i, z1, z2, m.span[i])) if z1 else pyo.Constraint.Skip)
+    m.cross_zone_next = pyo.Constraint(B, pairs_z or [("", "")], rule=lambda m, i, z1, z2: (
+        m.dz[i] >= cross(m, i, z1, z2, m.span[i + 1])) if z1 else pyo.Constraint.Skip)
+    m.dz_all = pyo.Var(B, domain=pyo.NonNegativeReals, bounds=(0, 1))
+    m.cross_zone_all = pyo.Constraint(B, pairs_z or [("", "")], rule=lambda m, i, z1, z2: (
+        m.dz_all[i] >= cross(m, i, z1, z2, m.span[i] + m.span[i + 1])) if z1 else pyo.Constraint.Skip)
     m.cross_region = pyo.Constraint(B, pairs_r or [("", "")], rule=lambda m, i, r1, r2: (
         m.dr[i] >= m.rho[i, r1] + m.rho[i + 1, r2] - 1) if r1 else pyo.Constraint.Skip)
+    m.cross_region_all = pyo.Constraint(B, rule=lambda m, i: m.dz_all[i] >= m.dr[i])  # regions differ: every pair
     last = inp.P - 1
     m.ez = pyo.Var(domain=pyo.Binary)
     m.er = pyo.Var(domain=pyo.Binary)
@@ -1848,38 +1877,29 @@ def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
                                  + (inp.m - 1) * m.theta + m.sigma + m.mu)
 
 
-def _tied_s(inp: JointInputs, link: LinkCost) -> float:
-    if inp.tied_grad_bytes <= 0:
-        return 0.0
-    a, lat = inp.ring_coeff(link, 2 * inp.D)
-    min_tp = min(p.tp for p in inp.pools)
-    return a * inp.tied_grad_bytes / min_tp + lat
-
-
 def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
-    gb = {i: stage_sum(m, inp, i, inp.grad_bytes) for i in m.I}
-    big = inp.ring_s(inp.zone, sum(inp.grad_bytes))
     tied = {i: 0.0 for i in m.I}
     if inp.P > 1:
         # the tied-embedding all-reduce joins the first and last stage (ez/er: they differ in zone/region)
-        t_node, t_zone, t_region = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
+        t_node, t_zone, t_region = inp.tied_s
         expr = t_node + (t_zone - t_node) * m.ez + (t_region - t_zone) * m.er
         tied[0] = tied[inp.P - 1] = expr
-    if inp.sync_table is not None:
-        big = max(big, max(inp.sync_table.values(), default=0.0))
-
-    def in_zone(m, i, k):
-        if inp.sync_table is not None and m.layers == "blocks":
-            own = sum(inp.sync_table[k, position(inp, i), n] * m.nb[i, n] for n in block_counts(inp, i) if (i, n) in m.nb)
-        else:
-            own = inp.ring_s(inp.node, gb[i], inp.pools[k].tp)
-        return m.sync[i] >= own - big * (1 - m.u[i, k]) + tied[i]
-
-    m.sync_node = pyo.Constraint(m.I, m.K, rule=in_zone)
+    m.sync_tied = pyo.Constraint(m.I, rule=lambda m, i: m.sync[i] >= tied[i])
     if m.layers == "blocks":
         _mean_sync_update_rows(m, inp, tied)
-    m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= inp.ring_s(inp.zone, gb[i], inp.pools[k].tp)
-                                 - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
+    if inp.sync_table is None or m.layers != "blocks":
+        return  # layer units that differ: no all-reduce floor but the tied embedding's
+    big = max(list(inp.sync_table.values()) + list((inp.span_sync_table or {}).values()) + [0.0])
+
+    def own(i, k, table):
+        return sum(table[k, position(inp, i), n] * m.nb[i, n] for n in block_counts(inp, i) if (i, n) in m.nb)
+
+    # a stage in one zone (span 0) reads `sync_table`, one spanning zones `span_sync_table`
+    m.sync_node = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= own(i, k, inp.sync_table)
+                                 - big * (1 - m.u[i, k] + m.span[i]) + tied[i])
+    if inp.span_sync_table is not None:
+        m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= own(i, k, inp.span_sync_table)
+                                     - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
 
 
 def _mean_sync_update_rows(m: pyo.ConcreteModel, inp: JointInputs, tied: dict) -> None:
@@ -1954,7 +1974,7 @@ def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -
         sum(m.wz[i, z] for z in Zs) - len(Zs) * gmax * (1 - m.span[i])))
     tied = 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes / 1e6 if inp.P > 1 else 0.0
     m.egress_def = pyo.Constraint(expr=m.egress >= sum(
-        p2p_bytes * (pz * m.dz[i] + (pr - pz) * m.dr[i]) for i in B) + sum(m.ring_egress[i] for i in m.I)
+        p2p_bytes * (pz * m.dz_all[i] + (pr - pz) * m.dr[i]) for i in B) + sum(m.ring_egress[i] for i in m.I)
         + tied * (pz * m.ez + (pr - pz) * m.er))
 
 
@@ -2087,45 +2107,43 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
     regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
     span = [1 if len(z) > 1 else 0 for z in zones]
-    dz = [1 if (span[i] or span[i + 1] or zones[i] != zones[i + 1]) else 0 for i in range(inp.P - 1)]
+    dz = [1 if zones[i] != zones[i + 1] and not (span[i] and span[i + 1]) else 0 for i in range(inp.P - 1)]
     dr = [1 if regions[i] != regions[i + 1] else 0 for i in range(inp.P - 1)]
+    dz_all = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] or span[i + 1])) else 0
+              for i in range(inp.P - 1)]
     c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
     c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
     theta = max(tau + [ci / 2 for ci in c])
-    a_node, l_node = inp.ring_coeff(inp.node, inp.D)
-    a_zone, l_zone = inp.ring_coeff(inp.zone, inp.D)
     last = inp.P - 1
     ez = 1 if (span[0] or span[last] or zones[0] != zones[last]) else 0
     er = 1 if regions[0] != regions[last] else 0
     tied = {0: 0.0, last: 0.0}
     if inp.P > 1:
-        t_n, t_z, t_r = (_tied_s(inp, link) for link in (inp.node, inp.zone, inp.region))
+        t_n, t_z, t_r = inp.tied_s
         tied = {0: t_n + (t_z - t_n) * ez + (t_r - t_z) * er, last: t_n + (t_z - t_n) * ez + (t_r - t_z) * er}
     else:
         ez = er = 0
     sync = []
     counts = solution_blocks(inp, sol) if inp.sync_table is not None else None  # set only for identical blocks
     for i in range(inp.P):
-        gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
-        link = inp.zone if span[i] else inp.node
-        own = [inp.ring_s(link, gbi, inp.pools[k].tp) for k in range(inp.K) if used[i][k]]
-        if counts is not None:
-            table = [inp.sync_table[k, position(inp, i), counts[i]] for k in range(inp.K) if used[i][k]]
-            own = [max(x, y) for x, y in zip(own, table)] if span[i] else table
+        table = inp.span_sync_table if span[i] else inp.sync_table
+        own = [0.0]  # the staircase form (layer units that differ) has no all-reduce floor
+        if counts is not None and table is not None:
+            own += [table[k, position(inp, i), counts[i]] for k in range(inp.K) if used[i][k]]
         sync.append(max(own) + tied.get(i, 0.0))
     mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) for i in range(inp.P) for k in range(inp.K) if used[i][k])
     T = sum(tau) + sum(c) + (inp.m - 1) * theta + max(sync) + mu
     rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * sol.replicas[i][k] / 3600
                for i in range(inp.P) for k in range(inp.K))
     pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
-    egress = sum(inp.m * inp.D * 2 * inp.boundary_bytes * (pz * dz[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
+    egress = sum(inp.m * inp.D * 2 * inp.boundary_bytes * (pz * dz_all[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
     ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
     egress += sum(ring * pz * len(zones[i]) * sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
                   for i in range(inp.P) if span[i])
     if inp.P > 1:
         egress += 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes * (pz * ez + (pr - pz) * er)
     return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c, "theta": theta,
-            "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr,
+            "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
 
 
@@ -2216,6 +2234,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.ring_egress[i]] = ring * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
+        start[m.dz_all[i]] = ev["dz_all"][i]
     start[m.theta], start[m.sigma], start[m.mu], start[m.T] = ev["theta"], ev["sigma"], ev["mu"], ev["T"]
     start[m.egress] = ev["egress"]
     start[m.ez], start[m.er] = ev["ez"], ev["er"]
