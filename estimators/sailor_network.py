@@ -216,10 +216,8 @@ class SailorNetworkComm:
 
     def allreduce_floor_s(self, nodes: list[tuple[Endpoint, int]], members: int, sizes: list[float],
                           spans: str = "node", min_nodes: int = 1) -> list[float]:
-        """A lower bound on `allreduce_time_s(M, n)` for each n of `sizes`, over every list M of
-        `members` endpoints drawn from `nodes` (a node's endpoint, the most members it holds) that
-        spans as `spans` says (estimators.base.SPANS) and sits on at least `min_nodes` nodes (module
-        docstring); inf where no such M exists."""
+        """The contract of `network.AlphaBetaComm.allreduce_floor_s`, for the fitted links (module
+        docstring)."""
         if members <= 1:
             return [0.0] * len(sizes)
         kinds: dict = {}  # nodes alike (zone, GPU type, GPUs) have the same fits: one pair per kind pair
