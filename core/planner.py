@@ -81,8 +81,9 @@ from typing import Callable, Iterator
 
 import pyomo.environ as pyo
 
-from hetplan.errors import InfeasibleError, InstanceError, NoPlanInTimeError, PlanError, SolverError
+from hetplan.errors import InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
+from hetplan.estimators.base import spans_pair
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.formulations.joint_dp_heuristic import dp_heuristic
@@ -177,6 +178,7 @@ class _Tables:
         self._mem: dict = {}
         self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
         self._node_sets: dict = {}
+        self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
         self._links: dict = {}
         self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
         self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
@@ -287,11 +289,12 @@ class _Tables:
             for src_nodes in groups.values():
                 a = src_nodes[0]
                 for dst_nodes in groups.values():
-                    others = [n for n in dst_nodes if n.node_id != a.node_id][:1]
+                    other = next((n for n in dst_nodes if n.node_id != a.node_id), None)
+                    others = [] if other is None else [other]
                     if kind == "node" and dst_nodes is src_nodes and a.num_gpus >= 2:
                         others.append(a)  # first fit may put both stages on one node: its own link
                     for c in others:
-                        if _pair_is(kind, a, c):
+                        if spans_pair(kind, a, c):
                             t = self.est.comm.p2p_time_s(node_endpoint(a), node_endpoint(c), nbytes)
                             best = t if best is None else min(best, t)
             self._links[key] = None if not best else joint.LinkCost(nbytes / best, 0.0)
@@ -308,14 +311,6 @@ class _Tables:
                 over, cap = mb.overhead_bytes, mb.capacity_bytes
             self._mem[key] = (tuple(stat), tuple(act), cap - over)
         return self._mem[key]
-
-
-def _pair_is(kind: str, a, b) -> bool:
-    if kind == "node":
-        return a.zone == b.zone
-    if kind == "zone":
-        return a.zone != b.zone and a.region == b.region
-    return a.region != b.region
 
 
 def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], tuple[int, int, float, str]]:
@@ -401,6 +396,13 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
     (ez = 1) or in two regions (er = 1): the estimator's floor over every placement of that kind."""
     if tied_bytes <= 0:
         return 0.0, 0.0, 0.0
+    key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
+    if key not in tables._tied:
+        tables._tied[key] = _tied_floors_s(tables, pools, D, tied_bytes)
+    return tables._tied[key]
+
+
+def _tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[float, float, float]:
     size = [sync_volume_factor(tables.inst.workload.zero_stage) * tied_bytes / max(p.tp for p in pools)]
     zones = sorted({p.zone for p in pools})
     regions = sorted({p.region for p in pools})
@@ -649,11 +651,18 @@ class _Scorer:
         obj = rep.cost_per_iteration_usd if self.objective == "min_cost" else rep.iteration_time_s
         return (obj, sol, inp)
 
-    def report(self, sol: joint.JointSolution, inp: joint.JointInputs) -> SimulationReport | None:
+    def report(self, sol: joint.JointSolution, inp: joint.JointInputs, named: Plan | None = None
+               ) -> SimulationReport | None:
+        """The simulation of `sol` (None as in `__call__`), once per plan; with `named` (the same plan
+        with a name and metadata), the report's placed plan carries them."""
         key = (inp.pools, inp.P, inp.D, inp.b, sol.ranges, sol.replicas)
         if key not in self.reports:
             self.reports[key] = self._simulate(sol, inp)
-        return self.reports[key]
+        rep = self.reports[key]
+        if rep is None or named is None:
+            return rep
+        return replace(rep, plan=rep.plan.model_copy(
+            update={"name": named.name, "instance": named.instance, "metadata": named.metadata}))
 
     def _simulate(self, sol: joint.JointSolution, inp: joint.JointInputs) -> SimulationReport | None:
         try:
@@ -768,7 +777,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         _search(queue, tables, objective, max_cost, min_its, opts, milp, deadline, report, out)
     if out.best is None and out.timed_out:  # outside the search's scope: the rescue has a deadline of its own
         out.found(_rescue(queue, objective, max_cost, min_its, opts.time_limit_s), heuristic=True)
-    return _result(instance, est, objective, (max_cost, min_its), opts, milp.backend, len(combos), out, deadline,
+    return _result(instance, objective, (max_cost, min_its), opts, milp.backend, len(combos), out, deadline,
                    report)
 
 
@@ -940,13 +949,11 @@ def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float 
     return best
 
 
-def _result(instance: Instance, est: EstimatorSet, objective: str, limits: tuple[float | None, float | None],
+def _result(instance: Instance, objective: str, limits: tuple[float | None, float | None],
             opts: PlannerOptions, backend: str, total: int, out: _Outcome, deadline: joint.Deadline,
             report: _Reporter) -> PlannerResult:
-    """The result of the search in `out` (`limits`: the budget and the throughput floor), its plan
-    simulated; SolverError or InfeasibleError when it has no plan."""
-    from hetplan.replan import memoised  # (the re-planner imports this module)
-
+    """The result of the search in `out` (`limits`: the budget and the throughput floor), with its
+    plan's simulation; SolverError or InfeasibleError when it has no plan."""
     if out.best is None:
         if out.timed_out or any(r.status == "solved:time_limit_no_solution" for r in out.records):
             raise NoPlanInTimeError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
@@ -956,22 +963,17 @@ def _result(instance: Instance, est: EstimatorSet, objective: str, limits: tuple
     bound = out.bound()
     gap = (obj - bound) / max(abs(obj), 1e-12)
     status = "time_limit" if out.timed_out else "complete"
-    report(len(out.records), "simulating the plan", obj, bound, force=True)
     plan_out = joint.to_plan(sol, inp, name=f"{instance.name}-hetplan").model_copy(
         update={"instance": instance.name,
                 "metadata": {"objective": objective, "model_objective": obj, "bound": bound, "gap": gap,
                              "status": status, "P": inp.P, "D": inp.D, "b": inp.b}})
-    # memoised: a plan of thousands of replicas asks the same layer times thousands of times
-    sim_est = memoised(est)
-    report_sim = simulate(instance, plan_out, sim_est)
-    if report_sim.oom_ranks:  # the model's memory rows use the simulator's estimator: this is a bug if it fires
-        oom = [r.rank for r in report_sim.oom_ranks]
-        raise SolverError(f"internal error: planned ranks {oom} are OOM in simulation")
+    # every kept plan was simulated when it was scored (and found in memory, not OOM, placeable)
+    report_sim = out.score.report(sol, inp, plan_out)
     greedy, greedy_report = out.greedy_best, None
-    if greedy is out.best:  # the heuristic's plan won: the same plan, simulated once
+    if greedy is out.best:  # the heuristic's plan won: the same plan
         greedy_report = report_sim
-    elif greedy is not None and not deadline.expired():  # past the limit, only the plan is simulated
-        greedy_report = simulate(instance, joint.to_plan(greedy[1], greedy[2], name="greedy"), sim_est)
+    elif greedy is not None and not deadline.expired():
+        greedy_report = out.score.report(greedy[1], greedy[2], joint.to_plan(greedy[1], greedy[2], name="greedy"))
     records = out.records
     result = PlannerResult(
         plan=plan_out, report=report_sim, objective_kind=objective, model_objective=obj, bound=bound, gap=gap,

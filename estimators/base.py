@@ -103,7 +103,8 @@ SPANS = ("node", "zone", "region")
 
 
 def spans_pair(spans: str, a: Endpoint, b: Endpoint) -> bool:
-    """Whether two endpoints on different nodes are a pair that a ring spanning `spans` must cross."""
+    """Whether two places on different nodes (endpoints, or the instance's nodes) are a pair of the
+    kind `spans` names: one zone, two zones of one region, two regions."""
     if spans == "node":
         return a.zone == b.zone
     if spans == "zone":

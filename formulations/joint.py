@@ -1680,9 +1680,6 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     cap = np.array([inp.cap_bytes[k] for k in rep])[:, None]
     fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= cap
     upd_s = over_pairs(inp.upd_s)
-    grad = _prefix_rows([inp.grad_bytes])[0]
-    nbytes = grad[lay.hi] - grad[lay.lo]
-    tp = np.array([c[1] for c in classes], dtype=float)[:, None]
     in_zone_s = span_s = np.zeros_like(time_s)  # without the tables (layer units that differ): no floor
     if inp.sync_table is not None:
         in_zone_s = np.stack([_sync_by_pool(inp, lay, inp.sync_table)[ks].min(axis=0) for ks in members])
