@@ -32,8 +32,13 @@ One cost model: the MILPs, bounds and heuristics read a relaxation of the simula
 are at most the simulator's on every plan of the space: formulations/joint.py), whose all-reduce
 and boundary figures are the communication estimator's floors over the placements first fit may
 make (`with_sync_table`, `tied_floors_s`, `_Tables.effective_link`). Every plan the search keeps
-is scored by `simulate` (`_Scorer`): the incumbent, the MILP cutoffs, the limits and the reported
-objective and gap are the simulator's, and a bound on the relaxation is one on the simulator.
+is scored by `simulate` (`_Scorer`): the limits, the plan returned, its objective and gap are the
+simulator's, and a bound on the relaxation is one on the simulator. The search itself compares
+model figures with model figures: its incumbent and the MILP cutoffs are the model objective of the
+plan the model rates best (`_Outcome.lead`). Cutting with the simulated objective instead (a few
+tenths of a percent to ~2 % above the model's) closed fewer choices by their bounds and made the
+MILPs slower: 2-5x longer searches on opt350-geo-5zones-32/-80, neo27-types-3 and
+opt350-het-80+240 (benchmarks/planner.py).
 
 Two cores: with `workers=2` (the default) a forked helper process takes refinement steps ahead
 of the search: the medium bounds of the queued choices while the main process runs the first
@@ -103,7 +108,7 @@ class PlannerOptions:
     min_iters_per_s: float | None = None
     time_limit_s: float = 60.0  # whole search
     combo_time_limit_s: float = 5.0  # one outer choice's MILP; its bound enters the reported bound
-    rel_gap: float = 0.01
+    rel_gap: float = 0.01  # on the model's objective (see PlannerResult.status)
     max_stages: int = 16
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     tp_choices: tuple[int, ...] = TP_CHOICES
@@ -152,8 +157,9 @@ class PlannerResult:
     wall_s: float
     backend: str
     records: list[ComboRecord] = field(default_factory=list)
-    # "complete": every outer choice was settled (solved, pruned or ruled out; the gap is within
-    # rel_gap unless a MILP failed); "time_limit": the limit stopped the search first, the plan is
+    # "complete": every outer choice was settled (solved, pruned or ruled out): the model's gap
+    # is within rel_gap unless a MILP failed, and `gap`, against the simulated objective, adds
+    # how far the simulator rates the plan above the model; "time_limit": the limit stopped the search first, the plan is
     # the best found by then and `bound` / `gap` what had been proven
     status: str = "complete"
 
@@ -356,7 +362,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
         sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
-        tied_s=tied_floors_s(tables, pools, combo.D, tied))
+        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied))
     return inp
 
 
@@ -390,20 +396,22 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
 
 
-def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[float, float, float]:
-    """Lower bounds on the tied-embedding all-reduce of the first and last stage (2 D members, factor x
-    bytes / the largest TP of any pool each) when both ends sit in one zone, in zones of one region
-    (ez = 1) or in two regions (er = 1): the estimator's floor over every placement of that kind."""
+def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
+    """Per pool k: lower bounds on the tied-embedding all-reduce of the first and last stage (2 D
+    members, factor x bytes / t_k each: the ring's least TP is at most t_k when pool k serves an
+    end) when both ends sit in one zone, in zones of one region (ez = 1) or in two regions (er = 1):
+    the estimator's floor over every placement of that kind. Empty without a tied embedding."""
     if tied_bytes <= 0:
-        return 0.0, 0.0, 0.0
+        return ()
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
     if key not in tables._tied:
-        tables._tied[key] = _tied_floors_s(tables, pools, D, tied_bytes)
+        per_tp = {t: _tied_floors_s(tables, pools, D, tied_bytes / t) for t in sorted({p.tp for p in pools})}
+        tables._tied[key] = tuple(per_tp[p.tp] for p in pools)
     return tables._tied[key]
 
 
-def _tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[float, float, float]:
-    size = [sync_volume_factor(tables.inst.workload.zero_stage) * tied_bytes / max(p.tp for p in pools)]
+def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float) -> tuple[float, float, float]:
+    size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
     zones = sorted({p.zone for p in pools})
     regions = sorted({p.region for p in pools})
     node = min(tables.floor_s(tables.nodes(pools, zone=z), 2 * D, size)[0] for z in zones)
@@ -630,8 +638,8 @@ def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
 class _Scorer:
     """The objective of a candidate plan as the simulator says (the model is a relaxation of it:
     formulations/joint.py), or None when the simulator finds it over a limit, out of memory or
-    unplaceable. Every plan the search keeps is scored here, so the incumbent, the cutoffs and the
-    gap all read the simulator's figure."""
+    unplaceable. Every plan the search keeps is scored here: the plan returned and its gap read the
+    simulator's figure; the cutoffs read the model's (`_Outcome.lead`)."""
 
     def __init__(self, instance: Instance, est: EstimatorSet, objective: str, max_cost: float | None,
                  min_its: float | None):
@@ -681,7 +689,11 @@ class _Outcome:
 
     records: list[ComboRecord]
     score: _Scorer
-    best: tuple | None = None  # (objective, solution, inputs)
+    best: tuple | None = None  # (simulated objective, solution, inputs): the plan returned
+    # (model objective, solution, inputs) of the plan the model rates best among those the simulator
+    # accepts: the search's incumbent (cutoffs, pruning), so that the model's bounds are compared
+    # with a figure of the model (`bound`)
+    lead: tuple | None = None
     greedy_best: tuple | None = None  # the best heuristic plan
     open_bounds: list[float] = field(default_factory=list)  # bounds of choices not solved to the end
     unfinished: list = field(default_factory=list)  # `_ChoiceResult`s whose MILP stopped at its limit
@@ -694,17 +706,27 @@ class _Outcome:
         return self.cut or any(r.status == "skipped_time" for r in self.records)
 
     def found(self, candidate: tuple | None, heuristic: bool = False) -> None:
-        """Keep `candidate` (model objective, solution, inputs) if the simulator finds it better."""
-        candidate = self.score(candidate)
-        self.best = joint.better(self.best, candidate)
+        """Score `candidate` (model objective, solution, inputs) with the simulator; keep it as the
+        plan to return if the simulator finds it better, and as the lead if the model does."""
+        scored = self.score(candidate)
+        if scored is None:
+            return
+        self.best = joint.better(self.best, scored)
+        self.lead = joint.better(self.lead, candidate)
         if heuristic:
-            self.greedy_best = joint.better(self.greedy_best, candidate)
+            self.greedy_best = joint.better(self.greedy_best, scored)
+
+    @property
+    def incumbent(self) -> float | None:
+        """The lead's model objective: what a choice's bound must beat to be worth solving."""
+        return self.lead[0] if self.lead else None
 
     def bound(self, head: float | None = None) -> float | None:
-        """The least of everything still open (the head of the queue: `head`) and the incumbent:
-        a bound on every plan of the modelled space."""
+        """The least of everything still open (the head of the queue: `head`) and the lead's model
+        objective: a choice was closed when nothing in it has a model objective below a lead's, so
+        this bounds the model objective, and so the simulated one, of every plan of the space."""
         values = self.open_bounds + [item.bound for item in self.unfinished]
-        values += [v for v in (head, self.best[0] if self.best else None) if v is not None]
+        values += [v for v in (head, self.incumbent) if v is not None]
         return min(values) if values else None
 
     def skip_rest(self, entry: tuple, queue: list) -> None:
@@ -810,7 +832,7 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
         dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
 
         def target_now() -> float | None:
-            return None if out.best is None else out.best[0] * (1 - opts.rel_gap)
+            return None if out.lead is None else out.incumbent * (1 - opts.rel_gap)
 
         def step_of(item: tuple) -> _Step:
             """The step the search takes when queued `item` comes out at the head, as things stand."""
@@ -839,8 +861,9 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
         while queue:
             entry = heapq.heappop(queue)
             lb, _, _, _, level, combo, inp = entry
-            incumbent = out.best[0] if out.best else None
-            report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}", incumbent, out.bound(lb))
+            incumbent = out.incumbent
+            report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}", out.best[0] if out.best else None,
+                   out.bound(lb))
             if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
                 # best first: every choice left has a bound at least this one
                 out.pruned += _settle_rest(out.records, lb, combo, queue, "pruned_bound")
@@ -893,7 +916,7 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
             out.records.append(rec)
             if found is not None:
                 out.found((*found, inp), heuristic=True)
-            item = _solve_choice(rec, inp, found, out.best, objective, milp, opts.combo_time_limit_s, deadline)
+            item = _solve_choice(rec, inp, found, out.lead, objective, milp, opts.combo_time_limit_s, deadline)
             out.solved += 1
             if item is not None:
                 out.found(item.solution)
@@ -915,14 +938,14 @@ def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", de
     while out.unfinished:
         item = out.unfinished[0]
         remaining = deadline.remaining()
-        if out.best is not None and item.bound >= out.best[0] * (1 - rel_gap):
+        if out.lead is not None and item.bound >= out.incumbent * (1 - rel_gap):
             out.open_bounds.append(out.unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
             continue
         if remaining < 1.0:
             out.cut = True
             break
         out.unfinished.pop(0)
-        again = _solve_choice(item.record, item.inputs, item.start, out.best, objective, milp,
+        again = _solve_choice(item.record, item.inputs, item.start, out.lead, objective, milp,
                               remaining / (len(out.unfinished) + 1), deadline, item.bound)
         if again is not None:
             out.found(again.solution)

@@ -52,8 +52,10 @@ Constraints
   sync:        sync[i] >= tied[i];  (blocks form)  sync[i] >= S[k,i,n_i] - Msync (1 - u[i,k] + span[i]) + tied[i]
                and sync[i] >= S'[k,i,n_i] - Msync (2 - u[i,k] - span[i]) + tied[i], S / S' the all-reduce
                floors of a stage holding pool k in one zone / spanning zones (`sync_table`,
-               `span_sync_table`); tied[0] = tied[P-1] = t_node + (t_zone - t_node) ez + (t_region - t_zone) er
-               (`tied_s`);  sigma >= sync[i]
+               `span_sync_table`); tied[0] = tied[P-1] = tied, tied >= t(ez, er) and
+               tied >= t_k(ez, er) - Mtied (1 - u[j,k]) for j in {0, P-1}, t_k(ez, er) = t_node,k +
+               (t_zone,k - t_node,k) ez + (t_region,k - t_zone,k) er the floors at bytes / t_k
+               (`tied_pool_s`), t their least over k;  sigma >= sync[i]
   update:      mu >= sum_l upd[k,l] y[i,l] - Mupd[k] (1 - u[i,k])
   time (1F1B): T = sum_i tau[i] + sum_i c[i] + (m - 1) theta + sigma + mu
   cost:        rate = sum_{i,k} price[k] t_k x[i,k] / 3600 (USD/s);  egress = bytes crossing zones x price (boundaries: D transfers where dz_all)
@@ -93,8 +95,8 @@ Relaxed, because the model does not place replicas on nodes (first fit does, in 
   - all-reduces are the communication estimator's floor over every placement the stage's pools
     allow (`planner.with_sync_table`, `planner.tied_floors_s`, `allreduce_floor_s` of the estimator:
     one node of the pool's type, or >= 2 nodes of its zone, or of its region when spanning zones),
-    at factor x bytes / t_k per member (the stage's least TP is at most t_k; the tied embedding's
-    at most the largest TP of any pool); the staircase form (units that differ) has no all-reduce
+    at factor x bytes / t_k per member (the stage's least TP is at most t_k; likewise the tied
+    embedding's least TP over both ends is at most t_k of every pool there); the staircase form (units that differ) has no all-reduce
     floor but the tied embedding's;
   - a boundary next to a stage spanning zones crosses zones only where the rows above force it, and
     its egress is charged only where every pair crosses.
@@ -229,9 +231,11 @@ class JointInputs:
     sync_table: dict | None = None
     # the same for a stage spanning zones of its region (None with one zone or without sync_table)
     span_sync_table: dict | None = None
-    # lower bounds on the tied-embedding all-reduce of the first and last stage when both sit in one
-    # zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`)
-    tied_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # [k]: lower bounds on the tied-embedding all-reduce of the first and last stage when pool k
+    # serves one of them (the ring's size is bytes / its least TP, at most t_k) and both ends sit in
+    # one zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`);
+    # empty: no tied embedding
+    tied_pool_s: tuple[tuple[float, float, float], ...] = ()
     # figures that depend only on the rows above (pools, step, update, memory, gradient bytes), not
     # on P, m, the links or the sync table (`_shared_for`): choices built from the same row objects
     # may pass one dict (`planner.joint_inputs` does, per (b, D)); inputs whose rows are not the
@@ -240,6 +244,13 @@ class JointInputs:
     # bounds and tables computed for these very inputs (`_per_inputs_cache`); a copy made with
     # dataclasses.replace starts empty
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def tied_s(self) -> tuple[float, float, float]:
+        """The tied-embedding floors whichever pools serve the ends (the least over pools)."""
+        if not self.tied_pool_s:
+            return 0.0, 0.0, 0.0
+        return tuple(min(col) for col in zip(*self.tied_pool_s))
 
     @property
     def U(self) -> int:
@@ -281,7 +292,8 @@ def time_upper_bound_s(inp: JointInputs) -> float:
     """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
     worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
     tables = [inp.sync_table or {}, inp.span_sync_table or {}]
-    worst_sync = max([v for tab in tables for v in tab.values()] + [0.0]) + max(inp.tied_s)
+    worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
+    worst_sync = max([v for tab in tables for v in tab.values()] + [0.0]) + worst_tied
     worst_c = max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
     worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U))
     return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
@@ -1288,7 +1300,8 @@ def _sigma_lower_bound_s(inp: JointInputs) -> float:
     if inp.sync_table is not None:
         n_big = -(-(inp.U - 2) // inp.P)
         tables = [inp.sync_table] + ([inp.span_sync_table] if inp.span_sync_table else [])
-        return min((v for tab in tables for (_, _, n), v in tab.items() if n >= n_big), default=0.0)
+        return min(_per_table(tab, ("least_from", n_big), lambda: min(
+            (v for (_, _, n), v in tab.items() if n >= n_big), default=0.0)) for tab in tables)
     return 0.0  # without the table (layer units that differ) the model has no all-reduce floor
 
 
@@ -1466,7 +1479,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()},
         span_sync_table=None if inp.span_sync_table is None else {
             key: v * ms for key, v in inp.span_sync_table.items()},
-        tied_s=tuple(v * ms for v in inp.tied_s))
+        tied_pool_s=tuple(tuple(v * ms for v in row) for row in inp.tied_pool_s))
 
 
 def objective_value(inp: JointInputs, solver_objective: float) -> float:
@@ -1682,10 +1695,11 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     upd_s = over_pairs(inp.upd_s)
     in_zone_s = span_s = np.zeros_like(time_s)  # without the tables (layer units that differ): no floor
     if inp.sync_table is not None:
-        in_zone_s = np.stack([_sync_by_pool(inp, lay, inp.sync_table)[ks].min(axis=0) for ks in members])
-        span_s = in_zone_s
+        grid = _sync_by_pool(inp, lay, inp.sync_table)
+        in_zone_s = span_s = np.stack([grid[ks].min(axis=0) for ks in members])
     if inp.span_sync_table is not None:
-        span_s = np.stack([_sync_by_pool(inp, lay, inp.span_sync_table)[ks].min(axis=0) for ks in members])
+        grid = _sync_by_pool(inp, lay, inp.span_sync_table)
+        span_s = np.stack([grid[ks].min(axis=0) for ks in members])
     sync_s = np.minimum(in_zone_s, span_s)  # a floor wherever the stage sits
     ends = (lay.stage == 0) | (lay.stage == inp.P - 1)
     tied_in, tied_span = _ends_tied_s(inp)
@@ -1698,7 +1712,29 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
 
 
 def _sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray:
-    """(K, M) an all-reduce table's entry of every pool at every pair."""
+    """(K, M) an all-reduce table's entry of every pool at every pair. The planner hands one table
+    to every choice with its (D, pools, P), so the grid is kept beside the table it was read from
+    (`_per_table`); rebuilding it per choice took 1.9 of 7 s on opt350-2zones-small-mincost."""
+    return _per_table(table, ("sync_by_pool", inp.P, inp.U), lambda: _make_sync_by_pool(inp, lay, table))
+
+
+_TABLE_FIGURES: dict[tuple, tuple] = {}
+
+
+def _per_table(table: dict, what: tuple, make):
+    """make(), a figure of an all-reduce table alone (and `what`), computed once per table object:
+    the planner hands one table to many outer choices. The entry holds the table, so its id is not
+    reused while the entry lives."""
+    key = (id(table), *what)
+    hit = _TABLE_FIGURES.get(key)
+    if hit is None or hit[0] is not table:
+        if len(_TABLE_FIGURES) > 4096:  # a search uses a few hundred; later searches bring new tables
+            _TABLE_FIGURES.clear()
+        hit = _TABLE_FIGURES[key] = (table, make())
+    return hit[1]
+
+
+def _make_sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray:
     N = inp.U - 1
     grid = np.full((inp.K, len(lay.positions), N), np.inf)
     for (k, pos, n), v in table.items():
@@ -1874,13 +1910,24 @@ def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
                                  + (inp.m - 1) * m.theta + m.sigma + m.mu)
 
 
+def _tied_at(floors: tuple[float, float, float], ez, er):
+    """A tied-embedding floor (node, zone, region) where the ends differ in zone (ez) / region (er)."""
+    t_node, t_zone, t_region = floors
+    return t_node + (t_zone - t_node) * ez + (t_region - t_zone) * er
+
+
 def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     tied = {i: 0.0 for i in m.I}
-    if inp.P > 1:
-        # the tied-embedding all-reduce joins the first and last stage (ez/er: they differ in zone/region)
-        t_node, t_zone, t_region = inp.tied_s
-        expr = t_node + (t_zone - t_node) * m.ez + (t_region - t_zone) * m.er
-        tied[0] = tied[inp.P - 1] = expr
+    if inp.P > 1 and inp.tied_pool_s:
+        # the tied-embedding all-reduce joins the first and last stage (ez/er: they differ in zone/region);
+        # its ring carries bytes / the least TP of both ends, so it takes at least the floor of every
+        # pool serving an end (at t_k) and of any pool (`tied_s`)
+        last, big_t = inp.P - 1, max(map(max, inp.tied_pool_s))
+        m.tied = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, big_t))
+        m.tied_any = pyo.Constraint(expr=m.tied >= _tied_at(inp.tied_s, m.ez, m.er))
+        m.tied_pool = pyo.Constraint([0, last], m.K, rule=lambda m, j, k: m.tied >= _tied_at(
+            inp.tied_pool_s[k], m.ez, m.er) - big_t * (1 - m.u[j, k]))
+        tied[0] = tied[last] = m.tied
     m.sync_tied = pyo.Constraint(m.I, rule=lambda m, i: m.sync[i] >= tied[i])
     if m.layers == "blocks":
         _mean_sync_update_rows(m, inp, tied)
@@ -2116,8 +2163,9 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     er = 1 if regions[0] != regions[last] else 0
     tied = {0: 0.0, last: 0.0}
     if inp.P > 1:
-        t_n, t_z, t_r = inp.tied_s
-        tied = {0: t_n + (t_z - t_n) * ez + (t_r - t_z) * er, last: t_n + (t_z - t_n) * ez + (t_r - t_z) * er}
+        ends = [k for k in range(inp.K) if used[0][k] or used[last][k]]
+        t = max((_tied_at(inp.tied_pool_s[k], ez, er) for k in ends if inp.tied_pool_s), default=0.0)
+        tied = {0: t, last: t}
     else:
         ez = er = 0
     sync = []
