@@ -159,8 +159,8 @@ class PlannerResult:
     records: list[ComboRecord] = field(default_factory=list)
     # "complete": every outer choice was settled (solved, pruned or ruled out): the model's gap
     # is within rel_gap unless a MILP failed, and `gap`, against the simulated objective, adds
-    # how far the simulator rates the plan above the model; "time_limit": the limit stopped the search first, the plan is
-    # the best found by then and `bound` / `gap` what had been proven
+    # how far the simulator rates the plan above the model; "time_limit": the limit stopped the
+    # search first, the plan is the best found by then and `bound` / `gap` what had been proven
     status: str = "complete"
 
     def summary(self) -> dict:

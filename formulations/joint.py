@@ -96,8 +96,8 @@ Relaxed, because the model does not place replicas on nodes (first fit does, in 
     allow (`planner.with_sync_table`, `planner.tied_floors_s`, `allreduce_floor_s` of the estimator:
     one node of the pool's type, or >= 2 nodes of its zone, or of its region when spanning zones),
     at factor x bytes / t_k per member (the stage's least TP is at most t_k; likewise the tied
-    embedding's least TP over both ends is at most t_k of every pool there); the staircase form (units that differ) has no all-reduce
-    floor but the tied embedding's;
+    embedding's least TP over both ends is at most t_k of every pool there); the staircase form
+    (units that differ) has no all-reduce floor but the tied embedding's;
   - a boundary next to a stage spanning zones crosses zones only where the rows above force it, and
     its egress is charged only where every pair crosses.
 Every replica takes b sequences (uneven shares are not modelled here).
@@ -1470,15 +1470,16 @@ def in_model_units(inp: JointInputs) -> JointInputs:
     def link(lc: LinkCost) -> LinkCost:
         return LinkCost(lc.bandwidth_Bps / ms, lc.latency_s * ms)
 
+    def table(tab: dict | None) -> dict | None:
+        return None if tab is None else {key: v * ms for key, v in tab.items()}
+
     return replace(
         inp, step_s=tuple(tuple(v * ms for v in row) for row in inp.step_s),
         upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), node=link(inp.node), zone=link(inp.zone),
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
-        sync_table=None if inp.sync_table is None else {key: v * ms for key, v in inp.sync_table.items()},
-        span_sync_table=None if inp.span_sync_table is None else {
-            key: v * ms for key, v in inp.span_sync_table.items()},
+        sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
         tied_pool_s=tuple(tuple(v * ms for v in row) for row in inp.tied_pool_s))
 
 
@@ -2163,8 +2164,8 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     er = 1 if regions[0] != regions[last] else 0
     tied = {0: 0.0, last: 0.0}
     if inp.P > 1:
-        ends = [k for k in range(inp.K) if used[0][k] or used[last][k]]
-        t = max((_tied_at(inp.tied_pool_s[k], ez, er) for k in ends if inp.tied_pool_s), default=0.0)
+        ends = [k for k in range(inp.K) if used[0][k] or used[last][k]] if inp.tied_pool_s else []
+        t = max((_tied_at(inp.tied_pool_s[k], ez, er) for k in ends), default=0.0)
         tied = {0: t, last: t}
     else:
         ez = er = 0
