@@ -26,7 +26,8 @@ GIB = 1024**3
 
 # Modules that add commands (solvers; compile, launch; solve, pareto; replay). They import the
 # heavy packages (Pyomo, torch) inside the commands, so `hetplan --help` or a usage error starts fast.
-_COMMAND_MODULES = ["hetplan.solvers_cli", "hetplan.runtime_cli", "hetplan.planner_cli", "hetplan.replay_cli"]
+_COMMAND_MODULES = ["hetplan.solvers_cli", "hetplan.runtime_cli", "hetplan.planner_cli", "hetplan.replay_cli",
+                    "hetplan.sailor_cli"]
 
 
 def print_json(data: object) -> None:
@@ -104,8 +105,9 @@ def render_simulation(report, title: str) -> None:
         reps = describe_replicas(report.plan, s)
         peak, cap = peaks[s]
         mark = " [red]OOM[/]" if peak > cap else ""
+        p2p = st.p2p_s if report.iteration_model == "sailor" else st.send_fwd_s
         table.add_row(str(s), f"[{st.layer_start},{st.layer_end})", reps, f"{st.fwd_s:.4f}", f"{st.bwd_s:.4f}",
-                      f"{st.send_fwd_s:.4f}", f"{st.sync_s:.4f}", f"{peak / GIB:.1f} / {cap / GIB:.0f}{mark}")
+                      f"{p2p:.4f}", f"{st.sync_s:.4f}", f"{peak / GIB:.1f} / {cap / GIB:.0f}{mark}")
     console.print(table)
     console.print(
         f"simulated iteration time {report.iteration_time_s:.4f} s (pipeline {report.pipeline_s:.4f} + sync {report.sync_s:.4f} "
@@ -116,19 +118,21 @@ def render_simulation(report, title: str) -> None:
         console.print(f"[bold red]OOM on ranks {[r.rank for r in report.oom_ranks]}[/]")
     for v in report.constraint_violations:
         console.print(f"[yellow]constraint violated:[/] {v}")
+    for note in report.notes:
+        console.print(f"note: {note}")
 
 
 @app.command()
 def simulate(instance: str = typer.Argument(..., help="instance file or bundled name"),
-             plan: str = typer.Argument(..., help="plan JSON file or bundled plan name"),
+             plan: str = typer.Argument(..., help="plan JSON file, bundled plan name, or a plan in Sailor's format"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate one iteration of a plan: time, throughput, cost and per-rank memory."""
     from hetplan.instance import load_instance
-    from hetplan.plan import load_plan
+    from hetplan.sailor_cli import load_any_plan
     from hetplan.simulator import simulate as run_simulation
 
     inst = load_instance(instance)
-    report = run_simulation(inst, load_plan(plan))
+    report = run_simulation(inst, load_any_plan(plan, inst))
     if as_json:
         print_json(report.summary())
     else:

@@ -218,15 +218,34 @@ class Events(BaseModel):
     trace_csv: str | None = Field(default=None, description="Sailor-format availability trace, relative path")
 
 
+# A preset names a whole estimator set; a protocol named beside it overrides the preset's choice.
+# "sailor": Sailor's validated simulator (SOSP'25 sec. 4.3) on Sailor's own inputs, estimators/sailor.py.
+ESTIMATOR_PRESETS: dict[str, dict[str, str]] = {
+    "default": {"time": "analytic", "memory": "analytic", "comm": "alpha_beta", "cost": "cloud",
+                "iteration": "hetplan"},
+    "sailor": {"time": "sailor", "memory": "sailor", "comm": "sailor", "cost": "cloud", "iteration": "sailor"},
+}
+
+
 class EstimatorChoice(BaseModel):
-    """Estimator plug-ins by name (see `hetplan.estimators.registry`), with their options."""
+    """Estimator plug-ins by name (see `hetplan.estimators.registry`), with their options; `preset`
+    fills the protocols not named, `iteration` picks how the simulator composes them."""
 
     model_config = _STRICT
+    preset: Literal["default", "sailor"] = "default"
     time: str = "analytic"
     memory: str = "analytic"
     comm: str = "alpha_beta"
     cost: str = "cloud"
+    iteration: Literal["hetplan", "sailor"] = "hetplan"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") not in ESTIMATOR_PRESETS:
+            return data  # the field validator names a bad preset
+        return {**ESTIMATOR_PRESETS[data["preset"]], **data}
 
 
 # ---- checks shared by the validators -------------------------------------------------------------

@@ -70,6 +70,9 @@ class Plan(BaseModel):
     schedule: Literal["1F1B", "GPipe"] = "1F1B"
     num_microbatches: int = Field(ge=1, description="pipeline steps (gradient accumulation) per iteration")
     micro_batch_size: int | None = Field(default=None, ge=1, description="share of replicas that give none")
+    batch_rounding: Literal["exact", "ceil"] = Field(
+        default="exact", description="exact: global microbatch x num_microbatches = global_batch_size; ceil: "
+        "num_microbatches = ceil(global_batch_size / global microbatch), Sailor's rule, which may overshoot")
     stages: tuple[Stage, ...] = Field(min_length=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -234,6 +237,11 @@ def _check_batch(instance: Instance, plan: Plan) -> None:
             raise PlanError(f"microbatch shares sum to {gi}, stage 0's to {g0}: every stage must split "
                             f"the same global microbatch", f"stages[{i}]")
     batch = instance.workload.global_batch_size
+    if plan.batch_rounding == "ceil":
+        if plan.num_microbatches != -(-batch // g0):
+            raise PlanError(f"num_microbatches {plan.num_microbatches} != ceil(global_batch_size {batch} / global "
+                            f"microbatch {g0}) = {-(-batch // g0)} (batch_rounding ceil)", "num_microbatches")
+        return
     if g0 * plan.num_microbatches != batch:
         raise PlanError(f"global microbatch {g0} x num_microbatches {plan.num_microbatches} = "
                         f"{g0 * plan.num_microbatches} != global_batch_size {batch}", "num_microbatches")

@@ -86,7 +86,7 @@ from typing import Callable, Iterator
 
 import pyomo.environ as pyo
 
-from hetplan.errors import InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
+from hetplan.errors import EstimatorError, InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.base import spans_pair
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
@@ -749,6 +749,9 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     throughput floor out of reach), SolverError when the time ran out before any plan was found,
     KeyboardInterrupt on SIGINT and `SearchTerminated` on a SIGTERM left at its default; the
     helper process is stopped before any of them leaves."""
+    if (estimators.iteration if estimators is not None else instance.estimators.iteration) != "hetplan":
+        raise EstimatorError("the joint planner's model relaxes the hetplan iteration model; plans scored with "
+                             "estimators preset sailor can be simulated (hetplan simulate) but not planned yet")
     opts = _splittable_tps(instance, opts or PlannerOptions())
     t_start = time.perf_counter()
     deadline = joint.Deadline.after(opts.time_limit_s)

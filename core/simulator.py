@@ -31,6 +31,7 @@ from hetplan.estimators import Endpoint, EstimatorSet, MemoryBreakdown, build_es
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.estimators.network import ring_order
 from hetplan.instance import Instance, Node, relaxed_limits
+from hetplan.errors import PlanError
 from hetplan.plan import Plan, Replica, redistribution, validate_plan
 
 
@@ -47,6 +48,7 @@ class StageReport:
     sync_s: float
     update_s: float
     in_flight: int
+    p2p_s: float = 0.0  # the stage's transfer time per step as the sailor iteration model counts it
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class SimulationReport:
     num_gpus: int
     gpus_by_type_zone: dict[str, int]
     constraint_violations: list[str] = field(default_factory=list)
+    iteration_model: str = "hetplan"  # EstimatorSet.iteration that composed the figures
+    notes: list[str] = field(default_factory=list)  # what the user should know about the figures
 
     @property
     def cost_per_iteration_usd(self) -> float:
@@ -121,6 +125,8 @@ class SimulationReport:
             "gpus_by_type_zone": self.gpus_by_type_zone,
             "oom_ranks": [r.rank for r in self.oom_ranks],
             "constraint_violations": self.constraint_violations,
+            "iteration_model": self.iteration_model,
+            "notes": self.notes,
             "stages": [s.__dict__ for s in self.stages],
             "ranks": [{"rank": r.rank, "stage": r.stage, "replica": r.replica, "tp_rank": r.tp_rank,
                        "node": r.node_id, "gpu_type": r.gpu_type, "peak_bytes": r.memory.total_bytes,
@@ -152,6 +158,13 @@ def simulate(instance: Instance, plan: Plan, estimators: EstimatorSet | None = N
     """Simulate one training iteration of `plan` on `instance` (see the module docstring)."""
     est = estimators or build_estimators(instance)
     plan = validate_plan(instance, plan)
+    if est.iteration == "sailor":
+        from hetplan.simulator_sailor import simulate_sailor
+
+        return simulate_sailor(instance, plan, est)
+    if plan.batch_rounding != "exact":
+        raise PlanError("batch_rounding 'ceil' (Sailor's rule) needs the sailor iteration model "
+                        "(estimators: {preset: sailor})", "batch_rounding")
     sim = _Sim(instance, plan, est)
     return sim.run()
 
@@ -278,22 +291,30 @@ class _Sim:
 
     def _report(self, t_iter: float, pipeline_s: float, sync_s: float, update_s: float,
                 stages: list[StageReport]) -> SimulationReport:
-        gpus: dict[str, int] = {}
-        compute_usd = 0.0
-        for stage in self.plan.stages:
-            for rep in stage.replicas:
-                node = self.inst.node_by_id[rep.node]
-                key = f"{rep.gpu_type}@{node.zone}"
-                gpus[key] = gpus.get(key, 0) + rep.tp
-                compute_usd += self.est.cost.compute_usd(node.price_per_gpu_hour_usd, rep.tp, t_iter)
-        batch = self.wl.global_batch_size
-        report = SimulationReport(
-            plan=self.plan, iteration_time_s=t_iter, pipeline_s=pipeline_s, sync_s=sync_s, update_s=update_s,
-            samples_per_s=batch / t_iter, tokens_per_s=batch * self.arch.seq_len / t_iter, iters_per_s=1 / t_iter,
-            compute_cost_usd=compute_usd, egress_cost_usd=self._egress_usd, egress_bytes=self._egress_bytes,
-            stages=stages, ranks=self._ranks(), num_gpus=self.plan.num_gpus, gpus_by_type_zone=gpus,
-        )
-        return _with_violations(self.inst, report)
+        return build_report(self.inst, self.plan, self.est, t_iter, pipeline_s, sync_s, update_s, stages,
+                            self._ranks(), self._egress_usd, self._egress_bytes)
+
+
+def build_report(instance: Instance, plan: Plan, est: EstimatorSet, t_iter: float, pipeline_s: float, sync_s: float,
+                 update_s: float, stages: list[StageReport], ranks: list[RankMemory], egress_usd: float,
+                 egress_bytes: float, **extra) -> SimulationReport:
+    """The report of an iteration model's figures: GPU counts and compute cost (every used GPU at its
+    price for t_iter), throughput, and the instance's constraints checked."""
+    gpus: dict[str, int] = {}
+    compute_usd = 0.0
+    for stage in plan.stages:
+        for rep in stage.replicas:
+            node = instance.node_by_id[rep.node]
+            key = f"{rep.gpu_type}@{node.zone}"
+            gpus[key] = gpus.get(key, 0) + rep.tp
+            compute_usd += est.cost.compute_usd(node.price_per_gpu_hour_usd, rep.tp, t_iter)
+    batch = instance.workload.global_batch_size
+    report = SimulationReport(
+        plan=plan, iteration_time_s=t_iter, pipeline_s=pipeline_s, sync_s=sync_s, update_s=update_s,
+        samples_per_s=batch / t_iter, tokens_per_s=batch * instance.model_arch.seq_len / t_iter, iters_per_s=1 / t_iter,
+        compute_cost_usd=compute_usd, egress_cost_usd=egress_usd, egress_bytes=egress_bytes,
+        stages=stages, ranks=ranks, num_gpus=plan.num_gpus, gpus_by_type_zone=gpus, **extra)
+    return _with_violations(instance, report)
 
 
 def _with_violations(instance: Instance, report: SimulationReport) -> SimulationReport:

@@ -36,6 +36,9 @@ class MemoryBreakdown:
     activations_bytes: float
     overhead_bytes: float
     capacity_bytes: float
+    # Bytes the feasibility rule counts, when it differs from the peak (Sailor's `check_config_fits`
+    # adds a smaller framework overhead than its footprint model); None: the peak itself.
+    fit_bytes: float | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -43,7 +46,8 @@ class MemoryBreakdown:
 
     @property
     def oom(self) -> bool:
-        return self.total_bytes > self.capacity_bytes
+        counted = self.total_bytes if self.fit_bytes is None else self.fit_bytes
+        return counted > self.capacity_bytes
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Endpoint:
     region: str
     node_id: str | None = None  # equal, non-None node ids mean the same node
     intra_node: LinkSpec | None = None
+    gpus: int | None = None  # GPUs of the endpoint that take part (a TP group's size); None: not said
 
 
 @runtime_checkable
@@ -133,6 +138,11 @@ class CostEstimator(Protocol):
         ...
 
 
+# How the simulator composes the estimators' figures into an iteration: "hetplan" (core/simulator.py,
+# the model the joint planner relaxes) or "sailor" (Sailor's simulator, core/simulator_sailor.py).
+ITERATION_MODELS = ("hetplan", "sailor")
+
+
 @dataclass(frozen=True)
 class EstimatorSet:
     time: TimeEstimator
@@ -140,3 +150,4 @@ class EstimatorSet:
     comm: CommEstimator
     cost: CostEstimator
     notes: dict[str, str] = field(default_factory=dict)
+    iteration: str = "hetplan"  # one of ITERATION_MODELS

@@ -11,6 +11,25 @@ Sources:
   s b h (10 + 24 / t + 5 a s / (h t)); selective recomputation drops the 5 a s^2 b term; full
   recomputation keeps only the 2 s b h block input. Generalised here to any ffn width, GQA and
   SwiGLU by keeping the paper's per-tensor accounting (see `_block_activation_elems`).
+
+Checked against Sailor's measured llm_info.json (../shared/reference/sailor/model, per unit and TP at
+microbatch 1; tests/test_sailor_fidelity.py). Parameters per GPU agree within 1 % for OPT-350 and
+GPT-Neo-2.7 at TP 1, 2, 4 (the embedding and head differ by up to 0.8 %: Megatron pads the vocabulary
+to a multiple of the TP degree, these counts do not) except one unit: Sailor's GPT-Neo head holds
+2 h = 5120 parameters, the final norm alone, because its profiler counts `layer.parameters()` per
+module and Hugging Face's GPT-Neo ties lm_head to the embedding, so the shared matrix is counted once,
+at the embedding; here the head counts the copy of the tied matrix the last pipeline stage holds
+(Sailor's OPT-350 head does count it). Activations are compared in bytes with llm_info's act_mem_bytes,
+which `profile_utils.take_time_and_mem_fwd` takes as torch.cuda.memory_allocated after a unit's forward
+minus before it, in a mixed-precision run: what the unit allocated and still holds, at the dtype each
+op produced. Against fp16 figures here, no flash attention, no recomputation:
+  OPT-350 blocks +12.8 % (TP 1), +10.9 % (TP 2), +7.2..+7.7 % (TP 4); GPT-Neo-2.7 blocks -12.3 %,
+  -16.2 %, -22.1..-22.8 %; embedding -25 % (OPT) and -40 % (GPT-Neo); OPT head -25 .. -27 %.
+The embedding's output stays fp32 under autocast (4 bytes per element measured, 2 here), and Hugging
+Face's GPT-Neo attention upcasts query and key to fp32 before the softmax (GPTNeoSelfAttention._attn),
+which the 16-bit accounting here does not model; the OPT block and head residuals are not attributed.
+GPT-Neo's head in llm_info is the final norm alone (2 h parameters, so the logits projection ran outside
+the measured module), and its activations (2 s h floats) are not comparable with a head that has logits.
 """
 from __future__ import annotations
 

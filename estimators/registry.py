@@ -14,13 +14,16 @@ REGISTRY: dict[str, dict[str, str]] = {
     "time": {
         "analytic": "hetplan.estimators.analytic:AnalyticTime",
         "profile": "hetplan.estimators.profile_time:ProfileTimeEstimator",
+        "sailor": "hetplan.estimators.sailor:SailorTime",
     },
     "memory": {
         "analytic": "hetplan.estimators.analytic:AnalyticMemory",
+        "sailor": "hetplan.estimators.sailor:SailorMemory",
     },
     "comm": {
         "alpha_beta": "hetplan.estimators.network:AlphaBetaComm",
         "sailor_poly": "hetplan.estimators.sailor_network:SailorNetworkComm",
+        "sailor": "hetplan.estimators.sailor:SailorComm",
     },
     "cost": {
         "cloud": "hetplan.estimators.cost:CloudCost",
@@ -37,7 +40,8 @@ def _load(kind: str, name: str) -> Any:
 
 
 def build_estimators(instance: Instance) -> EstimatorSet:
-    """The estimator set an instance asks for (`estimators:` section; defaults analytic/alpha_beta/cloud)."""
+    """The estimator set an instance asks for (`estimators:` section; defaults analytic/alpha_beta/cloud,
+    or those of its `preset`)."""
     choice = instance.estimators
     opts = choice.options
     return EstimatorSet(
@@ -45,5 +49,7 @@ def build_estimators(instance: Instance) -> EstimatorSet:
         memory=_load("memory", choice.memory).from_instance(instance, opts),
         comm=_load("comm", choice.comm).from_instance(instance, opts),
         cost=_load("cost", choice.cost).from_instance(instance, opts),
-        notes={"time": choice.time, "memory": choice.memory, "comm": choice.comm, "cost": choice.cost},
+        notes={"time": choice.time, "memory": choice.memory, "comm": choice.comm, "cost": choice.cost,
+               "iteration": choice.iteration},
+        iteration=choice.iteration,
     )

@@ -165,7 +165,8 @@ def test_geo_plan_pays_egress_for_cross_zone_pipeline():
 
 def test_estimators_default_to_analytic(a100_v100):
     est = build_estimators(a100_v100)
-    assert est.notes == {"time": "analytic", "memory": "analytic", "comm": "alpha_beta", "cost": "cloud"}
+    assert est.notes == {"time": "analytic", "memory": "analytic", "comm": "alpha_beta", "cost": "cloud",
+                         "iteration": "hetplan"}
 
 
 def test_timeline_replays_to_the_simulated_pipeline_time():

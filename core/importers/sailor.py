@@ -38,9 +38,9 @@ from hetplan.profiles import (BandwidthFit, GpuProfile, MemoryMeasurement, TimeM
 # Sailor's model names -> hetplan presets (core/data/models.yaml).
 SAILOR_MODEL_PRESETS: dict[str, str] = {"OPT-350": "OPT-350M", "GPT-Neo-2.7": "GPT-Neo-2.7B"}
 
-# On-demand GCP prices per GPU-hour that Sailor's evaluation used (lower end of the ranges quoted in
-# ../shared/reference/sailor/README.md: A100-40 3.67-3.74, V100-16 2.80-2.86 USD/h).
-SAILOR_GPU_PRICES_USD_PER_HOUR: dict[str, float] = {"A100-40": 3.67, "V100-16": 2.80}
+# USD per GPU-hour in Sailor's simulator (Planner/simulations/constants.py GPU_PRICES at cf2c8e3, the
+# same in every zone; the README of ../shared/reference/sailor quotes 3.67-3.74 and 2.80-2.86).
+SAILOR_GPU_PRICES_USD_PER_HOUR: dict[str, float] = {"A100-40": 3.673385, "V100-16": 2.859998}
 
 
 # ---- small parsing helpers ---------------------------------------------------------------------
@@ -444,7 +444,8 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
                          prices: Mapping[str, float] | None = None, model_preset: str | None = None,
                          global_batch_size: int | None = None, objective: str = "max_throughput",
                          constraints: Mapping[str, Any] | None = None, use_sailor_estimators: bool = True,
-                         memory_from_config: bool = True) -> dict[str, Any]:
+                         memory_from_config: bool = True, gpu_counts: Mapping[tuple[str, str], int] | None = None,
+                         preset: str | None = None) -> dict[str, Any]:
     """Assemble a hetplan instance dict from a folder laid out like Sailor's data (profiles/, model/,
     training/, network/, cluster/).
 
@@ -455,6 +456,9 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
     referenced by absolute path (format sailor); with `use_sailor_estimators` the instance selects the
     "profile" time estimator and the "sailor_poly" comm estimator with their file options.
     `memory_from_config` sets each GPU's memory to the bytes in basic_cluster_config.json.
+    `gpu_counts` ({(GPU type, zone): GPUs}) gives the cluster instead of the quotas or a trace.
+    preset "sailor": Sailor's simulator as it scored its evaluation (estimators/sailor.py): fp32, the
+    catalogue's GPU memory (40 / 16 GiB, as its GPU_MEMORY_GB), its prices, the sailor estimators.
     """
     ref = Path(reference_dir).resolve()
     prices = SAILOR_GPU_PRICES_USD_PER_HOUR if prices is None else prices
@@ -469,7 +473,12 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
     cluster_config = read_cluster_config(ref / "cluster" / "basic_cluster_config.json")
 
     events: list[AvailabilityEvent] = []
-    if trace is not None:
+    if gpu_counts is not None:
+        bad = sorted(f"{g}@{z}" for g, z in gpu_counts if not keep(g, z))
+        if bad:
+            raise InstanceError(f"no profile of {model!r} for {bad} (profiled: {profiled})", "cluster")
+        groups = node_groups_from_gpu_counts(dict(gpu_counts), cluster_config, prices, where="cluster")
+    elif trace is not None:
         trace_path = Path(trace) if Path(trace).suffix == ".csv" else ref / "cluster" / f"gpu_trace_{trace}.csv"
         events = [e for e in read_availability_trace(trace_path) if keep(e.gpu_type, e.zone)]
         if not events:
@@ -496,7 +505,8 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
     workload = read_training_config(find_training_config(ref, model), model_preset)
     if global_batch_size is not None:
         workload["global_batch_size"] = global_batch_size
-    workload["precision"] = "fp16"  # V100s have no bf16; Sailor trains in fp16 mixed precision
+    # V100s have no bf16; Sailor trains in fp16 mixed precision, its evaluation's simulator in fp32
+    workload["precision"] = "fp32" if preset == "sailor" else "fp16"
     workload["profiles"] = [{"gpu_type": g, "path": str(ref / "profiles" / model / g / "profile.json"),
                              "format": "sailor"} for g in used]
     cluster: dict[str, Any] = {
@@ -504,7 +514,7 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
         "network": {"egress": read_egress_prices(ref / "network" / "communication_cost_gcp_usd_per_GB.json")
                     .model_dump()},
     }
-    if memory_from_config:
+    if memory_from_config and preset != "sailor":
         cluster["gpu_overrides"] = {g: {"memory_gib": cluster_config[g]["mem_per_gpu_bytes"] / GIB} for g in used}
     out: dict[str, Any] = {
         "name": name or f"sailor_{model}_{'_'.join(used)}",
@@ -515,7 +525,11 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
         "constraints": dict(constraints or {}),
         "events": {"availability": [e.model_dump() for e in events]},
     }
-    if use_sailor_estimators:
+    if preset == "sailor":
+        out["estimators"] = {"preset": "sailor", "options": {
+            "llm_info": str(ref / "model" / "llm_info.json"), "sailor_model": model,
+            "bandwidth_file": str(ref / "network" / "multizone_bandwidths_het.json")}}
+    elif use_sailor_estimators:
         out["estimators"] = {"time": "profile", "comm": "sailor_poly", "options": {
             "llm_info": str(ref / "model" / "llm_info.json"), "sailor_model": model,
             "bandwidth_file": str(ref / "network" / "multizone_bandwidths_het.json"),

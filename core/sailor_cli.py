@@ -1,0 +1,118 @@
+"""Commands that speak Sailor's formats: `hetplan import sailor` and `hetplan export-plan --to sailor`
+(`hetplan simulate` reads Sailor plan dicts through `load_any_plan`)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+
+from hetplan.errors import InstanceError, PlanError
+from hetplan.instance import Instance, read_structured
+from hetplan.plan import Plan, plan_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def default_sailor_dir() -> Path | None:
+    """$HETPLAN_SHARED_DIR/reference/sailor, else ../shared/reference/sailor beside the working folder
+    or beside the repository; None when none holds Sailor's data."""
+    candidates = []
+    if os.environ.get("HETPLAN_SHARED_DIR"):
+        candidates.append(Path(os.environ["HETPLAN_SHARED_DIR"]) / "reference" / "sailor")
+    candidates += [Path.cwd().parent / "shared" / "reference" / "sailor", REPO.parent / "shared" / "reference" / "sailor"]
+    return next((c for c in candidates if (c / "profiles").is_dir()), None)
+
+
+def parse_cluster(spec: str) -> dict[tuple[str, str], int]:
+    """'A100-40@us-central1-a=32,V100-16@us-central1-a=96' -> {(GPU type, zone): GPUs}."""
+    out: dict[tuple[str, str], int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            where, count = part.split("=")
+            gpu, zone = where.split("@")
+            n = int(count)
+        except ValueError:
+            raise InstanceError(f"expected GPU@zone=count, got {part!r}", "--cluster") from None
+        if n < 1 or not gpu or not zone:
+            raise InstanceError(f"expected GPU@zone=count with count >= 1, got {part!r}", "--cluster")
+        out[(gpu, zone)] = out.get((gpu, zone), 0) + n
+    if not out:
+        raise InstanceError("no GPUs given; e.g. A100-40@us-central1-a=32", "--cluster")
+    return out
+
+
+def load_any_plan(path: str, instance: Instance) -> Plan:
+    """A hetplan plan file, a bundled plan's name, or a plan in Sailor's format (recognised by its keys)."""
+    from hetplan.importers.sailor_plan import is_sailor_plan, plan_from_sailor
+    from hetplan.plan import load_plan
+
+    if Path(path).is_file():
+        data = read_structured(Path(path), PlanError)
+        if is_sailor_plan(data):
+            return plan_from_sailor(data, instance, name=Path(path).stem)
+        return plan_from_dict(data) if isinstance(data, dict) else load_plan(path)
+    return load_plan(path)
+
+
+def register(app: typer.Typer) -> None:
+    import_app = typer.Typer(help="Write a hetplan instance from another system's data.", no_args_is_help=True)
+    app.add_typer(import_app, name="import")
+
+    @import_app.command("sailor")
+    def import_sailor(
+            model: str = typer.Option(..., "--model", help="Sailor's model name: OPT-350 | GPT-Neo-2.7"),
+            cluster: str = typer.Option(..., "--cluster", help="GPU@zone=count,... e.g. A100-40@us-central1-a=32"),
+            sailor_dir: Optional[Path] = typer.Option(None, "--sailor-dir", help="Sailor's data (default: "
+                                                      "../shared/reference/sailor)"),
+            objective: str = typer.Option("max_throughput", "--objective", help="max_throughput | min_cost"),
+            max_cost: Optional[float] = typer.Option(None, "--max-cost", help="USD per iteration"),
+            min_throughput: Optional[float] = typer.Option(None, "--min-throughput", help="iterations per second"),
+            output: Path = typer.Option(..., "-o", "--output", help="instance YAML to write")) -> None:
+        """An instance that scores plans as Sailor's simulator does (estimators preset sailor)."""
+        from hetplan.files import write_atomic
+        from hetplan.importers.sailor import sailor_instance_dict
+        from hetplan.instance import instance_from_dict
+
+        counts = parse_cluster(cluster)  # the cheap checks first
+        ref = sailor_dir or default_sailor_dir()
+        if ref is None or not (Path(ref) / "profiles").is_dir():
+            raise InstanceError(f"no Sailor data (profiles/) in {ref}; give --sailor-dir", "--sailor-dir")
+        if objective not in ("max_throughput", "min_cost"):
+            raise InstanceError(f"expected max_throughput or min_cost, got {objective!r}", "--objective")
+        constraints: dict[str, Any] = {}
+        if max_cost is not None:
+            constraints["max_cost_per_iteration_usd"] = max_cost
+        if min_throughput is not None:
+            constraints["min_throughput_iters_per_s"] = min_throughput
+        data = sailor_instance_dict(ref, model, gpu_counts=counts, preset="sailor",
+                                    objective=objective, constraints=constraints,
+                                    name=f"sailor_{model}_{cluster.replace(',', '_').replace('=', 'x')}")
+        instance_from_dict(data)  # refuse to write what would not load
+        write_atomic(output, yaml.safe_dump(data, sort_keys=False), "--output")
+        typer.echo(f"written: {output}")
+
+    @app.command("export-plan")
+    def export_plan(instance: str = typer.Argument(..., help="instance file or bundled name"),
+                    plan: str = typer.Argument(..., help="plan file (hetplan or Sailor format)"),
+                    to: str = typer.Option("sailor", "--to", help="format: sailor"),
+                    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here, not stdout")) -> None:
+        """Write a plan in another system's format."""
+        from hetplan.files import write_atomic
+        from hetplan.importers.sailor_plan import plan_to_sailor
+        from hetplan.instance import load_instance
+        from hetplan.plan import validate_plan
+
+        if to != "sailor":
+            raise PlanError(f"unknown format {to!r}; known: sailor", "--to")
+        inst = load_instance(instance)
+        placed = validate_plan(inst, load_any_plan(plan, inst))
+        text = json.dumps(plan_to_sailor(placed, inst), indent=2) + "\n"
+        if output:
+            write_atomic(output, text, "--output")
+            typer.echo(f"written: {output}")
+        else:
+            typer.echo(text, nl=False)

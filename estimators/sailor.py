@@ -1,0 +1,265 @@
+"""Sailor-fidelity estimators (preset "sailor"): Sailor's validated simulator on Sailor's own inputs.
+
+Sailor (SOSP'25, seed 000, sec. 4.3) scores a plan with `Planner/simulations/runtime_simulator.py`
+and `profiling/profile_utils.py` (eth-easl/sailor at cf2c8e3, ../shared/reference/sailor/src). These
+plug-ins state its per-layer, per-worker and per-link figures; core/simulator_sailor.py composes them
+into an iteration the way that simulator does. Inputs: Sailor's profile.json per GPU type (workload
+profiles, format sailor), its llm_info.json and its zone bandwidth table (options below).
+
+* time "sailor": a layer's fwd / bwd seconds are the profile's entry at exactly (microbatch, TP); a
+  pair the profile lacks is an error (Sailor raises KeyError, or silently counts 0 s when only the TP
+  is missing). The optimizer step is the profile's update entry at (microbatch, TP): the whole
+  model's step, taken as is for every stage (`update_at_s`).
+* memory "sailor" (`get_memory_footprint_on_gpu`): per GPU, params(tp) x (8 Adam state, 4 with SGD
+  + 4 fp32 model + 4 gradients + 4 communication buffer + 4 DeepSpeed copy) + act_mem(tp) x microbatch
+  x float bytes x in-flight microbatches + 4.76e9 (kernels) + 300e6. Feasibility (`check_config_fits`)
+  counts the same parameters and activations with 2e9 (TP 1) or 3e9 (TP > 1) instead of 5.06e9:
+  `MemoryBreakdown.fit_bytes`. params and act_mem are llm_info's element counts per GPU at that TP.
+* comm "sailor": bandwidth_GBps(x) = c0 x^2 + c1 x + c2, x = log2(bytes / 1e6), straight from the
+  zone table at (src zone, src GPU, src GPUs, dst zone, dst GPU, dst GPUs), no cap and no latency
+  (`get_time_on_config`); a pair is always read from the zone table, on one node too.
+  - p2p(a, b, n) = n / 1e9 / bw(n), GPUs per endpoint = its TP group (`Endpoint.gpus`; Sailor takes
+    min(tp, gpus_per_node), and its plans have gpus_per_node = tp).
+  - all-reduce of n bytes over D members: DeepSpeed buckets of 5e8 bytes, each 2 (D - 1) x
+    n_bucket / D / bw(n_bucket / D) (`estimate_ar_time`), read for each neighbour pair (j, j+1) of
+    the members' order at one GPU per endpoint; the slowest pair's total counts (`estimate_sync_time`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from hetplan.catalog import LinkSpec
+from hetplan.errors import EstimatorError
+from hetplan.estimators.base import Endpoint, LayerTime, MemoryBreakdown
+from hetplan.estimators.model_stats import DTYPE_BYTES
+from hetplan.estimators.profile_time import ProfileTimeEstimator, own_options
+
+# runtime_simulator.get_memory_footprint_on_gpu / check_config_fits (cf2c8e3): bytes per parameter
+# element and the framework overheads.
+ADAM_BYTES_PER_PARAM = 8 + 4 + 4 + 4 + 4  # Adam state, fp32 model, gradients, comm buffer, DeepSpeed copy
+SGD_BYTES_PER_PARAM = 4 + 4 + 4 + 4 + 4
+FOOTPRINT_OVERHEAD_BYTES = 4.76e9 + 300e6
+FIT_OVERHEAD_BYTES = {True: 2.0e9, False: 3.0e9}  # keyed by tp == 1
+DEEPSPEED_BUCKET_BYTES = 5e8  # sailor_planner/constants.py MEMORY_BUCKET_DEEPSPEED_SIZE
+P2P_GRADIENT_RULES = ("first_output", "input")
+
+
+# ---- llm_info: element counts per unit and TP --------------------------------------------------------
+@dataclass(frozen=True)
+class UnitCounts:
+    params: float  # parameter elements per GPU after the TP split
+    act_mem: float  # activation elements kept for backward, microbatch 1
+    act_output: float  # the unit's output elements, microbatch 1
+
+
+@dataclass(frozen=True)
+class SailorModelInfo:
+    """llm_info.json of one model: {tp: [UnitCounts per unit]}, and the float size of the run.
+
+    p2p_gradient: which size Sailor's p2p rule gives the gradient a stage sends back.
+    "first_output" (Sailor's code): the output of the stage's first unit; when a stage holds the head
+    alone this is the logits (vocab x seq floats). "input": the stage's input, i.e. the previous
+    unit's output (what a pipeline really sends back; a correction, off by default).
+    """
+
+    units_by_tp: Mapping[int, tuple[UnitCounts, ...]]
+    float_bytes: int
+    p2p_gradient: str = "first_output"
+
+    def counts(self, tp: int) -> tuple[UnitCounts, ...]:
+        if tp not in self.units_by_tp:
+            raise EstimatorError(f"sailor: llm_info has no TP degree {tp}; it has {sorted(self.units_by_tp)}")
+        return self.units_by_tp[tp]
+
+    def param_bytes(self, units: range) -> float:
+        """Full (TP 1) parameter bytes of `units`: what Sailor all-reduces and prices."""
+        full = self.counts(1)
+        return sum(full[u].params for u in units) * self.float_bytes
+
+    def output_bytes(self, unit: int, microbatch: int) -> float:
+        return self.counts(1)[unit].act_output * self.float_bytes * microbatch
+
+    def gradient_bytes(self, first_unit: int, microbatch: int) -> float:
+        """Bytes a stage starting at `first_unit` sends back (see p2p_gradient)."""
+        unit = first_unit if self.p2p_gradient == "first_output" else max(first_unit - 1, 0)
+        return self.output_bytes(unit, microbatch)
+
+
+def read_llm_info_counts(path: str | Path, model: str) -> dict[int, tuple[UnitCounts, ...]]:
+    """{tp: per-unit element counts} of `model` in Sailor's llm_info.json (errors name the key)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise EstimatorError(f"sailor: cannot read llm_info {path}: {exc}") from None
+    if model not in data:
+        raise EstimatorError(f"sailor: model {model!r} not in {path}; it has {sorted(data)}")
+    out = {}
+    for tp_key, layers in data[model].items():
+        try:
+            units = [UnitCounts(float(layers[str(u)]["params_floats"]), float(layers[str(u)]["act_mem_floats"]),
+                                float(layers[str(u)]["act_output_floats"])) for u in range(len(layers))]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EstimatorError(f"sailor: {path}: {model}.{tp_key}: missing or bad entry {exc}") from None
+        out[int(tp_key)] = tuple(units)
+    return out
+
+
+def _required(opts: Mapping[str, Any], key: str, what: str) -> Any:
+    if not opts.get(key):
+        raise EstimatorError(f"sailor: option {key!r} ({what}) is required; `hetplan import sailor` writes it")
+    return opts[key]
+
+
+def model_info_from_instance(instance: Any, options: Mapping[str, Any] | None) -> SailorModelInfo:
+    opts = own_options(options, "sailor")
+    rule = opts.get("p2p_gradient", "first_output")
+    if rule not in P2P_GRADIENT_RULES:
+        raise EstimatorError(f"sailor: option p2p_gradient must be one of {P2P_GRADIENT_RULES}, got {rule!r}")
+    counts = read_llm_info_counts(instance.resolve_path(_required(opts, "llm_info", "Sailor's llm_info.json")),
+                                  _required(opts, "sailor_model", "the model's name in llm_info, e.g. OPT-350"))
+    units = instance.model_arch.num_units
+    for tp, c in counts.items():
+        if len(c) != units:
+            raise EstimatorError(f"sailor: llm_info has {len(c)} layer units at TP {tp}, the model {units}")
+    return SailorModelInfo(counts, DTYPE_BYTES[instance.workload.precision], rule)
+
+
+# ---- time ----------------------------------------------------------------------------------------------
+class SailorTime(ProfileTimeEstimator):
+    """TimeEstimator "sailor": profile entries at exactly (microbatch, TP), see the module docstring."""
+
+    name = "sailor"
+
+    def _estimate(self, profile, unit: int, b: int, tp: int) -> LayerTime:
+        measured = profile.time(b, tp)
+        if measured is None:
+            raise EstimatorError(f"sailor: the profile of {profile.gpu_type} has no entry at microbatch {b}, TP {tp} "
+                                 f"(measured microbatches at TP {tp}: {profile.microbatches(tp)}); Sailor's "
+                                 f"simulator cannot score it either")
+        u = measured.units[unit]
+        return LayerTime(u.fwd_s, u.bwd_s)
+
+    def update_at_s(self, gpu_type: str, microbatch: int, tp: int) -> float:
+        """The profile's whole-model optimizer step at (microbatch, TP), as Sailor takes it per stage."""
+        measured = self._profile(gpu_type, tp).time(microbatch, tp)
+        if measured is None:
+            raise EstimatorError(f"sailor: the profile of {gpu_type} has no entry at microbatch {microbatch}, TP {tp}")
+        return measured.update_s
+
+
+# ---- memory --------------------------------------------------------------------------------------------
+class SailorMemory:
+    """MemoryEstimator "sailor" (module docstring); `info` holds llm_info for the iteration model."""
+
+    name = "sailor"
+
+    def __init__(self, info: SailorModelInfo, capacity_bytes: Mapping[str, float], optimizer: str = "adam"):
+        self.info = info
+        self.capacity_bytes = dict(capacity_bytes)
+        self.optimizer_bytes_per_param = 8 if optimizer == "adam" else 4
+
+    @classmethod
+    def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "SailorMemory":
+        return cls(model_info_from_instance(instance, options),
+                   {g: instance.gpu(g).memory_bytes for g in instance.gpu_types}, instance.workload.optimizer)
+
+    def worker_memory(self, gpu_type: str, units: range, tp: int, microbatch: int, dp: int,
+                      in_flight: int) -> MemoryBreakdown:
+        counts = self.info.counts(tp)
+        params = sum(counts[u].params for u in units)
+        activations = sum(counts[u].act_mem for u in units) * microbatch * self.info.float_bytes * in_flight
+        model = (8 + 8 + self.optimizer_bytes_per_param) * params
+        if gpu_type not in self.capacity_bytes:
+            raise EstimatorError(f"sailor: no memory capacity for GPU type {gpu_type!r}")
+        return MemoryBreakdown(params_bytes=8 * params, grads_bytes=8 * params,
+                               optimizer_bytes=self.optimizer_bytes_per_param * params,
+                               activations_bytes=activations, overhead_bytes=FOOTPRINT_OVERHEAD_BYTES,
+                               capacity_bytes=self.capacity_bytes[gpu_type],
+                               fit_bytes=model + activations + FIT_OVERHEAD_BYTES[tp == 1])
+
+
+# ---- communication -------------------------------------------------------------------------------------
+ZoneKey = tuple[str, str, int, str, str, int]
+
+
+def sailor_time_s(nbytes: float, coeffs: tuple[float, float, float]) -> float:
+    """`get_time_on_config`: nbytes / 1e9 / (c0 x^2 + c1 x + c2), x = log2(nbytes / 1e6); 0 for no bytes."""
+    if nbytes <= 0:
+        return 0.0
+    x = math.log2(nbytes / 1e6)
+    bw_GBps = coeffs[0] * x * x + coeffs[1] * x + coeffs[2]
+    if bw_GBps <= 0:
+        raise EstimatorError(f"sailor: the bandwidth fit {coeffs} gives {bw_GBps:.3g} GB/s at {nbytes:.3g} bytes")
+    return nbytes / 1e9 / bw_GBps
+
+
+def bucketed_allreduce_s(nbytes: float, members: int, coeffs: tuple[float, float, float],
+                         bucket_bytes: float = DEEPSPEED_BUCKET_BYTES) -> float:
+    """`get_ar_time_with_buckets` over `estimate_ar_time`: full buckets, then the rest."""
+    if members <= 1 or nbytes <= 0:
+        return 0.0
+    full, rest = divmod(nbytes, bucket_bytes)
+    per_bucket = 2 * (members - 1) * sailor_time_s(bucket_bytes / members, coeffs)
+    last = 2 * (members - 1) * sailor_time_s(rest / members, coeffs) if rest > 0 else 0.0
+    return full * per_bucket + last
+
+
+class SailorComm:
+    """CommEstimator "sailor" (module docstring)."""
+
+    name = "sailor"
+
+    def __init__(self, zone_coeffs: Mapping[ZoneKey, tuple[float, float, float]], nodes: Mapping[str, str],
+                 bucket_bytes: float = DEEPSPEED_BUCKET_BYTES, peak_Bps: Mapping[ZoneKey, float] | None = None):
+        self.zone_coeffs = dict(zone_coeffs)
+        self.nodes = dict(nodes)  # node id -> GPU type
+        self.bucket_bytes = bucket_bytes
+        self.peak_Bps = dict(peak_Bps or {})
+
+    @classmethod
+    def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "SailorComm":
+        from hetplan.importers.sailor import read_zone_bandwidths
+
+        opts = own_options(options, cls.name)
+        fits = read_zone_bandwidths(instance.resolve_path(
+            _required(opts, "bandwidth_file", "Sailor's multizone_bandwidths_het.json")))
+        return cls({k: (f.c0, f.c1, f.c2) for k, f in fits.items()}, {n.node_id: n.gpu_type for n in instance.nodes},
+                   float(opts.get("bucket_bytes", DEEPSPEED_BUCKET_BYTES)), {k: f.max_Bps for k, f in fits.items()})
+
+    def _key(self, a: Endpoint, b: Endpoint, count_a: int, count_b: int) -> ZoneKey:
+        gpus = []
+        for e in (a, b):
+            if e.node_id not in self.nodes:
+                raise EstimatorError(f"sailor: endpoint {e} is not on a node of the instance")
+            gpus.append(self.nodes[e.node_id])
+        return (a.zone, gpus[0], count_a, b.zone, gpus[1], count_b)
+
+    def coeffs(self, a: Endpoint, b: Endpoint, count_a: int = 1, count_b: int = 1) -> tuple[float, float, float]:
+        key = self._key(a, b, count_a, count_b)
+        if key not in self.zone_coeffs:
+            raise EstimatorError(f"sailor: the zone bandwidth table has no entry (src zone, GPU, GPUs, dst zone, "
+                                 f"GPU, GPUs) = {key}")
+        return self.zone_coeffs[key]
+
+    def link(self, a: Endpoint, b: Endpoint) -> LinkSpec:
+        key = self._key(a, b, a.gpus or 1, b.gpus or 1)
+        kind = "ethernet" if a.region == b.region else "wan"
+        self.coeffs(a, b, a.gpus or 1, b.gpus or 1)
+        return LinkSpec(kind=kind, bandwidth_GBps=self.peak_Bps.get(key, 0.0) / 1e9, latency_s=0.0)
+
+    def p2p_time_s(self, a: Endpoint, b: Endpoint, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return sailor_time_s(nbytes, self.coeffs(a, b, a.gpus or 1, b.gpus or 1))
+
+    def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
+        d = len(members)
+        if d <= 1 or nbytes <= 0:
+            return 0.0
+        return max(bucketed_allreduce_s(nbytes, d, self.coeffs(members[j], members[j + 1]), self.bucket_bytes)
+                   for j in range(d - 1))

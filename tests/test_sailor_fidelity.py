@@ -1,0 +1,245 @@
+"""The sailor preset against Sailor's own simulator: every golden record of
+../shared/reference/sailor/golden (plans scored by Sailor's `runtime_simulator.py` at cf2c8e3) must come
+out the same from `hetplan.simulator.simulate` with `estimators: {preset: sailor}`: iteration time, its
+parts, each stage's compute / p2p / update, memory per stage and TP, costs, and the fits verdict.
+
+The issue asks for 1 %; the figures are the same formulas on the same inputs, so the test holds them to
+1e-9 relative and a drift shows at once. Hand-computed cases cover the formulas without the data."""
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import pytest
+from conftest import shared_dir
+
+from hetplan.errors import PlanError
+from hetplan.estimators import build_estimators
+from hetplan.estimators.sailor import bucketed_allreduce_s, sailor_time_s
+from hetplan.instance import EstimatorChoice, Instance, instance_from_dict
+from hetplan.plan import Plan, Replica, Stage, validate_plan
+from hetplan.simulator import SimulationReport, simulate
+
+SAILOR = shared_dir() / "reference" / "sailor"
+GOLDEN = SAILOR / "golden" / "sailor_simulator_golden.json"
+needs_golden = pytest.mark.skipif(not GOLDEN.is_file(), reason=f"Sailor golden records absent ({GOLDEN})")
+REL = 1e-9
+
+
+@functools.lru_cache(maxsize=1)
+def golden() -> dict:
+    return json.loads(GOLDEN.read_text())
+
+
+def records() -> list[dict]:
+    return golden()["records"] if GOLDEN.is_file() else []
+
+
+@functools.lru_cache(maxsize=None)
+def cluster_instance(cluster_id: str) -> tuple[Instance, object]:
+    from hetplan.importers.sailor import sailor_instance_dict
+
+    rec = next(r for r in records() if r["cluster_id"] == cluster_id)
+    counts = {tuple(key.rsplit("_", 1)): n for key, n in rec["cluster"].items()}
+    inst = instance_from_dict(sailor_instance_dict(SAILOR, rec["model"], gpu_counts=counts, preset="sailor",
+                                                   name=cluster_id))
+    return inst, build_estimators(inst)
+
+
+def scored(rec: dict) -> tuple[Plan, SimulationReport]:
+    from hetplan.importers.sailor_plan import plan_from_sailor
+
+    inst, est = cluster_instance(rec["cluster_id"])
+    plan = plan_from_sailor(rec["plan"], inst)
+    return plan, simulate(inst, plan, est)
+
+
+def close(ours: float, theirs: float) -> bool:
+    return math.isclose(ours, theirs, rel_tol=REL, abs_tol=1e-12)
+
+
+@needs_golden
+@pytest.mark.parametrize("rec", records(), ids=lambda r: r["id"])
+def test_golden_record(rec: dict) -> None:
+    plan, r = scored(rec)
+    got = {"iteration_time_s": r.iteration_time_s, "T_pp_s": r.pipeline_s + r.update_s, "T_sync_s": r.sync_s,
+           "comm_cost_usd_per_iter": r.egress_cost_usd, "cost_usd_per_iter": r.cost_per_iteration_usd,
+           "compute_cost_usd_per_s": r.compute_cost_usd / r.iteration_time_s,
+           "throughput_iters_per_s": r.iters_per_s, "num_micro_batches": plan.num_microbatches}
+    bad = {k: (v, rec[k]) for k, v in got.items() if not close(v, rec[k])}
+    assert (not r.oom_ranks) == rec["fits"]
+    for s, stage in enumerate(rec["stages"]):
+        ours = r.stages[s]
+        for key, value in (("compute_s", ours.fwd_s + ours.bwd_s), ("compute_fwd_s", ours.fwd_s),
+                           ("compute_bwd_s", ours.bwd_s), ("p2p_comm_s", ours.p2p_s), ("update_s", ours.update_s)):
+            if not close(value, stage[key]):
+                bad[f"stages[{s}].{key}"] = (value, stage[key])
+        for tp, nbytes in stage["mem_bytes_by_tp"].items():
+            rank = next(x for x in r.ranks if x.stage == s and plan.stages[s].replicas[x.replica].tp == int(tp))
+            if not close(rank.memory.total_bytes, nbytes):
+                bad[f"stages[{s}].mem_bytes_by_tp[{tp}]"] = (rank.memory.total_bytes, nbytes)
+        for key, check in stage["fits_check_by_gpu_tp"].items():
+            gpu, tp = key.split("/")
+            rank = next(x for x in r.ranks if x.stage == s and x.gpu_type == gpu
+                        and plan.stages[s].replicas[x.replica].tp == int(tp))
+            if not close(rank.memory.fit_bytes, check["bytes"]) or rank.memory.capacity_bytes != check["gpu_bytes"] \
+                    or rank.oom == check["fits"]:
+                bad[f"stages[{s}].fits_check_by_gpu_tp[{key}]"] = (rank.memory.fit_bytes, check)
+    assert not bad, bad
+
+
+@needs_golden
+def test_golden_covers_what_the_issue_names() -> None:
+    recs = records()
+    assert len(recs) >= 200
+    assert {r["model"] for r in recs} == {"OPT-350", "GPT-Neo-2.7"}
+    assert any(not r["fits"] for r in recs) and any(r["comm_cost_usd_per_iter"] > 0 for r in recs)
+    assert any(len({z for z in r["used_gpus_by_type_zone"]}) > 1 for r in recs)
+
+
+@needs_golden
+def test_sailor_plan_round_trips() -> None:
+    from hetplan.importers.sailor_plan import plan_from_sailor, plan_to_sailor
+
+    for rec in records()[:60]:
+        inst, _ = cluster_instance(rec["cluster_id"])
+        assert plan_to_sailor(plan_from_sailor(rec["plan"], inst), inst) == rec["plan"]
+
+
+@needs_golden
+def test_head_alone_stage_gradient_option() -> None:
+    """Sailor sends the logits back from a stage that holds the head alone (golden README); the
+    documented correction `p2p_gradient: input` sends the hidden-size input instead."""
+    rec = next(r for r in records() if r["model"] == "OPT-350" and r["plan"]["pipeline_list"][0]["layers_per_stage"][-1] == [25])
+    plan, quirk = scored(rec)
+    inst, _ = cluster_instance(rec["cluster_id"])
+    data = inst.model_dump(mode="json")
+    data["estimators"]["options"]["p2p_gradient"] = "input"
+    fixed_inst = instance_from_dict(data)
+    fixed = simulate(fixed_inst, plan, build_estimators(fixed_inst))
+    vocab_over_hidden = 103022593 / 2048 / 1024  # logits floats per sequence / hidden floats per sequence
+    assert quirk.stages[-1].send_bwd_s > 10 * fixed.stages[-1].send_bwd_s
+    assert vocab_over_hidden > 40
+    assert fixed.iteration_time_s < quirk.iteration_time_s
+
+
+# ---- formulas by hand ----------------------------------------------------------------------------------
+def test_send_time_is_the_raw_polynomial() -> None:
+    # bandwidth (0, 1, 10) GB/s at x = log2(8e6 / 1e6) = 3: 13 GB/s, 8e6 bytes -> 8e-3 / 13 s
+    assert sailor_time_s(8e6, (0.0, 1.0, 10.0)) == pytest.approx(8e-3 / 13, rel=1e-12)
+    assert sailor_time_s(0.0, (0.0, 1.0, 10.0)) == 0.0
+
+
+def test_allreduce_in_deepspeed_buckets() -> None:
+    # 1.2e9 bytes over 4 members: buckets 5e8, 5e8, 2e8; each 2 x 3 x (bucket / 4) / bw(bucket / 4)
+    coeffs = (0.0, 1.0, 10.0)
+    full = 6 * 0.125 / (math.log2(125) + 10)
+    rest = 6 * 0.05 / (math.log2(50) + 10)
+    assert bucketed_allreduce_s(1.2e9, 4, coeffs) == pytest.approx(2 * full + rest, rel=1e-12)
+    assert bucketed_allreduce_s(1.2e9, 1, coeffs) == 0.0
+
+
+def test_preset_fills_only_the_protocols_not_named() -> None:
+    choice = EstimatorChoice(preset="sailor", comm="alpha_beta")
+    assert (choice.time, choice.memory, choice.comm, choice.iteration) == ("sailor", "sailor", "alpha_beta", "sailor")
+    assert EstimatorChoice().iteration == "hetplan"
+
+
+def test_ceil_rounding_is_checked_and_needs_the_sailor_model(a100_v100) -> None:
+    rep = Replica(gpu_type="A100-40", tp=1, zone=a100_v100.nodes[0].zone)
+    batch = a100_v100.workload.global_batch_size
+    stage = Stage(layer_start=0, layer_end=a100_v100.model_arch.num_units, replicas=(rep, rep, rep))
+    right = -(-batch // 3)
+    with pytest.raises(PlanError, match="ceil"):
+        validate_plan(a100_v100, Plan(num_microbatches=right + 1, micro_batch_size=1, batch_rounding="ceil",
+                                      stages=(stage,)))
+    with pytest.raises(PlanError, match="sailor iteration model"):
+        simulate(a100_v100, Plan(num_microbatches=right, micro_batch_size=1, batch_rounding="ceil", stages=(stage,)))
+
+
+# ---- the analytic estimators against Sailor's llm_info ----------------------------------------------
+LLM_INFO = SAILOR / "model" / "llm_info.json"
+needs_llm_info = pytest.mark.skipif(not LLM_INFO.is_file(), reason=f"Sailor's llm_info absent ({LLM_INFO})")
+ARCHS = {"OPT-350": "OPT-350M", "GPT-Neo-2.7": "GPT-Neo-2.7B"}
+
+
+@needs_llm_info
+@pytest.mark.parametrize("model", sorted(ARCHS))
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_analytic_parameters_match_llm_info(model: str, tp: int) -> None:
+    """Within 1 % on every unit but GPT-Neo's head, whose tied matrix Sailor counts at the embedding
+    only (estimators/model_stats.py docstring): there llm_info holds the final norm's 2 h."""
+    from hetplan.catalog import model_presets
+    from hetplan.estimators.model_stats import unit_params
+
+    arch = model_presets()[ARCHS[model]]
+    info = json.loads(LLM_INFO.read_text())[model][str(tp)]
+    for u in range(arch.num_units):
+        theirs = info[str(u)]["params_floats"]
+        if model == "GPT-Neo-2.7" and u == arch.num_units - 1:
+            assert theirs == 2 * arch.hidden_size
+            continue
+        assert unit_params(arch, u).per_gpu(tp) == pytest.approx(theirs, rel=0.01), (u, tp)
+
+
+# The documented activation differences (model_stats docstring), as (low, high) of ours / llm_info - 1.
+ACT_BANDS = {("OPT-350", "block"): (0.05, 0.14), ("GPT-Neo-2.7", "block"): (-0.24, -0.10),
+             ("OPT-350", "embedding"): (-0.26, -0.24), ("GPT-Neo-2.7", "embedding"): (-0.41, -0.39),
+             ("OPT-350", "head"): (-0.28, -0.24)}
+
+
+@needs_llm_info
+@pytest.mark.parametrize("model", sorted(ARCHS))
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_analytic_activations_differ_from_llm_info_only_as_documented(model: str, tp: int) -> None:
+    from hetplan.catalog import model_presets
+    from hetplan.estimators.model_stats import unit_activation_bytes
+
+    arch = model_presets()[ARCHS[model]]
+    info = json.loads(LLM_INFO.read_text())[model][str(tp)]
+    for u in range(arch.num_units):
+        kind = "embedding" if u == 0 else "head" if u == arch.num_units - 1 else "block"
+        if (model, kind) not in ACT_BANDS:
+            continue  # GPT-Neo's head: its tied matrix and logits are measured elsewhere (see the docstring)
+        ours = unit_activation_bytes(arch, u, 1, tp, precision="fp16", recompute="none", flash_attention=False)
+        low, high = ACT_BANDS[(model, kind)]
+        assert low <= ours / info[str(u)]["act_mem_bytes"] - 1 <= high, (kind, u, tp)
+
+
+# ---- command line, through the installed executable ---------------------------------------------------
+def hetplan_cli(*args: str, cwd) -> "subprocess.CompletedProcess":
+    import shutil
+    import subprocess
+
+    exe = shutil.which("hetplan")
+    assert exe, "the `hetplan` executable is not on PATH: install the package as the README says"
+    return subprocess.run([exe, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@needs_golden
+def test_cli_import_simulate_export(tmp_path) -> None:
+    rec = next(r for r in records() if r["num_micro_batches"] * r["plan"]["mbs"] * r["plan"]["pipeline_list"][0]["dp"][0]
+               > golden()["meta"]["global_batch_size"][r["model"]] and len(r["cluster"]) == 1)
+    (key, count), = rec["cluster"].items()
+    gpu, zone = key.rsplit("_", 1)
+    (tmp_path / "sailor_plan.json").write_text(json.dumps(rec["plan"]))
+    made = hetplan_cli("import", "sailor", "--model", rec["model"], "--cluster", f"{gpu}@{zone}={count}",
+                       "--sailor-dir", str(SAILOR), "-o", "inst.yaml", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    sim = hetplan_cli("simulate", "inst.yaml", "sailor_plan.json", "--json", cwd=tmp_path)
+    assert sim.returncode == (0 if rec["fits"] else 2), sim.stderr
+    out = json.loads(sim.stdout)
+    assert math.isclose(out["iteration_time_s"], rec["iteration_time_s"], rel_tol=REL)
+    assert out["iteration_model"] == "sailor" and "over the global batch" in out["notes"][0]
+    back = hetplan_cli("export-plan", "inst.yaml", "sailor_plan.json", "--to", "sailor", cwd=tmp_path)
+    assert back.returncode == 0 and json.loads(back.stdout) == rec["plan"]
+    planned = hetplan_cli("solve", "inst.yaml", "--time-limit", "5", cwd=tmp_path)
+    assert planned.returncode == 1 and "not planned yet" in planned.stderr
+
+
+def test_cli_import_refuses_a_bad_cluster(tmp_path) -> None:
+    bad = hetplan_cli("import", "sailor", "--model", "OPT-350", "--cluster", "A100-40@us-central1-a",
+                      "--sailor-dir", str(SAILOR), "-o", "x.yaml", cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "GPU@zone=count" in bad.stderr
+    assert not (tmp_path / "x.yaml").exists()
