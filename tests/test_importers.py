@@ -157,10 +157,10 @@ def test_sailor_quotas_to_node_groups():
     groups = read_node_groups(SAILOR / "cluster/quotas_dict.json", SAILOR / "cluster/basic_cluster_config.json")
     by_name = {g["name"]: g for g in groups}
     assert len(groups) == 10  # 2 GPU types x 5 zones
-    # A100-40 quota in us-central1-a: 150 GPUs, 4 per VM -> 37 whole nodes
+    # A100-40 quota in us-central1-a: 150 GPUs, 4 per VM -> 37 whole nodes; price: Sailor simulator's table
     assert by_name["A100-40_us-central1-a"] == {"name": "A100-40_us-central1-a", "gpu_type": "A100-40",
                                                  "gpus_per_node": 4, "count": 37, "zone": "us-central1-a",
-                                                 "price_per_gpu_hour_usd": 3.67}
+                                                 "price_per_gpu_hour_usd": 3.673385}
     assert by_name["V100-16_us-central1-b"]["count"] == 12  # 50 // 4
     only = read_node_groups(SAILOR / "cluster/quotas_dict.json", SAILOR / "cluster/basic_cluster_config.json",
                             gpu_types=["V100-16"], zones=["us-west1-b"])
