@@ -88,6 +88,10 @@ class Plan(BaseModel):
     def shares(self, stage: int) -> list[int]:
         return [self.share(stage, r) for r in range(len(self.stages[stage].replicas))]
 
+    def distinct_shares(self) -> set[int]:
+        """The microbatch shares the plan's replicas take (one value: a uniform microbatch size)."""
+        return {b for s in range(len(self.stages)) for b in self.shares(s)}
+
     @property
     def global_microbatch(self) -> int:
         return sum(self.shares(0))

@@ -25,12 +25,14 @@ stage `p2p_s` = p2p_i, `fwd_s` / `bwd_s` of the slowest replica, `send_fwd_s` = 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hetplan.errors import EstimatorError, PlanError
 from hetplan.estimators import Endpoint, EstimatorSet
 from hetplan.estimators.sailor import SailorMemory, SailorTime
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica
-from hetplan.simulator import RankMemory, SimulationReport, StageReport, build_report
+from hetplan.simulator import RankMemory, SimulationReport, StageReport, build_report, endpoint
 
 
 def simulate_sailor(instance: Instance, plan: Plan, est: EstimatorSet) -> SimulationReport:
@@ -46,7 +48,7 @@ class _SailorIteration:
         self.inst, self.plan, self.est = instance, plan, est
         self.info = est.memory.info
         self.P, self.m = len(plan.stages), plan.num_microbatches
-        shares = {plan.share(s, r) for s, st in enumerate(plan.stages) for r in range(len(st.replicas))}
+        shares = plan.distinct_shares()
         if len(shares) != 1:
             raise PlanError(f"the sailor iteration model takes one microbatch size for every replica; the plan has "
                             f"{sorted(shares)}", "stages")
@@ -54,9 +56,7 @@ class _SailorIteration:
         self.egress_usd = self.egress_bytes = 0.0
 
     def _ep(self, rep: Replica, gpus: int) -> Endpoint:
-        node = self.inst.node_by_id[rep.node]
-        return Endpoint(zone=node.zone, region=node.region, node_id=node.node_id, intra_node=node.intra_node,
-                        gpus=gpus)
+        return replace(endpoint(self.inst, rep), gpus=gpus)
 
     def _reps(self, s: int) -> tuple[Replica, ...]:
         return self.plan.stages[s].replicas

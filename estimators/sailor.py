@@ -26,10 +26,8 @@ profiles, format sailor), its llm_info.json and its zone bandwidth table (option
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from hetplan.catalog import LinkSpec
@@ -37,6 +35,8 @@ from hetplan.errors import EstimatorError
 from hetplan.estimators.base import Endpoint, LayerTime, MemoryBreakdown
 from hetplan.estimators.model_stats import DTYPE_BYTES
 from hetplan.estimators.profile_time import ProfileTimeEstimator, own_options
+from hetplan.estimators.sailor_network import ZoneKey
+from hetplan.profiles import BandwidthFit, UnitMemory
 
 # runtime_simulator.get_memory_footprint_on_gpu / check_config_fits (cf2c8e3): bytes per parameter
 # element and the framework overheads.
@@ -49,16 +49,13 @@ P2P_GRADIENT_RULES = ("first_output", "input")
 
 
 # ---- llm_info: element counts per unit and TP --------------------------------------------------------
-@dataclass(frozen=True)
-class UnitCounts:
-    params: float  # parameter elements per GPU after the TP split
-    act_mem: float  # activation elements kept for backward, microbatch 1
-    act_output: float  # the unit's output elements, microbatch 1
+LLM_INFO_BYTES_PER_FLOAT = 4  # llm_info's *_bytes are its *_floats x 4 (../shared/reference/sailor/README.md)
 
 
 @dataclass(frozen=True)
 class SailorModelInfo:
-    """llm_info.json of one model: {tp: [UnitCounts per unit]}, and the float size of the run.
+    """llm_info.json of one model ({tp: units}, as `importers.sailor.read_llm_info` reads it) and the
+    float size of the run. Sailor's simulator multiplies llm_info's element counts by the float size.
 
     p2p_gradient: which size Sailor's p2p rule gives the gradient a stage sends back.
     "first_output" (Sailor's code): the output of the stage's first unit; when a stage holds the head
@@ -66,47 +63,36 @@ class SailorModelInfo:
     unit's output (what a pipeline really sends back; a correction, off by default).
     """
 
-    units_by_tp: Mapping[int, tuple[UnitCounts, ...]]
+    units_by_tp: Mapping[int, tuple[UnitMemory, ...]]
     float_bytes: int
     p2p_gradient: str = "first_output"
 
-    def counts(self, tp: int) -> tuple[UnitCounts, ...]:
+    def counts(self, tp: int) -> tuple[UnitMemory, ...]:
         if tp not in self.units_by_tp:
             raise EstimatorError(f"sailor: llm_info has no TP degree {tp}; it has {sorted(self.units_by_tp)}")
         return self.units_by_tp[tp]
 
+    def params(self, tp: int, units: range) -> float:
+        """Parameter elements per GPU of `units` at TP degree tp."""
+        counts = self.counts(tp)
+        return sum(counts[u].params_per_gpu for u in units)
+
+    def act_mem_floats(self, tp: int, units: range) -> float:
+        """Activation elements `units` keep for backward, microbatch 1, at TP degree tp."""
+        counts = self.counts(tp)
+        return sum(counts[u].activation_bytes for u in units) / LLM_INFO_BYTES_PER_FLOAT
+
     def param_bytes(self, units: range) -> float:
         """Full (TP 1) parameter bytes of `units`: what Sailor all-reduces and prices."""
-        full = self.counts(1)
-        return sum(full[u].params for u in units) * self.float_bytes
+        return self.params(1, units) * self.float_bytes
 
     def output_bytes(self, unit: int, microbatch: int) -> float:
-        return self.counts(1)[unit].act_output * self.float_bytes * microbatch
+        return self.counts(1)[unit].output_bytes / LLM_INFO_BYTES_PER_FLOAT * self.float_bytes * microbatch
 
     def gradient_bytes(self, first_unit: int, microbatch: int) -> float:
         """Bytes a stage starting at `first_unit` sends back (see p2p_gradient)."""
         unit = first_unit if self.p2p_gradient == "first_output" else max(first_unit - 1, 0)
         return self.output_bytes(unit, microbatch)
-
-
-def read_llm_info_counts(path: str | Path, model: str) -> dict[int, tuple[UnitCounts, ...]]:
-    """{tp: per-unit element counts} of `model` in Sailor's llm_info.json (errors name the key)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise EstimatorError(f"sailor: cannot read llm_info {path}: {exc}") from None
-    if model not in data:
-        raise EstimatorError(f"sailor: model {model!r} not in {path}; it has {sorted(data)}")
-    out = {}
-    for tp_key, layers in data[model].items():
-        try:
-            units = [UnitCounts(float(layers[str(u)]["params_floats"]), float(layers[str(u)]["act_mem_floats"]),
-                                float(layers[str(u)]["act_output_floats"])) for u in range(len(layers))]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EstimatorError(f"sailor: {path}: {model}.{tp_key}: missing or bad entry {exc}") from None
-        out[int(tp_key)] = tuple(units)
-    return out
 
 
 def _required(opts: Mapping[str, Any], key: str, what: str) -> Any:
@@ -120,13 +106,15 @@ def model_info_from_instance(instance: Any, options: Mapping[str, Any] | None) -
     rule = opts.get("p2p_gradient", "first_output")
     if rule not in P2P_GRADIENT_RULES:
         raise EstimatorError(f"sailor: option p2p_gradient must be one of {P2P_GRADIENT_RULES}, got {rule!r}")
-    counts = read_llm_info_counts(instance.resolve_path(_required(opts, "llm_info", "Sailor's llm_info.json")),
-                                  _required(opts, "sailor_model", "the model's name in llm_info, e.g. OPT-350"))
+    from hetplan.importers.sailor import read_llm_info
+
+    measured = read_llm_info(instance.resolve_path(_required(opts, "llm_info", "Sailor's llm_info.json")),
+                             _required(opts, "sailor_model", "the model's name in llm_info, e.g. OPT-350"))
     units = instance.model_arch.num_units
-    for tp, c in counts.items():
-        if len(c) != units:
-            raise EstimatorError(f"sailor: llm_info has {len(c)} layer units at TP {tp}, the model {units}")
-    return SailorModelInfo(counts, DTYPE_BYTES[instance.workload.precision], rule)
+    for m in measured:
+        if len(m.units) != units:
+            raise EstimatorError(f"sailor: llm_info has {len(m.units)} layer units at TP {m.tp}, the model {units}")
+    return SailorModelInfo({m.tp: m.units for m in measured}, DTYPE_BYTES[instance.workload.precision], rule)
 
 
 # ---- time ----------------------------------------------------------------------------------------------
@@ -161,7 +149,7 @@ class SailorMemory:
     def __init__(self, info: SailorModelInfo, capacity_bytes: Mapping[str, float], optimizer: str = "adam"):
         self.info = info
         self.capacity_bytes = dict(capacity_bytes)
-        self.optimizer_bytes_per_param = 8 if optimizer == "adam" else 4
+        self.bytes_per_param = ADAM_BYTES_PER_PARAM if optimizer == "adam" else SGD_BYTES_PER_PARAM
 
     @classmethod
     def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "SailorMemory":
@@ -170,42 +158,38 @@ class SailorMemory:
 
     def worker_memory(self, gpu_type: str, units: range, tp: int, microbatch: int, dp: int,
                       in_flight: int) -> MemoryBreakdown:
-        counts = self.info.counts(tp)
-        params = sum(counts[u].params for u in units)
-        activations = sum(counts[u].act_mem for u in units) * microbatch * self.info.float_bytes * in_flight
-        model = (8 + 8 + self.optimizer_bytes_per_param) * params
+        params = self.info.params(tp, units)
+        activations = self.info.act_mem_floats(tp, units) * microbatch * self.info.float_bytes * in_flight
+        model = self.bytes_per_param * params
         if gpu_type not in self.capacity_bytes:
             raise EstimatorError(f"sailor: no memory capacity for GPU type {gpu_type!r}")
+        # fp32 model + DeepSpeed copy, gradients + comm buffer, optimizer state: the rest
         return MemoryBreakdown(params_bytes=8 * params, grads_bytes=8 * params,
-                               optimizer_bytes=self.optimizer_bytes_per_param * params,
+                               optimizer_bytes=(self.bytes_per_param - 16) * params,
                                activations_bytes=activations, overhead_bytes=FOOTPRINT_OVERHEAD_BYTES,
                                capacity_bytes=self.capacity_bytes[gpu_type],
                                fit_bytes=model + activations + FIT_OVERHEAD_BYTES[tp == 1])
 
 
 # ---- communication -------------------------------------------------------------------------------------
-ZoneKey = tuple[str, str, int, str, str, int]
-
-
-def sailor_time_s(nbytes: float, coeffs: tuple[float, float, float]) -> float:
-    """`get_time_on_config`: nbytes / 1e9 / (c0 x^2 + c1 x + c2), x = log2(nbytes / 1e6); 0 for no bytes."""
+def sailor_time_s(nbytes: float, fit: BandwidthFit) -> float:
+    """`get_time_on_config`: nbytes / 1e9 / raw polynomial at x = log2(nbytes / 1e6); 0 for no bytes."""
     if nbytes <= 0:
         return 0.0
-    x = math.log2(nbytes / 1e6)
-    bw_GBps = coeffs[0] * x * x + coeffs[1] * x + coeffs[2]
+    bw_GBps = fit.raw_GBps(math.log2(nbytes / 1e6))
     if bw_GBps <= 0:
-        raise EstimatorError(f"sailor: the bandwidth fit {coeffs} gives {bw_GBps:.3g} GB/s at {nbytes:.3g} bytes")
+        raise EstimatorError(f"sailor: the bandwidth fit {fit} gives {bw_GBps:.3g} GB/s at {nbytes:.3g} bytes")
     return nbytes / 1e9 / bw_GBps
 
 
-def bucketed_allreduce_s(nbytes: float, members: int, coeffs: tuple[float, float, float],
+def bucketed_allreduce_s(nbytes: float, members: int, fit: BandwidthFit,
                          bucket_bytes: float = DEEPSPEED_BUCKET_BYTES) -> float:
     """`get_ar_time_with_buckets` over `estimate_ar_time`: full buckets, then the rest."""
     if members <= 1 or nbytes <= 0:
         return 0.0
     full, rest = divmod(nbytes, bucket_bytes)
-    per_bucket = 2 * (members - 1) * sailor_time_s(bucket_bytes / members, coeffs)
-    last = 2 * (members - 1) * sailor_time_s(rest / members, coeffs) if rest > 0 else 0.0
+    per_bucket = 2 * (members - 1) * sailor_time_s(bucket_bytes / members, fit)
+    last = 2 * (members - 1) * sailor_time_s(rest / members, fit) if rest > 0 else 0.0
     return full * per_bucket + last
 
 
@@ -214,12 +198,11 @@ class SailorComm:
 
     name = "sailor"
 
-    def __init__(self, zone_coeffs: Mapping[ZoneKey, tuple[float, float, float]], nodes: Mapping[str, str],
-                 bucket_bytes: float = DEEPSPEED_BUCKET_BYTES, peak_Bps: Mapping[ZoneKey, float] | None = None):
-        self.zone_coeffs = dict(zone_coeffs)
+    def __init__(self, zone_fits: Mapping[ZoneKey, BandwidthFit], nodes: Mapping[str, str],
+                 bucket_bytes: float = DEEPSPEED_BUCKET_BYTES):
+        self.zone_fits = dict(zone_fits)  # read raw (BandwidthFit.raw_GBps), as Sailor does
         self.nodes = dict(nodes)  # node id -> GPU type
         self.bucket_bytes = bucket_bytes
-        self.peak_Bps = dict(peak_Bps or {})
 
     @classmethod
     def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "SailorComm":
@@ -228,38 +211,37 @@ class SailorComm:
         opts = own_options(options, cls.name)
         fits = read_zone_bandwidths(instance.resolve_path(
             _required(opts, "bandwidth_file", "Sailor's multizone_bandwidths_het.json")))
-        return cls({k: (f.c0, f.c1, f.c2) for k, f in fits.items()}, {n.node_id: n.gpu_type for n in instance.nodes},
-                   float(opts.get("bucket_bytes", DEEPSPEED_BUCKET_BYTES)), {k: f.max_Bps for k, f in fits.items()})
+        return cls(fits, {n.node_id: n.gpu_type for n in instance.nodes},
+                   float(opts.get("bucket_bytes", DEEPSPEED_BUCKET_BYTES)))
 
-    def _key(self, a: Endpoint, b: Endpoint, count_a: int, count_b: int) -> ZoneKey:
+    def _entry(self, a: Endpoint, b: Endpoint, count_a: int, count_b: int) -> ZoneKey:
+        """The zone table's key for a -> b; an error when the table lacks it."""
         gpus = []
         for e in (a, b):
             if e.node_id not in self.nodes:
                 raise EstimatorError(f"sailor: endpoint {e} is not on a node of the instance")
             gpus.append(self.nodes[e.node_id])
-        return (a.zone, gpus[0], count_a, b.zone, gpus[1], count_b)
-
-    def coeffs(self, a: Endpoint, b: Endpoint, count_a: int = 1, count_b: int = 1) -> tuple[float, float, float]:
-        key = self._key(a, b, count_a, count_b)
-        if key not in self.zone_coeffs:
+        key = (a.zone, gpus[0], count_a, b.zone, gpus[1], count_b)
+        if key not in self.zone_fits:
             raise EstimatorError(f"sailor: the zone bandwidth table has no entry (src zone, GPU, GPUs, dst zone, "
                                  f"GPU, GPUs) = {key}")
-        return self.zone_coeffs[key]
+        return key
+
+    def fit(self, a: Endpoint, b: Endpoint, count_a: int = 1, count_b: int = 1) -> BandwidthFit:
+        return self.zone_fits[self._entry(a, b, count_a, count_b)]
 
     def link(self, a: Endpoint, b: Endpoint) -> LinkSpec:
-        key = self._key(a, b, a.gpus or 1, b.gpus or 1)
-        kind = "ethernet" if a.region == b.region else "wan"
-        self.coeffs(a, b, a.gpus or 1, b.gpus or 1)
-        return LinkSpec(kind=kind, bandwidth_GBps=self.peak_Bps.get(key, 0.0) / 1e9, latency_s=0.0)
+        peak = self.fit(a, b, a.gpus or 1, b.gpus or 1).max_Bps
+        return LinkSpec(kind="ethernet" if a.region == b.region else "wan", bandwidth_GBps=peak / 1e9, latency_s=0.0)
 
     def p2p_time_s(self, a: Endpoint, b: Endpoint, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
-        return sailor_time_s(nbytes, self.coeffs(a, b, a.gpus or 1, b.gpus or 1))
+        return sailor_time_s(nbytes, self.fit(a, b, a.gpus or 1, b.gpus or 1))
 
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         d = len(members)
         if d <= 1 or nbytes <= 0:
             return 0.0
-        return max(bucketed_allreduce_s(nbytes, d, self.coeffs(members[j], members[j + 1]), self.bucket_bytes)
+        return max(bucketed_allreduce_s(nbytes, d, self.fit(members[j], members[j + 1]), self.bucket_bytes)
                    for j in range(d - 1))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import shutil
+import subprocess
 
 import pytest
 from conftest import shared_dir
@@ -19,6 +21,7 @@ from hetplan.estimators import build_estimators
 from hetplan.estimators.sailor import bucketed_allreduce_s, sailor_time_s
 from hetplan.instance import EstimatorChoice, Instance, instance_from_dict
 from hetplan.plan import Plan, Replica, Stage, validate_plan
+from hetplan.profiles import BandwidthFit
 from hetplan.simulator import SimulationReport, simulate
 
 SAILOR = shared_dir() / "reference" / "sailor"
@@ -126,18 +129,20 @@ def test_head_alone_stage_gradient_option() -> None:
 
 # ---- formulas by hand ----------------------------------------------------------------------------------
 def test_send_time_is_the_raw_polynomial() -> None:
-    # bandwidth (0, 1, 10) GB/s at x = log2(8e6 / 1e6) = 3: 13 GB/s, 8e6 bytes -> 8e-3 / 13 s
-    assert sailor_time_s(8e6, (0.0, 1.0, 10.0)) == pytest.approx(8e-3 / 13, rel=1e-12)
-    assert sailor_time_s(0.0, (0.0, 1.0, 10.0)) == 0.0
+    # bandwidth (0, 1, 10) GB/s at x = log2(8e6 / 1e6) = 3: 13 GB/s, 8e6 bytes -> 8e-3 / 13 s, even
+    # above the fit's largest measured bandwidth (Sailor does not cap it)
+    fit = BandwidthFit(0.0, 1.0, 10.0, max_Bps=1e9)
+    assert sailor_time_s(8e6, fit) == pytest.approx(8e-3 / 13, rel=1e-12)
+    assert sailor_time_s(0.0, fit) == 0.0
 
 
 def test_allreduce_in_deepspeed_buckets() -> None:
     # 1.2e9 bytes over 4 members: buckets 5e8, 5e8, 2e8; each 2 x 3 x (bucket / 4) / bw(bucket / 4)
-    coeffs = (0.0, 1.0, 10.0)
+    fit = BandwidthFit(0.0, 1.0, 10.0, max_Bps=1e9)
     full = 6 * 0.125 / (math.log2(125) + 10)
     rest = 6 * 0.05 / (math.log2(50) + 10)
-    assert bucketed_allreduce_s(1.2e9, 4, coeffs) == pytest.approx(2 * full + rest, rel=1e-12)
-    assert bucketed_allreduce_s(1.2e9, 1, coeffs) == 0.0
+    assert bucketed_allreduce_s(1.2e9, 4, fit) == pytest.approx(2 * full + rest, rel=1e-12)
+    assert bucketed_allreduce_s(1.2e9, 1, fit) == 0.0
 
 
 def test_preset_fills_only_the_protocols_not_named() -> None:
@@ -208,10 +213,7 @@ def test_analytic_activations_differ_from_llm_info_only_as_documented(model: str
 
 
 # ---- command line, through the installed executable ---------------------------------------------------
-def hetplan_cli(*args: str, cwd) -> "subprocess.CompletedProcess":
-    import shutil
-    import subprocess
-
+def hetplan_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     exe = shutil.which("hetplan")
     assert exe, "the `hetplan` executable is not on PATH: install the package as the README says"
     return subprocess.run([exe, *args], capture_output=True, text=True, cwd=cwd, timeout=120)

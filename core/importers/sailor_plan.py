@@ -68,7 +68,7 @@ def plan_from_sailor(data: Mapping[str, Any], instance: Instance, name: str = ""
 def plan_to_sailor(plan: Plan, instance: Instance) -> dict[str, Any]:
     """Sailor's plan dict of a hetplan plan whose replicas all take the same microbatch (gpus_per_node
     written as the TP degree, as Sailor's planner does)."""
-    shares = {plan.share(s, r) for s, st in enumerate(plan.stages) for r in range(len(st.replicas))}
+    shares = plan.distinct_shares()
     if len(shares) != 1:
         raise PlanError(f"Sailor's format has one microbatch size; this plan's replicas take {sorted(shares)}", "stages")
     tmp = []
