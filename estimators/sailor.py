@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
-from hetplan.estimators.base import Endpoint, LayerTime, MemoryBreakdown
+from hetplan.estimators.base import Endpoint, LayerTime, MemoryBreakdown, least_nodes, spans_pair
 from hetplan.estimators.model_stats import DTYPE_BYTES
 from hetplan.estimators.profile_time import ProfileTimeEstimator, own_options
 from hetplan.estimators.sailor_network import ZoneKey
@@ -131,6 +131,11 @@ class SailorTime(ProfileTimeEstimator):
                                  f"simulator cannot score it either")
         u = measured.units[unit]
         return LayerTime(u.fwd_s, u.bwd_s)
+
+    def covers(self, gpu_type: str, microbatch: int, tp: int) -> bool:
+        """Whether the profile has the entry (microbatch, TP): the planner leaves the others out, as
+        Sailor's planner only tries profiled microbatch sizes and TP degrees."""
+        return gpu_type in self.profiles and self.profiles.get(gpu_type).time(microbatch, tp) is not None
 
     def update_at_s(self, gpu_type: str, microbatch: int, tp: int) -> float:
         """The profile's whole-model optimizer step at (microbatch, TP), as Sailor takes it per stage."""
@@ -238,6 +243,24 @@ class SailorComm:
         if nbytes <= 0:
             return 0.0
         return sailor_time_s(nbytes, self.fit(a, b, a.gpus or 1, b.gpus or 1))
+
+    def allreduce_floor_s(self, nodes: list[tuple[Endpoint, int]], members: int, sizes: list[float],
+                          spans: str = "node", min_nodes: int = 1) -> list[float]:
+        """A lower bound on `allreduce_time_s` of each size over every list of `members` endpoints drawn
+        from `nodes` (endpoint, most members it holds) that spans as `spans` says (estimators.base.SPANS).
+        Valid because the time is the slowest neighbour pair (j, j + 1) and such a list has at least one
+        pair of that kind: in one zone every pair is; across zones (regions) some neighbours cross
+        them. So the least time over the pairs of that kind the nodes offer bounds it (inf: no list)."""
+        if members <= 1:
+            return [0.0] * len(sizes)
+        if least_nodes([slots for _, slots in nodes], members) is None:
+            return [math.inf] * len(sizes)
+        fits = {self._entry(a, b, 1, 1) for a, sa in nodes for b, sb in nodes
+                if (a is not b or sa >= 2) and (a.zone == b.zone if spans == "node" else spans_pair(spans, a, b))}
+        if not fits:
+            return [math.inf] * len(sizes)
+        return [min(bucketed_allreduce_s(n, members, self.zone_fits[k], self.bucket_bytes) for k in fits)
+                for n in sizes]
 
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         d = len(members)

@@ -12,7 +12,9 @@ For a pure LP the start only seeds the simplex and HiGHS does not say whether it
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 import threading
 from time import perf_counter
 from typing import Any
@@ -44,7 +46,7 @@ class HighsBackend(Backend):
             import highspy
         except ImportError as exc:
             return Probe(False, None, f"highspy is not installed ({exc}); pip install highspy")
-        h = highspy.Highs()
+        h = _new_highs(highspy)
         return Probe(True, f"HiGHS {h.versionMajor()}.{h.versionMinor()}.{h.versionPatch()}", "linear models only")
 
     def run(self, view: ModelView, request: RunRequest) -> Outcome:
@@ -54,7 +56,7 @@ class HighsBackend(Backend):
             raise SolverError("HiGHS accepts linear models only; nonlinear in " + ", ".join(view.nonlinear_items()[:5]))
         t0 = perf_counter()
         _use_threads(request.options.threads, highspy)
-        h = highspy.Highs()
+        h = _new_highs(highspy)
         _set_options(h, request, highspy)
         _pass_model(h, view, highspy)
         start_kind = _set_start(h, view, request, highspy)
@@ -74,6 +76,22 @@ class HighsBackend(Backend):
         if outcome.status is Status.ERROR:
             outcome.message += "".join(f"; {e}" for e in _error_lines(request.log_path))
         return outcome
+
+
+def _new_highs(highspy: Any) -> Any:
+    """A Highs object, its banner (printed on file descriptor 1 by the first one a process makes)
+    sent to stderr: stdout belongs to the caller (a table, JSON, a pipe), also outside the CLI."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError, AttributeError):  # no real descriptors (embedded use): leave them
+        return highspy.Highs()
+    try:
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _run_interruptible(h: Any) -> None:

@@ -163,6 +163,57 @@ def test_ceil_rounding_is_checked_and_needs_the_sailor_model(a100_v100) -> None:
         simulate(a100_v100, Plan(num_microbatches=right, micro_batch_size=1, batch_rounding="ceil", stages=(stage,)))
 
 
+@needs_golden
+def test_planner_tries_only_profiled_microbatch_and_tp() -> None:
+    """Sailor's profiles have some (microbatch, TP) only (A100-40 OPT-350: mbs 1-8 at TP 1); the planner
+    leaves the others out instead of failing on the first one it prices, and what it returns is
+    made of profiled entries."""
+    from hetplan.importers.sailor import sailor_instance_dict
+    from hetplan.planner import PlannerOptions, plan
+
+    data = sailor_instance_dict(SAILOR, "OPT-350", gpu_counts={("A100-40", "us-central1-a"): 8}, preset="sailor",
+                                global_batch_size=64)
+    data["estimators"]["iteration"] = "hetplan"  # the planner searches its own composition over these estimators
+    inst = instance_from_dict(data)
+    est = build_estimators(inst)
+    assert not est.time.covers("A100-40", 16, 1) and est.time.covers("A100-40", 8, 1)
+    res = plan(inst, PlannerOptions(time_limit_s=20, microbatch_sizes=(1, 2, 4, 8, 16), workers=1), est)
+    b = res.plan.micro_batch_size
+    assert all(est.time.covers(r.gpu_type, b, r.tp) for s in res.plan.stages for r in s.replicas)
+
+
+@needs_golden
+def test_allreduce_floor_bounds_every_ring_by_enumeration() -> None:
+    """`SailorComm.allreduce_floor_s` is at most `allreduce_time_s` of every ordered list of members
+    the nodes allow (1 to 3 of them, each node holding at most its GPUs), per span kind; A100-40 and
+    V100-16 nodes in two zones of us-central1 and one of us-west1."""
+    import itertools
+
+    from hetplan.importers.sailor import sailor_instance_dict
+    from hetplan.simulator import node_endpoint
+
+    counts = {("A100-40", "us-central1-a"): 4, ("V100-16", "us-central1-a"): 4, ("A100-40", "us-central1-b"): 4,
+              ("A100-40", "us-west1-b"): 4}
+    inst = instance_from_dict(sailor_instance_dict(SAILOR, "OPT-350", gpu_counts=counts, preset="sailor"))
+    comm = build_estimators(inst).comm
+    eps = [node_endpoint(n) for n in inst.nodes]
+    nodes = [(e, 2) for e in eps]  # at most 2 members per node, so that lists span nodes too
+    sizes = [3e6, 7e8, 1.3e9]
+    checked = 0
+    for d in (2, 3):
+        floors = {k: comm.allreduce_floor_s(nodes, d, sizes, k) for k in ("node", "zone", "region")}
+        for seq in itertools.product(range(len(eps)), repeat=d):
+            if any(seq.count(i) > 2 for i in seq):
+                continue
+            members = [eps[i] for i in seq]
+            zones, regions = {e.zone for e in members}, {e.region for e in members}
+            kind = "node" if len(zones) == 1 else "zone" if len(regions) == 1 else "region"
+            for n, floor in zip(sizes, floors[kind]):
+                assert floor <= comm.allreduce_time_s(members, n) * (1 + 1e-12), (kind, seq, n)
+                checked += 1
+    assert checked == 228  # every list of 2 or 3 members, 3 sizes each
+
+
 # ---- the analytic estimators against Sailor's llm_info ----------------------------------------------
 LLM_INFO = SAILOR / "model" / "llm_info.json"
 needs_llm_info = pytest.mark.skipif(not LLM_INFO.is_file(), reason=f"Sailor's llm_info absent ({LLM_INFO})")
