@@ -27,7 +27,7 @@ GIB = 1024**3
 # Modules that add commands (solvers; compile, launch; solve, pareto; replay). They import the
 # heavy packages (Pyomo, torch) inside the commands, so `hetplan --help` or a usage error starts fast.
 _COMMAND_MODULES = ["hetplan.solvers_cli", "hetplan.runtime_cli", "hetplan.planner_cli", "hetplan.replay_cli",
-                    "hetplan.sailor_cli"]
+                    "hetplan.sailor_cli", "hetplan.measure_cli", "hetplan.profile_cli"]
 
 
 def print_json(data: object) -> None:

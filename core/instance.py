@@ -109,7 +109,8 @@ class Cluster(BaseModel):
     node_groups: list[NodeGroup] = Field(json_schema_extra={"minItems": 1})
     network: Network = Network()
     gpu_overrides: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="per GPU type, catalogue fields to replace; a new name adds a GPU type"
+        default_factory=dict, description="per GPU type, catalogue fields to replace; a new name adds a GPU type "
+        "(a type that only a hetplan profile of workload.profiles was measured on is added from its device section)"
     )
 
 
@@ -287,6 +288,38 @@ def _check_pair(a: str, b: str, zones: set[str], field: str) -> None:
         raise ValueError(f"{field}: both ends are {a}; a pair joins two different zones")
 
 
+def _get_path(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _unknown_gpu_types(data: dict[str, Any]) -> set[str]:
+    """GPU types of the node groups that neither the catalogue nor cluster.gpu_overrides define."""
+    groups = _get_path(data, "cluster", "node_groups")
+    overrides = _get_path(data, "cluster", "gpu_overrides")
+    known = set(gpu_catalog()) | set(overrides if isinstance(overrides, dict) else {})
+    types = {g.get("gpu_type") for g in groups if isinstance(g, dict)} if isinstance(groups, list) else set()
+    return {t for t in types if isinstance(t, str) and t not in known}
+
+
+def _profiled_device(ref: dict[str, Any], base_dir: str | None, field: str) -> dict[str, Any]:
+    """gpu_overrides fields of the device a hetplan profile file was measured on."""
+    from hetplan.errors import HetplanError
+    from hetplan.profiles import device_gpu_fields, load_hetplan_profile
+
+    if not isinstance(ref.get("path"), str):
+        raise ValueError(f"{field}.path: expected a file path")
+    path = Path(base_dir or ".") / ref["path"]
+    try:
+        return device_gpu_fields(load_hetplan_profile(path, ref["gpu_type"]).profiles[0])
+    except HetplanError as exc:
+        raise ValueError(f"{field}: GPU type {ref['gpu_type']!r} is defined by no catalogue entry and no "
+                         f"gpu_overrides, and its profile cannot define it: {exc}") from None
+
+
 class Instance(BaseModel):
     model_config = _STRICT
     name: str
@@ -306,6 +339,28 @@ class Instance(BaseModel):
         # catalogue's models (links, GPU overrides), whose config allows inf, are covered too.
         _reject_non_finite(data, "")
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profiled_gpu_types(cls, data: Any) -> Any:
+        """A node group's GPU type that is in neither the catalogue nor cluster.gpu_overrides, but that a
+        hetplan profile of workload.profiles was measured on, gets its gpu_overrides entry from the
+        profile's device section (`hetplan.profiles.device_gpu_fields`)."""
+        if not isinstance(data, dict):
+            return data
+        wanted = _unknown_gpu_types(data)
+        refs = _get_path(data, "workload", "profiles")
+        if not wanted or not isinstance(refs, list):
+            return data
+        filled = {}
+        for i, ref in enumerate(refs):
+            if isinstance(ref, dict) and ref.get("gpu_type") in wanted and ref.get("format", "hetplan") == "hetplan":
+                filled[ref["gpu_type"]] = _profiled_device(ref, data.get("base_dir"), f"workload.profiles[{i}]")
+        if not filled:
+            return data
+        cluster = dict(data["cluster"])
+        cluster["gpu_overrides"] = {**filled, **(cluster.get("gpu_overrides") or {})}
+        return {**data, "cluster": cluster}
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Instance":

@@ -18,12 +18,26 @@ files; the native "hetplan" JSON format below round-trips them exactly:
 
 A memory column that is absent (or null) means "not measured". `BandwidthFit` is the other measured
 quantity hetplan imports: Sailor's fitted message-size -> bandwidth curve of one link.
+
+Optional keys written by `hetplan profile` (hetplan.runtime.profiler; every one may be absent, files without
+them stay valid, the version stays 1):
+
+* times[i].tp_comm_fwd_s / tp_comm_bwd_s: per unit, the seconds of the unit's TP collectives alone
+  (already included in fwd_s / bwd_s), measured on the same tensor shapes;
+* profiles[i].device: the measured device (`DeviceInfo`): name, kind cpu | cuda, memory_bytes, threads,
+  dtype, torch version, achieved_tflops; a profile may so define a new GPU type for an instance;
+* profiles[i].optimizer and optimizer_state_bytes_per_param: the optimizer the profile stepped and the
+  bytes of state it kept per parameter element after one step (Adam on fp32: 8);
+* profiles[i].links: {name: `LinkFit`}, alpha-beta fits of point-to-point and all-reduce times
+  between local processes (name "intra_node").
+
+`instances/profile_schema.json` is the JSON Schema of the format (`profile_json_schema()`).
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -67,13 +81,63 @@ _MEMORY_COLUMNS = tuple(f.name for f in fields(UnitMemory))
 
 @dataclass(frozen=True)
 class TimeMeasurement:
-    """All units' times at one (microbatch, tp); update_s is the whole model's optimizer step."""
+    """All units' times at one (microbatch, tp); update_s is the whole model's optimizer step.
+
+    tp_comm: per unit, the time of its TP collectives alone (part of units' times); None = not measured.
+    """
 
     microbatch: int
     tp: int
     units: tuple[UnitTime, ...]
     update_s: float
     overhead_s: float = 0.0  # per-microbatch time outside the units (Metis' fb_sync); informational
+    tp_comm: tuple[UnitTime, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a profile was measured on (written by `hetplan profile`).
+
+    memory_bytes: what one worker may use: GPU memory on CUDA, the machine's RAM on a CPU.
+    achieved_tflops: forward FLOP/s the blocks reached at TP 1 and the largest microbatch
+    (Megatron's FLOP count, estimators/model_stats.py); None when not measured.
+    """
+
+    name: str
+    kind: str  # "cpu" | "cuda"
+    memory_bytes: float
+    threads: int | None = None
+    dtype: str | None = None
+    torch_version: str | None = None
+    achieved_tflops: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cpu", "cuda"):
+            raise InstanceError(f"device kind must be cpu or cuda, got {self.kind!r}", "device.kind")
+        if not math.isfinite(self.memory_bytes) or self.memory_bytes <= 0:
+            raise InstanceError(f"must be a finite number > 0, got {self.memory_bytes!r}", "device.memory_bytes")
+        if self.achieved_tflops is not None and not (math.isfinite(self.achieved_tflops) and self.achieved_tflops > 0):
+            raise InstanceError(f"must be > 0, got {self.achieved_tflops!r}", "device.achieved_tflops")
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """alpha-beta fits of measured transfer times between processes of one machine.
+
+    Point-to-point: t(n) = latency_s + n / (bandwidth_GBps * 1e9) for n bytes.
+    All-reduce of n bytes over `processes` members (ring volume 2 (p - 1) / p n):
+    t(n) = allreduce_latency_s + 2 (p - 1) / p * n / (allreduce_bandwidth_GBps * 1e9).
+    message_bytes, p2p_s, allreduce_s: the measured points (medians) the fits were made from.
+    """
+
+    latency_s: float
+    bandwidth_GBps: float
+    allreduce_latency_s: float | None = None
+    allreduce_bandwidth_GBps: float | None = None
+    processes: int = 2
+    message_bytes: tuple[float, ...] = ()
+    p2p_s: tuple[float, ...] = ()
+    allreduce_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +157,10 @@ class GpuProfile:
     memory: tuple[MemoryMeasurement, ...] = ()
     model: str | None = None
     source: str = ""  # file or directory it was read from, for error messages
+    device: DeviceInfo | None = None
+    optimizer: str | None = None  # "adam" | "sgd": the optimizer update_s and the state figure belong to
+    optimizer_state_bytes_per_param: float | None = None
+    links: tuple[tuple[str, LinkFit], ...] = ()  # (link name, fit), e.g. ("intra_node", ...)
 
     def __post_init__(self) -> None:
         where = self.source or f"profile of {self.gpu_type}"
@@ -112,9 +180,13 @@ class GpuProfile:
             if bad:
                 raise InstanceError(f"microbatch and tp must be >= 1, got {bad}", f"{where}: {kind}")
         for m in self.times:
-            values = [m.update_s, m.overhead_s] + [v for u in m.units for v in (u.fwd_s, u.bwd_s)]
+            comm = m.tp_comm or ()
+            values = [m.update_s, m.overhead_s] + [v for u in m.units + comm for v in (u.fwd_s, u.bwd_s)]
             if any(not math.isfinite(v) or v < 0 for v in values):
                 raise InstanceError("times must be finite and >= 0",
+                                    f"{where}: microbatch {m.microbatch}, tp {m.tp}")
+            if m.tp_comm is not None and len(m.tp_comm) != len(m.units):
+                raise InstanceError(f"tp_comm has {len(m.tp_comm)} units, the times {len(m.units)}",
                                     f"{where}: microbatch {m.microbatch}, tp {m.tp}")
 
     # -- lookups --
@@ -151,15 +223,23 @@ class GpuProfile:
         """The same measurements under another GPU type name (e.g. Metis 'A100' -> 'A100-40')."""
         return replace(self, gpu_type=gpu_type)
 
+    def link(self, name: str) -> LinkFit | None:
+        return dict(self.links).get(name)
+
     # -- hetplan format --
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu_type": self.gpu_type, "model": self.model, "source": self.source}
-        out["times"] = [
-            {"microbatch": m.microbatch, "tp": m.tp, "update_s": m.update_s, "overhead_s": m.overhead_s,
-             "fwd_s": [u.fwd_s for u in m.units], "bwd_s": [u.bwd_s for u in m.units]}
-            for m in self.times
-        ]
+        out["times"] = [_time_to_dict(m) for m in self.times]
         out["memory"] = [_memory_to_dict(m) for m in self.memory]
+        # the optional keys only when set, so files of importers and old files look as before
+        if self.device is not None:
+            out["device"] = {k: v for k, v in asdict(self.device).items() if v is not None}
+        if self.optimizer is not None:
+            out["optimizer"] = self.optimizer
+        if self.optimizer_state_bytes_per_param is not None:
+            out["optimizer_state_bytes_per_param"] = self.optimizer_state_bytes_per_param
+        if self.links:
+            out["links"] = {name: _link_to_dict(fit) for name, fit in self.links}
         return out
 
     @classmethod
@@ -171,8 +251,18 @@ class GpuProfile:
         memory = [_memory_from_dict(m, f"{where}.memory[{i}]")
                   for i, m in enumerate(data.get("memory") or [])]
         model = data.get("model")
+        state = data.get("optimizer_state_bytes_per_param")
+        optimizer = data.get("optimizer")
+        if optimizer is not None and optimizer not in ("adam", "sgd"):
+            raise InstanceError(f"expected adam or sgd, got {optimizer!r}", f"{where}.optimizer")
+        links = _mapping(data.get("links") or {}, f"{where}.links")
         return cls(gpu_type=gpu_type, times=tuple(times), memory=tuple(memory),
-                   model=str(model) if model is not None else None, source=str(data.get("source") or ""))
+                   model=str(model) if model is not None else None, source=str(data.get("source") or ""),
+                   device=_device_from_dict(data["device"], f"{where}.device") if data.get("device") else None,
+                   optimizer=optimizer,
+                   optimizer_state_bytes_per_param=None if state is None else _number(
+                       state, f"{where}.optimizer_state_bytes_per_param"),
+                   links=tuple((str(k), _link_from_dict(v, f"{where}.links.{k}")) for k, v in links.items()))
 
 
 # ---- several GPU types ---------------------------------------------------------------------------
@@ -227,10 +317,49 @@ class ProfileSet:
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
+    def to_text(self, path: str | Path) -> str:
+        """The file content for `path`: JSON for a .json name, else YAML (both read back exactly)."""
+        if Path(path).suffix == ".json":
+            return json.dumps(self.to_dict(), indent=1) + "\n"
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+
     @classmethod
     def from_json(cls, path: str | Path) -> "ProfileSet":
         path = Path(path)
         return cls.from_dict(read_structured(path), str(path))
+
+
+# ---- a profiled device as a GPU type of an instance ------------------------------------------------
+# Figures a profile does not measure, for a GPU type it defines (documented assumptions):
+DEVICE_DEFAULT_TFLOPS = 1.0  # peak when the profile has no achieved_tflops
+DEVICE_DEFAULT_MEMORY_BANDWIDTH_GBps = {"cpu": 20.0, "cuda": 1000.0}  # a DDR4 socket / an HBM GPU, order of magnitude
+DEVICE_DEFAULT_INTRA_NODE = {"kind": "other", "bandwidth_GBps": 1.0, "latency_s": 1e-4}  # no link measured
+
+
+def device_gpu_fields(profile: GpuProfile) -> dict[str, Any]:
+    """GpuSpec fields (hetplan.catalog) of the device a profile was measured on, for an instance whose
+    node groups use a GPU type that only the profile defines (hetplan.instance fills
+    cluster.gpu_overrides with them; the instance's own entries win).
+
+    memory: the device's; peak TFLOP/s (fp16 = bf16 = fp32): the blocks' achieved forward rate with
+    default_mfu 1 (the analytic estimator then reproduces the measured block rate), else
+    DEVICE_DEFAULT_TFLOPS with mfu 0.5; intra_node: the measured point-to-point fit if any, else
+    DEVICE_DEFAULT_INTRA_NODE; memory bandwidth: DEVICE_DEFAULT_MEMORY_BANDWIDTH_GBps.
+    """
+    device = profile.device
+    if device is None:
+        raise InstanceError(f"the profile of {profile.gpu_type} has no device section, so it cannot define the "
+                            "GPU type; add it under cluster.gpu_overrides", profile.source or profile.gpu_type)
+    tflops = device.achieved_tflops or DEVICE_DEFAULT_TFLOPS
+    link = profile.link("intra_node")
+    intra = ({"kind": "other", "bandwidth_GBps": link.bandwidth_GBps, "latency_s": link.latency_s}
+             if link is not None else dict(DEVICE_DEFAULT_INTRA_NODE))
+    return {"peak_fp16_tflops": tflops, "peak_bf16_tflops": tflops, "peak_fp32_tflops": tflops,
+            "memory_gib": device.memory_bytes / 1024**3,
+            "memory_bandwidth_GBps": DEVICE_DEFAULT_MEMORY_BANDWIDTH_GBps[device.kind],
+            "default_mfu": 1.0 if device.achieved_tflops else 0.5, "intra_node": intra}
 
 
 # ---- Sailor's fitted link bandwidth -----------------------------------------------------------------
@@ -315,17 +444,74 @@ def _numbers(value: Any, where: str, length: int | None = None) -> list[float]:
     return [_number(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
+def _time_to_dict(m: TimeMeasurement) -> dict[str, Any]:
+    out = {"microbatch": m.microbatch, "tp": m.tp, "update_s": m.update_s, "overhead_s": m.overhead_s,
+           "fwd_s": [u.fwd_s for u in m.units], "bwd_s": [u.bwd_s for u in m.units]}
+    if m.tp_comm is not None:
+        out["tp_comm_fwd_s"] = [u.fwd_s for u in m.tp_comm]
+        out["tp_comm_bwd_s"] = [u.bwd_s for u in m.tp_comm]
+    return out
+
+
 def _time_from_dict(data: Any, where: str) -> TimeMeasurement:
     data = _mapping(data, where)
     fwd = _numbers(_get(data, "fwd_s", where, list), f"{where}.fwd_s")
     bwd = _numbers(_get(data, "bwd_s", where, list), f"{where}.bwd_s", len(fwd))
+    tp_comm = None
+    if data.get("tp_comm_fwd_s") is not None or data.get("tp_comm_bwd_s") is not None:
+        comm_f = _numbers(_get(data, "tp_comm_fwd_s", where, list), f"{where}.tp_comm_fwd_s", len(fwd))
+        comm_b = _numbers(_get(data, "tp_comm_bwd_s", where, list), f"{where}.tp_comm_bwd_s", len(fwd))
+        tp_comm = tuple(UnitTime(f, b) for f, b in zip(comm_f, comm_b))
     return TimeMeasurement(
         microbatch=_positive_int(data.get("microbatch"), f"{where}.microbatch"),
         tp=_positive_int(data.get("tp"), f"{where}.tp"),
         units=tuple(UnitTime(f, b) for f, b in zip(fwd, bwd)),
         update_s=_number(data.get("update_s"), f"{where}.update_s"),
         overhead_s=_number(data.get("overhead_s", 0.0), f"{where}.overhead_s"),
+        tp_comm=tp_comm,
     )
+
+
+def _device_from_dict(data: Any, where: str) -> DeviceInfo:
+    data = _mapping(data, where)
+    unknown = sorted(set(data) - {f.name for f in fields(DeviceInfo)})
+    if unknown:
+        raise InstanceError(f"unknown keys {unknown}", where)
+    threads = data.get("threads")
+    tflops = data.get("achieved_tflops")
+    return DeviceInfo(
+        name=_get(data, "name", where, str), kind=_get(data, "kind", where, str),
+        memory_bytes=_number(data.get("memory_bytes"), f"{where}.memory_bytes"),
+        threads=None if threads is None else _positive_int(threads, f"{where}.threads"),
+        dtype=None if data.get("dtype") is None else str(data["dtype"]),
+        torch_version=None if data.get("torch_version") is None else str(data["torch_version"]),
+        achieved_tflops=None if tflops is None else _number(tflops, f"{where}.achieved_tflops"))
+
+
+def _link_to_dict(fit: LinkFit) -> dict[str, Any]:
+    out = asdict(fit)
+    for key in ("message_bytes", "p2p_s", "allreduce_s"):
+        out[key] = list(out[key])
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _link_from_dict(data: Any, where: str) -> LinkFit:
+    data = _mapping(data, where)
+
+    def optional(key: str) -> float | None:
+        return None if data.get(key) is None else _number(data[key], f"{where}.{key}")
+
+    fit = LinkFit(latency_s=_number(data.get("latency_s"), f"{where}.latency_s"),
+                  bandwidth_GBps=_number(data.get("bandwidth_GBps"), f"{where}.bandwidth_GBps"),
+                  allreduce_latency_s=optional("allreduce_latency_s"),
+                  allreduce_bandwidth_GBps=optional("allreduce_bandwidth_GBps"),
+                  processes=_positive_int(data.get("processes", 2), f"{where}.processes"),
+                  message_bytes=tuple(_numbers(data.get("message_bytes", []), f"{where}.message_bytes")),
+                  p2p_s=tuple(_numbers(data.get("p2p_s", []), f"{where}.p2p_s")),
+                  allreduce_s=tuple(_numbers(data.get("allreduce_s", []), f"{where}.allreduce_s")))
+    if fit.bandwidth_GBps <= 0 or fit.latency_s < 0:
+        raise InstanceError("bandwidth_GBps must be > 0 and latency_s >= 0", where)
+    return fit
 
 
 def _memory_to_dict(m: MemoryMeasurement) -> dict[str, Any]:
@@ -361,3 +547,56 @@ def load_hetplan_profile(path: str | Path, gpu_type: str | None = None) -> Profi
     if gpu_type is None:
         return profiles
     return ProfileSet((profiles.get(gpu_type),))
+
+
+# ---- JSON Schema of the format (instances/profile_schema.json) ------------------------------------
+def _number_list(description: str, nullable: bool = False) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": ["number", "null"]} if nullable else {"type": "number"}
+    return {"type": "array", "items": item, "description": description}
+
+
+def profile_json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of the hetplan-profiles format; `hetplan profile-schema` writes it."""
+    seconds = _number_list("seconds per layer unit (0 = embedding, 1..L = blocks, L + 1 = head)")
+    time = {"type": "object", "required": ["microbatch", "tp", "update_s", "fwd_s", "bwd_s"],
+            "additionalProperties": False, "properties": {
+                "microbatch": {"type": "integer", "minimum": 1}, "tp": {"type": "integer", "minimum": 1},
+                "update_s": {"type": "number", "minimum": 0, "description": "optimizer step, whole model"},
+                "overhead_s": {"type": "number", "minimum": 0},
+                "fwd_s": seconds, "bwd_s": seconds,
+                "tp_comm_fwd_s": _number_list("seconds of each unit's TP collectives in its forward"),
+                "tp_comm_bwd_s": _number_list("seconds of each unit's TP collectives in its backward")}}
+    memory_props: dict[str, Any] = {"microbatch": {"type": "integer", "minimum": 1},
+                                    "tp": {"type": "integer", "minimum": 1},
+                                    "num_units": {"type": "integer", "minimum": 1}}
+    for col in _MEMORY_COLUMNS:
+        memory_props[col] = {"oneOf": [_number_list(f"{col} per layer unit", nullable=True), {"type": "null"}]}
+    memory = {"type": "object", "required": ["microbatch", "tp", "num_units"], "additionalProperties": False,
+              "properties": memory_props}
+    device = {"type": "object", "required": ["name", "kind", "memory_bytes"], "additionalProperties": False,
+              "properties": {"name": {"type": "string"}, "kind": {"enum": ["cpu", "cuda"]},
+                             "memory_bytes": {"type": "number", "exclusiveMinimum": 0},
+                             "threads": {"type": "integer", "minimum": 1}, "dtype": {"type": "string"},
+                             "torch_version": {"type": "string"},
+                             "achieved_tflops": {"type": "number", "exclusiveMinimum": 0}}}
+    link = {"type": "object", "required": ["latency_s", "bandwidth_GBps"], "additionalProperties": False,
+            "properties": {"latency_s": {"type": "number", "minimum": 0},
+                           "bandwidth_GBps": {"type": "number", "exclusiveMinimum": 0},
+                           "allreduce_latency_s": {"type": "number", "minimum": 0},
+                           "allreduce_bandwidth_GBps": {"type": "number", "exclusiveMinimum": 0},
+                           "processes": {"type": "integer", "minimum": 2},
+                           "message_bytes": _number_list("message sizes measured, bytes"),
+                           "p2p_s": _number_list("point-to-point seconds (median) per message size"),
+                           "allreduce_s": _number_list("all-reduce seconds (median) per message size")}}
+    profile = {"type": "object", "required": ["gpu_type", "times"], "additionalProperties": False,
+               "properties": {"gpu_type": {"type": "string"}, "model": {"type": ["string", "null"]},
+                              "source": {"type": ["string", "null"]},
+                              "times": {"type": "array", "minItems": 1, "items": time},
+                              "memory": {"type": ["array", "null"], "items": memory},
+                              "device": device, "optimizer": {"enum": ["adam", "sgd"]},
+                              "optimizer_state_bytes_per_param": {"type": "number", "minimum": 0},
+                              "links": {"type": "object", "additionalProperties": link}}}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "hetplan profiles",
+            "type": "object", "required": ["profiles"], "additionalProperties": False,
+            "properties": {"format": {"const": FORMAT_NAME}, "version": {"const": FORMAT_VERSION},
+                           "profiles": {"type": "array", "items": profile}}}

@@ -40,6 +40,36 @@ def own_options(options: Mapping[str, Any] | None, name: str) -> Mapping[str, An
     return nested if isinstance(nested, Mapping) else options
 
 
+def instance_profiles(instance: Any, opts: Mapping[str, Any], who: str) -> ProfileSet:
+    """The profiles of `instance.workload.profiles` (options: llm_info, sailor_model, metis_fwd_fraction),
+    checked to match the model's layer units and to cover every GPU type the cluster may use."""
+    from hetplan.importers import load_profiles
+
+    refs = instance.workload.profiles
+    if not refs:
+        raise EstimatorError(f"{who}: workload.profiles is empty; add a ProfileRef per GPU type")
+    llm_info = opts.get("llm_info")
+    loaded = ProfileSet()
+    for ref in refs:
+        loaded = loaded.merged(load_profiles(
+            instance.resolve_path(ref.path), ref.format, ref.gpu_type,
+            llm_info=instance.resolve_path(llm_info) if llm_info and ref.format == "sailor" else None,
+            model=opts.get("sailor_model"), metis_fwd_fraction=opts.get("metis_fwd_fraction")))
+    arch = instance.model_arch
+    for profile in loaded.profiles:
+        if profile.num_units != arch.num_units:
+            raise EstimatorError(
+                f"{who}: the profile of {profile.gpu_type} ({profile.source}) has "
+                f"{profile.num_units} layer units, the model {arch.name} has {arch.num_units} "
+                f"({arch.num_layers} blocks + embedding + head)")
+    used = set(instance.constraints.allowed_gpu_types or instance.gpu_types)
+    missing = sorted(used - set(loaded.gpu_types))
+    if missing:
+        raise EstimatorError(f"{who}: no profile for GPU types {missing} of the cluster; "
+                             f"workload.profiles covers {loaded.gpu_types}")
+    return loaded
+
+
 class ProfileTimeEstimator:
     """TimeEstimator backed by a ProfileSet (see the module docstring for the rules)."""
 
@@ -66,31 +96,8 @@ class ProfileTimeEstimator:
         sailor_model (Sailor's model name in llm_info; default: the profile's grandparent folder),
         metis_fwd_fraction (forward share of Metis' combined fwd+bwd time, default 1/3).
         """
-        from hetplan.importers import load_profiles
-
         opts = own_options(options, cls.name)
-        refs = instance.workload.profiles
-        if not refs:
-            raise EstimatorError("profile estimator: workload.profiles is empty; add a ProfileRef per GPU type")
-        llm_info = opts.get("llm_info")
-        loaded = ProfileSet()
-        for ref in refs:
-            loaded = loaded.merged(load_profiles(
-                instance.resolve_path(ref.path), ref.format, ref.gpu_type,
-                llm_info=instance.resolve_path(llm_info) if llm_info and ref.format == "sailor" else None,
-                model=opts.get("sailor_model"), metis_fwd_fraction=opts.get("metis_fwd_fraction")))
-        arch = instance.model_arch
-        for profile in loaded.profiles:
-            if profile.num_units != arch.num_units:
-                raise EstimatorError(
-                    f"profile estimator: the profile of {profile.gpu_type} ({profile.source}) has "
-                    f"{profile.num_units} layer units, the model {arch.name} has {arch.num_units} "
-                    f"({arch.num_layers} blocks + embedding + head)")
-        used = set(instance.constraints.allowed_gpu_types or instance.gpu_types)
-        missing = sorted(used - set(loaded.gpu_types))
-        if missing:
-            raise EstimatorError(f"profile estimator: no profile for GPU types {missing} of the cluster; "
-                                 f"workload.profiles covers {loaded.gpu_types}")
+        loaded = instance_profiles(instance, opts, "profile estimator")
         return cls(loaded, decomposition=opts.get("decomposition", "linear"), zero_stage=instance.workload.zero_stage)
 
     # ---- lookups with clear errors ---------------------------------------------------------------

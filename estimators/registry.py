@@ -18,6 +18,7 @@ REGISTRY: dict[str, dict[str, str]] = {
     },
     "memory": {
         "analytic": "hetplan.estimators.analytic:AnalyticMemory",
+        "profile": "hetplan.estimators.profile_memory:ProfileMemoryEstimator",
         "sailor": "hetplan.estimators.sailor:SailorMemory",
     },
     "comm": {

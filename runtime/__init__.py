@@ -7,6 +7,9 @@
 * `execute`: the torch.distributed executor (`python -m hetplan.runtime.execute --spec ...`):
   pipeline stages with per-stage DP and TP, uneven microbatch shares, GPipe / 1F1B.
 * `local`: `launch_local` runs every rank of a plan on this machine (CPU, gloo).
+* `probe`: per-rank step instrumentation (compute, p2p wait, sync, update times; accounted peak
+  memory), off unless RunOptions.measure.
+* `measure`: `measure_plan` runs a plan locally with the probe on and compares it with the simulator.
 * `reference`: the single-process full-batch run that a distributed run must reproduce.
 * `checkpoint`: layer-wise checkpoints per (unit, TP shard) that reload under other TP degrees.
 * `cli`: `register(app)` adds the `compile` and `launch` commands.

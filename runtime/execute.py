@@ -13,7 +13,10 @@ spec's process groups, builds the layer units of its stage for its TP rank and t
 * after the last backward, gradients are synchronised per layer unit (gradsync.py) and the
   optimizer steps on local shards (SGD and Adam are element-wise, so sharded = unsharded);
 * rank 0 prints and logs (JSON) per iteration the global-batch mean loss, the iteration time
-  (slowest rank) and peak memory (torch.cuda.max_memory_allocated on CUDA, peak RSS on CPU).
+  (slowest rank) and peak memory (torch.cuda.max_memory_allocated on CUDA, peak RSS on CPU);
+* with RunOptions.measure (`--measure`), every rank also records per step its forward, backward,
+  p2p-wait, sync and update times and its peak memory (runtime/probe.py), and each log row gets
+  them per rank under "ranks" (runtime/measure.py compares them with the simulator).
 
 gloo on CPU, NCCL when CUDA is present (device cuda:LOCAL_RANK).
 """
@@ -38,6 +41,7 @@ from hetplan.runtime import checkpoint
 from hetplan.runtime.data import SyntheticTokens
 from hetplan.runtime.gradsync import GradSync, plan_buckets
 from hetplan.runtime.model import ModelConfig, StageModule, TPContext
+from hetplan.runtime.probe import NULL_PROBE, NullProbe, StepProbe, step_record
 from hetplan.runtime.schedule import stage_actions
 from hetplan.runtime.spec import LaunchSpec, RankSpec, load_spec
 
@@ -63,6 +67,7 @@ class RunOptions:
     timeout_s: float = 300.0
     quiet: bool = False
     progress_dir: str | None = None  # each rank writes rank<r>.steps (steps completed) there
+    measure: bool = False  # record per-rank step breakdowns (runtime/probe.py) into the log
 
 
 def progress_path(progress_dir: str | Path, spec_rank: int) -> Path:
@@ -160,9 +165,10 @@ class Pipeline:
     """Runs one stage replica's schedule for one iteration."""
 
     def __init__(self, world: World, module: StageModule, data: SyntheticTokens, cfg: ModelConfig,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, probe: NullProbe = NULL_PROBE):
         spec, me = world.spec, world.me
         self.world, self.module, self.data, self.cfg, self.dtype = world, module, data, cfg, dtype
+        self.probe = probe
         self.num_stages = spec.num_stages
         self.first, self.last = me.stage == 0, me.stage == spec.num_stages - 1
         self.leader = me.tp_rank == 0
@@ -212,35 +218,57 @@ class Pipeline:
     def run(self, iteration: int) -> float:
         """One iteration's forwards and backwards; returns this rank's loss contribution."""
         inputs, outputs, loss_sum = {}, {}, 0.0
+        probe = self.probe
         for kind, m in self.actions:
             if kind == "F":
-                if self.first:
-                    tokens = self._tokens(iteration, m)
-                    x = tokens[:, :-1]
-                else:
-                    x = self._recv(self.inbound, lambda t: t.dst_offset, lambda t: t.src_rank, self.in_fwd, m)
-                    x.requires_grad_(True)
-                labels = self._tokens(iteration, m)[:, 1:] if self.last else None
-                out = self.module(x, labels, self.loss_scale)
+                x, out = self._forward(iteration, m)
                 if self.last:
                     if self.leader:
                         loss_sum += float(out.detach())
                 else:
-                    self._send(out, self.outbound, lambda t: t.src_offset, lambda t: t.dst_rank, self.out_fwd, m)
+                    with probe.timed("p2p_wait_s"):
+                        self._send(out, self.outbound, lambda t: t.src_offset, lambda t: t.dst_rank, self.out_fwd, m)
                 inputs[m], outputs[m] = x, out
             else:
                 x, out = inputs.pop(m), outputs.pop(m)
-                if self.last:
-                    out.backward()
-                else:
-                    grad = self._recv(self.outbound, lambda t: t.src_offset, lambda t: t.dst_rank, self.out_bwd, m)
-                    torch.autograd.backward(out, grad)
+                self._backward(out, m)
                 if not self.first:
-                    self._send(x.grad, self.inbound, lambda t: t.dst_offset, lambda t: t.src_rank, self.in_bwd, m)
-        for work, _ in self._pending:
-            work.wait()
+                    with probe.timed("p2p_wait_s"):
+                        self._send(x.grad, self.inbound, lambda t: t.dst_offset, lambda t: t.src_rank, self.in_bwd, m)
+        with probe.timed("p2p_wait_s"):
+            for work, _ in self._pending:
+                work.wait()
         self._pending.clear()
         return loss_sum
+
+    def _forward(self, iteration: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Microbatch m's input (tokens or received activations) and the stage's output."""
+        probe = self.probe
+        if self.first:
+            with probe.timed("data_s"):
+                x = self._tokens(iteration, m)[:, :-1]
+        else:
+            with probe.timed("p2p_wait_s"):
+                x = self._recv(self.inbound, lambda t: t.dst_offset, lambda t: t.src_rank, self.in_fwd, m)
+            x.requires_grad_(True)
+        with probe.timed("data_s"):
+            labels = self._tokens(iteration, m)[:, 1:] if self.last else None
+        with probe.timed("forward_s"), probe.saving():
+            out = self.module(x, labels, self.loss_scale)
+        probe.sample_memory()
+        return x, out
+
+    def _backward(self, out: torch.Tensor, m: int) -> None:
+        probe = self.probe
+        if self.last:
+            with probe.timed("backward_s"):
+                out.backward()
+        else:
+            with probe.timed("p2p_wait_s"):
+                grad = self._recv(self.outbound, lambda t: t.src_offset, lambda t: t.dst_rank, self.out_bwd, m)
+            with probe.timed("backward_s"):
+                torch.autograd.backward(out, grad)
+        probe.sample_memory()
 
 
 # ---- training loop ----------------------------------------------------------------------------
@@ -274,24 +302,33 @@ class Trainer:
                                          spec.training.lr if opts.lr is None else opts.lr)
         self.sync = GradSync(me, plan_buckets(spec, me, self.params), world.groups, world.tp)
         data = SyntheticTokens(self.cfg.vocab_size, self.cfg.seq_len, self.seed)
-        self.pipeline = Pipeline(world, self.module, data, self.cfg, dtype)
+        self.probe = (StepProbe(world.device, [p for _, p in self.params], self.optimizer) if opts.measure
+                      else NULL_PROBE)
+        self.pipeline = Pipeline(world, self.module, data, self.cfg, dtype, self.probe)
         self.start_iteration = 0
         if opts.load_checkpoint:
             self.start_iteration = checkpoint.load_rank(Path(opts.load_checkpoint), world.tp, self.params,
                                                         self.optimizer)
 
     def step(self, iteration: int) -> list[float]:
+        """[time_s, peak_mem_bytes, loss], then the probe's STEP_FIELDS when measuring."""
+        probe = self.probe
+        probe.begin_step()
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.pipeline.run(iteration)
-        self.sync.sync()
-        self.optimizer.step()
+        with probe.timed("sync_s"):
+            self.sync.sync()
+        with probe.timed("update_s"):
+            self.optimizer.step()
+        probe.sample_memory()
         if self.world.device.type == "cuda":
             torch.cuda.synchronize(self.world.device)
-        return [time.perf_counter() - t0, float(_peak_memory_bytes(self.world.device)), loss]
+        elapsed_s = time.perf_counter() - t0
+        return [elapsed_s, float(_peak_memory_bytes(self.world.device)), loss, *probe.end_step(elapsed_s)]
 
     def _gather_stats(self, values: list[float]) -> list[list[float]]:
-        """[time_s, peak_mem_bytes, loss] of every spec rank."""
+        """`step`'s values of every spec rank (all ranks send the same number)."""
         mine = torch.tensor(values, dtype=torch.float64, device=self.world.device)
         allv = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(allv, mine)
@@ -305,6 +342,8 @@ class Trainer:
             stats = self._gather_stats(self.step(iteration))
             row = {"step": k + 1, "iteration": iteration, "loss": sum(s[2] for s in stats),
                    "time_s": max(s[0] for s in stats), "peak_mem_bytes": [int(s[1]) for s in stats]}
+            if opts.measure:
+                row["ranks"] = [step_record(s[3:], r) for r, s in enumerate(stats)]
             steps.append(row)
             if opts.progress_dir:
                 progress_path(opts.progress_dir, self.world.me.rank).write_text(f"{k + 1}\n")
@@ -395,6 +434,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collective-timeout", dest="timeout", type=float, default=300.0,
                    help="seconds before a collective gives up")
     p.add_argument("--progress-dir", help="directory: every rank writes rank<r>.steps, its completed steps")
+    p.add_argument("--measure", action="store_true",
+                   help="log per rank and step the forward/backward/p2p/sync/update times and peak memory")
     return p
 
 
@@ -404,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(steps=args.steps, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                       seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
                       save_checkpoint=args.save_checkpoint, load_checkpoint=args.load_checkpoint,
-                      timeout_s=args.timeout, progress_dir=args.progress_dir)
+                      timeout_s=args.timeout, progress_dir=args.progress_dir, measure=args.measure)
     try:
         run_worker(load_spec(args.spec), opts, single_host=args.single_host)
     except HetplanError as exc:

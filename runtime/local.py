@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
@@ -41,6 +41,8 @@ class LocalRunResult:
     log: dict[str, Any]
     out_dir: Path
     spec: LaunchSpec
+    # measure=True: per step, per spec rank, the probe's record (runtime/probe.py STEP_FIELDS)
+    rank_steps: list[list[dict[str, Any]]] = field(default_factory=list)
 
     @property
     def dump_dir(self) -> Path:
@@ -80,8 +82,19 @@ def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_pa
         sys.exit(1)
 
 
+def steps_done(out_dir: Path, world_size: int) -> int:
+    """Steps every rank has completed, from the ranks' progress files (0 before the first)."""
+    done = []
+    for r in range(world_size):
+        try:
+            done.append(int(progress_path(out_dir, r).read_text()))
+        except (OSError, ValueError):  # not written yet, or caught between truncate and write
+            done.append(0)
+    return min(done, default=0)
+
+
 def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir: Path, timeout_s: float,
-                   threads: int) -> None:
+                   threads: int, on_progress: Callable[[int], None] | None = None) -> None:
     ctx = mp.get_context("forkserver")
     # torch.optim imports torch._dynamo on first use (seconds): pay it once in the server.
     ctx.set_forkserver_preload(["hetplan.runtime.execute", "torch._dynamo"])
@@ -95,8 +108,12 @@ def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir:
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s
+    reported = 0
     try:
         while any(p.exitcode is None for p in procs):
+            if on_progress is not None and (done := steps_done(out_dir, spec.world_size)) > reported:
+                reported = done
+                on_progress(done)
             failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if failed:
                 raise LaunchError(_failure_message(spec, opts, failed, [p.exitcode for p in procs], out_dir))
@@ -106,6 +123,8 @@ def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir:
         failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failed:
             raise LaunchError(_failure_message(spec, opts, failed, [p.exitcode for p in procs], out_dir))
+        if on_progress is not None and (done := steps_done(out_dir, spec.world_size)) > reported:
+            on_progress(done)  # the last steps may end between two polls
     finally:
         for p in procs:
             if p.exitcode is None:
@@ -170,6 +189,8 @@ def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s
                         ("--save-checkpoint", opts.save_checkpoint), ("--load-checkpoint", opts.load_checkpoint)):
         if value is not None:
             argv += [flag, str(value)]
+    if opts.measure:
+        argv.append("--measure")
     try:
         proc = subprocess.run(argv, env={**os.environ, **_local_env()}, capture_output=True, text=True,
                               timeout=timeout_s)
@@ -214,10 +235,12 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
                  out_dir: str | Path | None = None, method: Literal["processes", "torchrun"] = "processes",
                  dump_params: bool = False, save_checkpoint: str | Path | None = None,
                  load_checkpoint: str | Path | None = None, timeout_s: float = 600.0, quiet: bool = False,
-                 threads_per_rank: int = 1) -> LocalRunResult:
+                 threads_per_rank: int = 1, measure: bool = False,
+                 on_progress: Callable[[int], None] | None = None) -> LocalRunResult:
     """Train `plan` for `steps` iterations with one local process per rank; returns loss and time
     per iteration (rank 0 also prints them). Raises PlanError for an invalid plan, LaunchError
-    when a rank fails."""
+    when a rank fails. `measure` records per-rank step breakdowns (`rank_steps`, runtime/probe.py);
+    `on_progress(steps completed by every rank)` is called as they advance (method "processes")."""
     inst, pl = _as_instance(instance), _as_plan(plan)
     if schedule is not None:
         pl = pl.model_copy(update={"schedule": schedule})
@@ -232,10 +255,10 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
                       dump_dir=str(out / "params") if dump_params else None,
                       save_checkpoint=str(save_checkpoint) if save_checkpoint else None,
                       load_checkpoint=str(load_checkpoint) if load_checkpoint else None,
-                      timeout_s=min(timeout_s, 300.0), quiet=quiet, progress_dir=str(out))
+                      timeout_s=min(timeout_s, 300.0), quiet=quiet, progress_dir=str(out), measure=measure)
     _check_options(spec, opts)
     if method == "processes":
-        _run_processes(spec, spec_path, opts, out, timeout_s, threads_per_rank)
+        _run_processes(spec, spec_path, opts, out, timeout_s, threads_per_rank, on_progress)
     elif method == "torchrun":
         for r in range(spec.world_size):
             progress_path(out, r).unlink(missing_ok=True)
@@ -245,4 +268,4 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
     log = json.loads(log_path.read_text())
     return LocalRunResult(losses=[s["loss"] for s in log["steps"]], times_s=[s["time_s"] for s in log["steps"]],
                           peak_mem_bytes=log["steps"][-1]["peak_mem_bytes"] if log["steps"] else [],
-                          log=log, out_dir=out, spec=spec)
+                          log=log, out_dir=out, spec=spec, rank_steps=[s["ranks"] for s in log["steps"]] if measure else [])

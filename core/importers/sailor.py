@@ -168,6 +168,53 @@ def read_llm_info(path: str | Path, model: str) -> list[MemoryMeasurement]:
     return sorted(out, key=lambda m: m.tp)
 
 
+# ---- export (the inverse of read_sailor_profile / read_llm_info) ---------------------------------------
+def sailor_profile_dict(profile: GpuProfile) -> dict[str, Any]:
+    """A GpuProfile as Sailor's profile.json: {mbs: {tp: {unit: [fwd_s, bwd_s, update_s]}}}; Sailor
+    repeats the whole-model update time in every unit's entry."""
+    out: dict[str, Any] = {}
+    for m in sorted(profile.times, key=lambda m: (m.microbatch, m.tp)):
+        out.setdefault(str(m.microbatch), {})[str(m.tp)] = {
+            str(u): [unit.fwd_s, unit.bwd_s, m.update_s] for u, unit in enumerate(m.units)}
+    return out
+
+
+def sailor_llm_info_dict(profile: GpuProfile, model: str) -> dict[str, Any] | None:
+    """The memory measured at microbatch 1 as llm_info.json {model: {tp: {unit: {...}}}}, or None when
+    there is none. Sailor's *_floats are its *_bytes / 4 (profile_utils.py at cf2c8e3 divides by 4
+    whatever the dtype); act_input of a unit is the previous unit's output (0 for the embedding)."""
+    by_tp: dict[str, Any] = {}
+    for m in sorted(profile.memory, key=lambda m: m.tp):
+        if m.microbatch != 1 or any(u.params_per_gpu is None or u.activation_bytes is None
+                                    or u.output_bytes is None for u in m.units):
+            continue
+        units = {}
+        for i, u in enumerate(m.units):
+            params_bytes = u.params_bytes if u.params_bytes is not None else 4 * u.params_per_gpu
+            input_bytes = m.units[i - 1].output_bytes if i else 0.0
+            units[str(i)] = {"params_floats": u.params_per_gpu, "act_output_floats": u.output_bytes / 4,
+                             "act_input_floats": input_bytes / 4, "act_mem_floats": u.activation_bytes / 4,
+                             "params_bytes": params_bytes, "act_output_bytes": u.output_bytes,
+                             "act_input_bytes": input_bytes, "act_mem_bytes": u.activation_bytes}
+        by_tp[str(m.tp)] = units
+    return {model: by_tp} if by_tp else None
+
+
+def write_sailor_profile(profile: GpuProfile, path: str | Path) -> list[Path]:
+    """Write profile.json at `path` and, when memory was measured at microbatch 1, llm_info.json beside
+    it (read them back with read_sailor_profile(path, llm_info=...)). Returns the files written."""
+    import json
+
+    from hetplan.files import write_atomic
+
+    path = Path(path)
+    written = [write_atomic(path, json.dumps(sailor_profile_dict(profile), indent=2) + "\n", "--output")]
+    info = sailor_llm_info_dict(profile, profile.model or "model")
+    if info is not None:
+        written.append(write_atomic(path.parent / "llm_info.json", json.dumps(info, indent=2) + "\n", "--output"))
+    return written
+
+
 # ---- training configuration ---------------------------------------------------------------------
 _TRAINING_INTS = ("global_batch_size", "hidden_size", "sequence_length", "num_layers", "vocab_size", "heads")
 
