@@ -36,6 +36,9 @@ from hetplan.instance import load_instance
 from hetplan.plan import Plan, Replica, Stage
 from hetplan.runtime.measure import measure_plan
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables import print_rows  # noqa: E402
+
 # A 4-block GPT small enough for 2 CPU cores, large enough for block times of tens of ms.
 ARCH = {"name": "fidelity-gpt", "family": "gpt", "num_layers": 4, "hidden_size": 256, "num_heads": 8,
         "ffn_hidden_size": 1024, "vocab_size": 2048, "seq_len": 128, "tied_embeddings": True}
@@ -118,11 +121,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{r['simulated_peak_memory_bytes'] / 2**20:.1f}", _pct(r["peak_memory_error"]),
               _pct(r["parts"]["pipeline_s"]["error"]), _pct(r["parts"]["sync_s"]["error"]),
               _pct(r["parts"]["update_s"]["error"])) for r in rows]
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-    print("  ".join("-" * w for w in widths))
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print_rows(head, table)
     within = sum(abs(r["iteration_time_error"]) <= 0.15 and abs(r["peak_memory_error"]) <= 0.15 for r in rows)
     print(f"\nwithin 15 % on both iteration time and peak memory: {within} of {len(rows)}")
 

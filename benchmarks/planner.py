@@ -42,6 +42,7 @@ from hetplan.planner import PlannerOptions, plan as hetplan_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sailor_baseline import SailorOptions, sailor_search  # noqa: E402
+from tables import cell, objective_ratio, print_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 2048  # sequences per iteration, Sailor sec. 5 "Models"
@@ -200,18 +201,10 @@ def run_hetplan(inst: Instance, est, sc: Scenario, time_limit_s: float) -> Outco
 
 def ratio(sc: Scenario, base: Outcome, het: Outcome) -> float | None:
     """> 1: hetplan better on the objective."""
-    if base.iters_per_s is None or het.iters_per_s is None:
-        return None
-    if sc.objective == "min_cost":
-        return base.cost_usd / het.cost_usd
-    return het.iters_per_s / base.iters_per_s
+    return objective_ratio(sc.objective, base, het)
 
 
 # ---- output ---------------------------------------------------------------------------------------------
-def _f(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def print_tables(rows: list[tuple[Scenario, str, Outcome, Outcome]]) -> None:
     head = ("scenario", "est", "obj", "base s", "het s", "base it/s", "het it/s", "base smp/s", "het smp/s",
             "base $/it", "het $/it", "het/base", "het gap", "OOM b/h", "base shape", "het shape", "GPUs b/h", "notes")
@@ -219,12 +212,12 @@ def print_tables(rows: list[tuple[Scenario, str, Outcome, Outcome]]) -> None:
     for sc, est_kind, base, het in rows:
         oom = f"{'-' if base.oom is None else int(base.oom)}/{'-' if het.oom is None else int(het.oom)}"
         table.append((sc.name, est_kind, "cost" if sc.objective == "min_cost" else "thr",
-                      _f(base.search_s, ".2f"), _f(het.search_s, ".2f"), _f(base.iters_per_s, ".4f"),
-                      _f(het.iters_per_s, ".4f"), _f(base.samples_per_s, ".1f"), _f(het.samples_per_s, ".1f"),
-                      _f(base.cost_usd, ".3f"), _f(het.cost_usd, ".3f"), _f(ratio(sc, base, het), ".3f"),
+                      cell(base.search_s, ".2f"), cell(het.search_s, ".2f"), cell(base.iters_per_s, ".4f"),
+                      cell(het.iters_per_s, ".4f"), cell(base.samples_per_s, ".1f"), cell(het.samples_per_s, ".1f"),
+                      cell(base.cost_usd, ".3f"), cell(het.cost_usd, ".3f"), cell(ratio(sc, base, het), ".3f"),
                       "-" if het.gap is None else f"{100 * het.gap:.1f}%", oom, base.shape, het.shape,
-                      f"{_f(base.gpus, 'd')}/{_f(het.gpus, 'd')}", "; ".join(x for x in (base.note, het.note) if x)))
-    _print(head, table)
+                      f"{cell(base.gpus, 'd')}/{cell(het.gpus, 'd')}", "; ".join(x for x in (base.note, het.note) if x)))
+    print_rows(head, table)
     print()
     head2 = ("scenario", "combos", "solved", "pruned", "skipped", "at limit", "no sol", "build s", "solve s",
              "slowest outer choices (build + solve)", "base DP calls", "base sims")
@@ -236,15 +229,7 @@ def print_tables(rows: list[tuple[Scenario, str, Outcome, Outcome]]) -> None:
         table2.append((sc.name, str(e["combos"]), str(e["solved"]), str(e["pruned"]), str(e["skipped_time"]),
                        str(e["at_limit"]), str(e["no_solution"]), f"{e['build_s']:.1f}", f"{e['solve_s']:.1f}",
                        " | ".join(e["slowest"]), str(b.get("dp_calls", "-")), str(b.get("candidates", "-"))))
-    _print(head2, table2)
-
-
-def _print(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print_rows(head2, table2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         # each planner gets its own estimators: a set warmed by one search would speed up the other
         base = run_baseline(inst, build_estimators(inst), sc, args.baseline_time_limit)
         het = run_hetplan(inst, build_estimators(inst), sc, limit)
-        print(f"  {sc.name}: baseline {base.search_s:.1f} s {base.shape} it/s={_f(base.iters_per_s, '.4f')}"
-              f" | hetplan {het.search_s:.1f} s {het.shape} it/s={_f(het.iters_per_s, '.4f')} {het.note}", flush=True)
+        print(f"  {sc.name}: baseline {base.search_s:.1f} s {base.shape} it/s={cell(base.iters_per_s, '.4f')}"
+              f" | hetplan {het.search_s:.1f} s {het.shape} it/s={cell(het.iters_per_s, '.4f')} {het.note}", flush=True)
         rows.append((sc, est_kind, base, het))
     print()
     print_tables(rows)

@@ -32,18 +32,21 @@ import os
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hetplan.errors import HetplanError
 from hetplan.estimators import build_estimators
+from hetplan.files import stdout_fd_to
 from hetplan.importers.sailor import sailor_instance_dict
 from hetplan.importers.sailor_plan import plan_from_sailor, plan_to_sailor
 from hetplan.instance import Instance, instance_from_dict
 from hetplan.planner import PlannerOptions, plan as hetplan_plan
 from hetplan.simulator import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables import cell, objective_ratio, print_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 Z = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-west1-b")
@@ -85,21 +88,6 @@ def scenarios() -> list[Scenario]:
 
 
 # ---- Sailor, built ------------------------------------------------------------------------------------
-@contextmanager
-def quiet_fd1() -> Iterator[None]:
-    """Sailor's C++ planner and simulator print to stdout; keep the table clean."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
 class RealSailor:
     def __init__(self, build: Path):
         self.root = build / "sailor"  # build.sh copies the tree to DEST/sailor
@@ -135,7 +123,7 @@ class RealSailor:
         with tempfile.TemporaryDirectory() as tmp:
             qpath = Path(tmp) / "quotas.json"
             qpath.write_text(json.dumps(quotas))
-            with quiet_fd1():
+            with open(os.devnull, "w") as null, stdout_fd_to(null.fileno()):
                 t0 = time.perf_counter()
                 planner = self.lib.SailorPlanner(
                     f"{self.planner_dir}/sailor_planner/profiles/{sc.model}/",
@@ -163,7 +151,7 @@ class RealSailor:
 
     def score(self, sim, plan: dict[str, Any]) -> dict[str, float] | None:
         """Sailor's simulate_plan figures, or None when the plan does not fit."""
-        with quiet_fd1():
+        with open(os.devnull, "w") as null, stdout_fd_to(null.fileno()):
             if not sim.check_config_fits(plan):
                 return None
             t_iter, comm_usd, _ = sim.simulate_iteration_time(plan)
@@ -234,7 +222,11 @@ def run_sailor(real: RealSailor, sc: Scenario, inst: Instance) -> Side:
 
 
 def _check(inst: Instance, sailor_plan: dict[str, Any], s: dict[str, float]) -> float:
-    rep = simulate(inst, plan_from_sailor(sailor_plan, inst))
+    return disagreement(simulate(inst, plan_from_sailor(sailor_plan, inst)), s)
+
+
+def disagreement(rep, s: dict[str, float]) -> float:
+    """The larger relative difference of hetplan's report and Sailor's score (throughput, cost)."""
     return max(abs(rep.iters_per_s - s["iters_per_s"]) / s["iters_per_s"],
                abs(rep.cost_per_iteration_usd - s["cost_usd"]) / s["cost_usd"])
 
@@ -259,25 +251,17 @@ def run_hetplan(real: RealSailor, sc: Scenario, inst: Instance, search_inst: Ins
     if s is None:
         side.note, side.met = "Sailor's check_config_fits refuses it", False
         return side
-    side.check = max(abs(rep.iters_per_s - s["iters_per_s"]) / s["iters_per_s"],
-                     abs(rep.cost_per_iteration_usd - s["cost_usd"]) / s["cost_usd"])
+    side.check = disagreement(rep, s)
     side.iters_per_s, side.cost_usd, side.met = s["iters_per_s"], s["cost_usd"], meets(sc, s)
     return side
 
 
 def ratio(sc: Scenario, sailor: Side, het: Side) -> float | None:
     """> 1: hetplan better on the objective."""
-    if sailor.iters_per_s is None or het.iters_per_s is None:
-        return None
-    if sc.objective == "min_cost":
-        return sailor.cost_usd / het.cost_usd
-    return het.iters_per_s / sailor.iters_per_s
+    return objective_ratio(sc.objective, sailor, het)
 
 
 # ---- output ---------------------------------------------------------------------------------------------
-def _f(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
 
 def print_table(rows: list[tuple[Scenario, Side, Side]]) -> None:
     head = ("scenario", "obj", "sailor s (pre)", "het s", "sailor it/s", "het it/s", "sailor $/it", "het $/it",
@@ -286,18 +270,14 @@ def print_table(rows: list[tuple[Scenario, Side, Side]]) -> None:
     for sc, s, h in rows:
         r = ratio(sc, s, h)
         table.append((sc.name, "cost" if sc.objective == "min_cost" else "thr",
-                      f"{s.search_s:.2f} ({_f(s.precompute_s, '.1f')})", f"{h.search_s:.2f}",
-                      _f(s.iters_per_s, ".4f"), _f(h.iters_per_s, ".4f"), _f(s.cost_usd, ".3f"),
-                      _f(h.cost_usd, ".3f"), _f(r, ".3f"),
+                      f"{s.search_s:.2f} ({cell(s.precompute_s, '.1f')})", f"{h.search_s:.2f}",
+                      cell(s.iters_per_s, ".4f"), cell(h.iters_per_s, ".4f"), cell(s.cost_usd, ".3f"),
+                      cell(h.cost_usd, ".3f"), cell(r, ".3f"),
                       f"{'-' if s.met is None else 'yn'[not s.met]}/{'-' if h.met is None else 'yn'[not h.met]}",
                       "-" if h.gap is None else f"{100 * h.gap:.1f}%",
-                      f"{_f(s.check, '.0e')}/{_f(h.check, '.0e')}", s.shape, h.shape,
+                      f"{cell(s.check, '.0e')}/{cell(h.check, '.0e')}", s.shape, h.shape,
                       "; ".join(x for x in (s.note, h.note) if x)))
-    widths = [max(len(hh), *(len(t[i]) for t in table)) for i, hh in enumerate(head)]
-    print("  ".join(hh.ljust(w) for hh, w in zip(head, widths)))
-    print("  ".join("-" * w for w in widths))
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print_rows(head, table)
     ok = [ratio(sc, s, h) for sc, s, h in rows]
     wins = sum(1 for (sc, s, h), r in zip(rows, ok) if r is not None and r >= 1 - 1e-9 and h.met)
     print(f"\nhetplan at least as good as Sailor, limit met: {wins} of {len(rows)}")
@@ -335,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         search_inst = inst if args.search == "sailor" else instance_for(sc, ref, inst.workload.global_batch_size,
                                                                         args.search)
         h = run_hetplan(real, sc, inst, search_inst, args.time_limit)
-        print(f"  {sc.name}: sailor {_f(s.iters_per_s, '.4f')} it/s {_f(s.cost_usd, '.3f')} $ | hetplan "
-              f"{_f(h.iters_per_s, '.4f')} it/s {_f(h.cost_usd, '.3f')} $ {h.note}", file=sys.stderr, flush=True)
+        print(f"  {sc.name}: sailor {cell(s.iters_per_s, '.4f')} it/s {cell(s.cost_usd, '.3f')} $ | hetplan "
+              f"{cell(h.iters_per_s, '.4f')} it/s {cell(h.cost_usd, '.3f')} $ {h.note}", file=sys.stderr, flush=True)
         rows.append((sc, s, h))
     if args.json:
         print(json.dumps([{"scenario": sc.name, "objective": sc.objective, "ratio": ratio(sc, s, h),

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.errors import HetplanError
+from hetplan.files import stdout_fd_to
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan LLM training on heterogeneous, dynamically available GPU clusters.",
@@ -210,25 +211,20 @@ def _stdout_for_output_only():
     """Point file descriptor 1 at stderr while a command runs and give Python's sys.stdout the
     real stdout: C libraries (HiGHS prints a banner when a Highs object is made, SCIP logs) and
     worker processes then write to stderr, and stdout carries only what the command prints."""
-    try:
-        sys.stdout.flush()
-        real = os.dup(1)
-        os.dup2(2, 1)
-    except (OSError, ValueError, AttributeError):  # no real descriptors (embedded use): leave them
-        yield
-        return
-    previous = sys.stdout
-    sys.stdout = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
-    try:
-        yield
-    finally:
+    with stdout_fd_to(2) as real:
+        if real is None:  # no real descriptors (embedded use): leave them
+            yield
+            return
+        previous = sys.stdout
+        sys.stdout = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
         try:
-            sys.stdout.flush()
-        except OSError:
-            pass
-        sys.stdout = previous
-        os.dup2(real, 1)
-        os.close(real)
+            yield
+        finally:
+            try:
+                sys.stdout.flush()
+            except OSError:
+                pass
+            sys.stdout = previous
 
 
 def _run_app(args: list[str]) -> int:

@@ -9,8 +9,11 @@ is atomic on POSIX file systems, so readers see the old file or the new one, nev
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from hetplan.errors import HetplanError
 
@@ -72,3 +75,23 @@ def write_atomic(path: str | Path, data: str | bytes, option: str = "output") ->
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+@contextmanager
+def stdout_fd_to(fd: int) -> Iterator[int | None]:
+    """Point file descriptor 1 at `fd` inside the block, so that C libraries (HiGHS's banner, SCIP's
+    log, Sailor's C++ planner) do not write on the caller's stdout; yields a duplicate of the real
+    stdout's descriptor, valid inside the block. Without real descriptors (embedded use) nothing is
+    redirected and it yields None."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(fd, 1)
+    except (OSError, ValueError, AttributeError):
+        yield None
+        return
+    try:
+        yield saved
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -210,7 +210,7 @@ class _Tables:
             rows: tuple[list, ...] = ([], [], [], [], [], [])
             for (g, z), (avail, per_node, price, region) in ordered:
                 for t in tp_choices:
-                    if t > per_node or per_node % t or t > avail or not self.covers(g, t, b):
+                    if not self.usable(g, t, b, per_node, avail):
                         continue
                     s_b, a_b, c_b = self.mem(g, t, b, D)
                     if min(s + a for s, a in zip(s_b, a_b)) > c_b:
@@ -234,9 +234,12 @@ class _Tables:
                                        for n in joint.block_counts(inp, i) for u in [joint.stage_units(inp, i, n)]}
         return self._stage_grad[inp.P]
 
-    def covers(self, g: str, t: int, b: int) -> bool:
-        """Whether the time estimator prices microbatch b at TP t on g (Sailor's profiles have some
-        (b, TP) only; an estimator without `covers` prices every one)."""
+    def usable(self, g: str, t: int, b: int, per_node: int, avail: int) -> bool:
+        """Whether TP t on g's nodes of per_node GPUs (avail of them) can run microbatch b: t divides
+        the node, and the time estimator prices (b, t) (Sailor's profiles have some (b, TP) only; an
+        estimator without `covers` prices every one)."""
+        if t > per_node or per_node % t or t > avail:
+            return False
         covers = getattr(self.est.time, "covers", None)
         return covers is None or covers(g, b, t)
 
@@ -556,7 +559,7 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
     per_b = {}
     for b in opts.microbatch_sizes:
         pools = [(price * t / 3600, t, tables.step(g, t, b)) for (g, _), (avail, per_node, price, _) in quotas.items()
-                 for t in opts.tp_choices if t <= min(per_node, avail) and per_node % t == 0 and tables.covers(g, t, b)]
+                 for t in opts.tp_choices if tables.usable(g, t, b, per_node, avail)]
         if B % b or not pools:
             continue
         units = range(tables.U)

@@ -53,7 +53,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+def storage_key(t: torch.Tensor) -> tuple[int, int]:
     """(storage address, storage bytes); (id, tensor bytes) for tensors without a plain storage."""
     try:
         storage = t.untyped_storage()
@@ -84,7 +84,7 @@ class SavedTensorLedger:
         self.live_bytes = 0
 
     def pack(self, t: torch.Tensor) -> Any:
-        key, nbytes = _storage_key(t)
+        key, nbytes = storage_key(t)
         if key in self.excluded or nbytes == 0:
             return t
         entry = self.live.get(key)
@@ -141,7 +141,7 @@ class StepProbe(NullProbe):
         self.device, self.params, self.optimizer = device, params, optimizer
         self.cuda = device.type == "cuda"
         self.params_bytes = sum(tensor_bytes(p) for p in params)
-        self.ledger = SavedTensorLedger({_storage_key(p)[0] for p in params})
+        self.ledger = SavedTensorLedger({storage_key(p)[0] for p in params})
         self.begin_step()
 
     def now(self) -> float:

@@ -57,6 +57,7 @@ from hetplan.profiles import (DeviceInfo, GpuProfile, LinkFit, MemoryMeasurement
                               UnitTime)
 from hetplan.runtime.execute import DTYPES, _make_optimizer
 from hetplan.runtime.model import ModelConfig, StageModule, TPContext
+from hetplan.runtime.probe import SavedTensorLedger, storage_key
 
 # What the forkserver imports once for all measuring processes: torch, and torch._dynamo, which
 # torch.optim imports when an optimizer is made (seconds).
@@ -199,7 +200,7 @@ class _UnitBench:
         if self.device.type == "cuda":
             out, act, peak = _cuda_forward_bytes(forward, self.device)
         else:
-            out, act = _saved_bytes(forward, {p.untyped_storage().data_ptr() for p in params})
+            out, act = _saved_bytes(forward, params)
             peak = None
         return UnitMemory(params_per_gpu=float(sum(p.numel() for p in params)),
                           params_bytes=float(sum(p.numel() * p.element_size() for p in params)),
@@ -207,20 +208,14 @@ class _UnitBench:
                           total_bytes=peak)
 
 
-def _saved_bytes(forward: Callable[[], torch.Tensor], param_ptrs: set[int]) -> tuple[torch.Tensor, int]:
-    """Run forward and count the bytes of the storages it saves for backward (see the module docstring)."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in param_ptrs:  # matmuls save their weights: parameters, not activations
-            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+def _saved_bytes(forward: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Run forward and count the bytes of the storages it saves for backward, parameters excluded:
+    the ledger `hetplan measure` counts a run's activations with (runtime/probe.py), so both sides
+    keep one definition."""
+    ledger = SavedTensorLedger({storage_key(p)[0] for p in params})
+    with ledger.hooks():
         out = forward()
-    return out, sum(seen.values())
+    return out, ledger.live_bytes
 
 
 def _cuda_forward_bytes(forward: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.Tensor, int, float]:

@@ -12,9 +12,7 @@ For a pure LP the start only seeds the simplex and HiGHS does not say whether it
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 import threading
 from time import perf_counter
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hetplan.errors import SolverError
+from hetplan.files import stdout_fd_to
 from hetplan.solvers.api import SolveOptions, Status
 from hetplan.solvers.model_view import ModelView
 from hetplan.solvers.registry import Backend, Capabilities, Outcome, Probe, RunRequest
@@ -81,17 +80,8 @@ class HighsBackend(Backend):
 def _new_highs(highspy: Any) -> Any:
     """A Highs object, its banner (printed on file descriptor 1 by the first one a process makes)
     sent to stderr: stdout belongs to the caller (a table, JSON, a pipe), also outside the CLI."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        os.dup2(2, 1)
-    except (OSError, ValueError, AttributeError):  # no real descriptors (embedded use): leave them
+    with stdout_fd_to(2):
         return highspy.Highs()
-    try:
-        return highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _run_interruptible(h: Any) -> None:

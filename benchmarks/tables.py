@@ -1,0 +1,29 @@
+"""What the benchmark scripts share to print their tables and compare two planners' plans."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def cell(x: float | None, fmt: str) -> str:
+    """A number formatted for a table; "-" for a missing one."""
+    return "-" if x is None else format(x, fmt)
+
+
+def print_rows(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Left-aligned columns as wide as their widest cell, under a dashed rule."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def objective_ratio(objective: str, base: Any, het: Any) -> float | None:
+    """hetplan over the baseline on the objective (> 1: hetplan better): throughput ratio, or the
+    baseline's cost over hetplan's for min cost; None when either has no plan. `base` and `het`
+    carry `iters_per_s` and `cost_usd`."""
+    if base.iters_per_s is None or het.iters_per_s is None:
+        return None
+    if objective == "min_cost":
+        return base.cost_usd / het.cost_usd
+    return het.iters_per_s / base.iters_per_s
