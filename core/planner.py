@@ -89,12 +89,13 @@ import pyomo.environ as pyo
 from hetplan.errors import EstimatorError, InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.base import spans_pair
-from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
+from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.formulations.joint_dp_heuristic import dp_heuristic
 from hetplan.instance import Instance, relaxed_limits
 from hetplan.plan import Plan, tp_indivisible
-from hetplan.simulator import SimulationReport, node_endpoint, simulate
+from hetplan.formulations.stage_cost import StageCosts, node_endpoint
+from hetplan.simulator import SimulationReport, simulate
 
 TP_CHOICES = (1, 2, 4, 8)
 HELPER_WAIT_S = 60.0  # the longest a refinement step may take in the helper before the main process takes over
@@ -177,6 +178,7 @@ class _Tables:
 
     def __init__(self, instance: Instance, est: EstimatorSet):
         self.inst, self.est = instance, est
+        self.costs = StageCosts(instance, est)  # the simulator's stage evaluation: the rows below read it
         self.arch = instance.model_arch
         self.U = self.arch.num_units
         self._step: dict = {}
@@ -246,7 +248,7 @@ class _Tables:
     def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
         key = (g, t, b)
         if key not in self._step:
-            self._step[key] = tuple(self.est.time.layer_time(g, l, b, t).total_s for l in range(self.U))
+            self._step[key] = tuple(sum(self.costs.replica_times(g, t, range(l, l + 1), b)) for l in range(self.U))
         return self._step[key]
 
     def upd(self, g: str, t: int, D: int) -> tuple[float, ...]:
@@ -355,7 +357,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     if rows is None:
         return None
     pools, step, upd, stat, act, cap, shared = rows
-    tied = arch.vocab_size * arch.hidden_size * DTYPE_BYTES[wl.precision] if (arch.tied_embeddings and combo.P > 1) else 0.0
+    tied = tables.costs.tied_bytes if combo.P > 1 else 0.0
 
     def link(spec) -> joint.LinkCost:
         return joint.LinkCost(spec.bandwidth_GBps * 1e9, spec.latency_s)
@@ -371,7 +373,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
         sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
-        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied))
+        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs)
     return inp
 
 

@@ -59,7 +59,8 @@ from hetplan.estimators.base import Endpoint
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor, unit_params
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan, workers
-from hetplan.simulator import SimulationReport, endpoint, in_flight_microbatches, simulate
+from hetplan.formulations.stage_cost import endpoint
+from hetplan.simulator import SimulationReport, in_flight_microbatches, simulate
 
 # ---- what a rank holds ----------------------------------------------------------------------------
 # A piece of model state: (content unit, part, lo, hi). `part` "sharded" is the fraction [lo, hi) of

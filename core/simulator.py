@@ -22,17 +22,19 @@ T_update = max over workers of their optimizer step.
 
 Memory per worker on stage i: 1F1B keeps min(P - i, m) microbatches of activations alive, GPipe m.
 Cost per iteration = GPU price x T_iter for every used GPU + egress bytes x price per GB.
+
+The per-stage and per-boundary figures come from `formulations/stage_cost.py` (`StageCosts`), the
+evaluation the joint planner's model reads too (`joint.evaluate_placed`), so the two cannot drift.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hetplan.estimators import Endpoint, EstimatorSet, MemoryBreakdown, build_estimators
-from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
-from hetplan.estimators.network import ring_order
-from hetplan.instance import Instance, Node, relaxed_limits
+from hetplan.estimators import EstimatorSet, MemoryBreakdown, build_estimators
+from hetplan.formulations.stage_cost import StageCosts, pipeline_s
+from hetplan.instance import Instance, relaxed_limits
 from hetplan.errors import PlanError
-from hetplan.plan import Plan, Replica, redistribution, validate_plan
+from hetplan.plan import Plan, validate_plan
 
 
 @dataclass(frozen=True)
@@ -138,15 +140,6 @@ class SimulationReport:
         }
 
 
-def endpoint(instance: Instance, rep: Replica) -> Endpoint:
-    return node_endpoint(instance.node_by_id[rep.node])
-
-
-def node_endpoint(node: Node) -> Endpoint:
-    """Where a node's GPUs sit, as the communication estimator needs it."""
-    return Endpoint(zone=node.zone, region=node.region, node_id=node.node_id, intra_node=node.intra_node)
-
-
 def in_flight_microbatches(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
     """Activations alive at the peak: 1F1B warms up with P - i microbatches on stage i, GPipe keeps all."""
     if schedule == "GPipe":
@@ -172,75 +165,10 @@ def simulate(instance: Instance, plan: Plan, estimators: EstimatorSet | None = N
 class _Sim:
     def __init__(self, instance: Instance, plan: Plan, est: EstimatorSet):
         self.inst, self.plan, self.est = instance, plan, est
-        self.arch = instance.model_arch
-        self.wl = instance.workload
+        self.costs = StageCosts(instance, est)
         self.m = plan.num_microbatches
         self.P = len(plan.stages)
 
-    # -- per-stage compute -------------------------------------------------------------------------
-    def _replica_times(self, s: int, r: int) -> tuple[float, float]:
-        stage, rep = self.plan.stages[s], self.plan.stages[s].replicas[r]
-        share = self.plan.share(s, r)
-        fwd = bwd = 0.0
-        for u in range(stage.layer_start, stage.layer_end):
-            lt = self.est.time.layer_time(rep.gpu_type, u, share, rep.tp)
-            fwd, bwd = fwd + lt.fwd_s, bwd + lt.bwd_s
-        return fwd, bwd
-
-    def _boundary(self, s: int) -> tuple[float, float, float]:
-        """(forward step time, backward step time, egress USD per step) of boundary s -> s + 1."""
-        src, dst = self.plan.stages[s], self.plan.stages[s + 1]
-        per_seq = boundary_activation_bytes(self.arch, 1, self.wl.precision)
-        into: dict[int, float] = {}
-        back_into: dict[int, float] = {}
-        egress_usd = egress_bytes = 0.0
-        for i, j, n in redistribution(self.plan.shares(s), self.plan.shares(s + 1)):
-            a, b = endpoint(self.inst, src.replicas[i]), endpoint(self.inst, dst.replicas[j])
-            t = self.est.comm.p2p_time_s(a, b, n * per_seq)
-            into[j] = into.get(j, 0.0) + t
-            back_into[i] = back_into.get(i, 0.0) + self.est.comm.p2p_time_s(b, a, n * per_seq)
-            # activation forward + gradient backward, both cross the same zone boundary
-            egress_usd += 2 * self.est.cost.egress_usd(a, b, n * per_seq)
-            egress_bytes += 2 * n * per_seq if a.zone != b.zone else 0.0
-        self._egress_usd += egress_usd * self.m
-        self._egress_bytes += egress_bytes * self.m
-        return max(into.values()), max(back_into.values()), egress_usd
-
-    # -- gradient synchronisation ------------------------------------------------------------------
-    def _allreduce(self, reps: list[Replica], nbytes_full: float) -> float:
-        if len(reps) <= 1:
-            return 0.0
-        min_tp = min(r.tp for r in reps)
-        factor = sync_volume_factor(self.wl.zero_stage)
-        members = [endpoint(self.inst, r) for r in reps]
-        t = self.est.comm.allreduce_time_s(members, factor * nbytes_full / min_tp)
-        self._ring_egress(members, factor * nbytes_full)
-        return t
-
-    def _ring_egress(self, members: list[Endpoint], nbytes: float) -> None:
-        """Every ring edge carries 2 (k-1)/k x nbytes (all TP shards together) per iteration."""
-        ring = ring_order(members)
-        k = len(ring)
-        per_edge = 2 * (k - 1) / k * nbytes
-        for i in range(k):
-            a, b = ring[i], ring[(i + 1) % k]
-            self._egress_usd += self.est.cost.egress_usd(a, b, per_edge)
-            self._egress_bytes += per_edge if a.zone != b.zone else 0.0
-
-    def _sync_times(self) -> list[float]:
-        out = []
-        for stage in self.plan.stages:
-            units = range(stage.layer_start, stage.layer_end)
-            out.append(self._allreduce(list(stage.replicas), gradient_bytes(self.arch, units, self.wl.precision)))
-        if self.arch.tied_embeddings and self.P > 1:
-            # first and last stage hold copies of the tied embedding; their gradients are summed
-            tied = self.arch.vocab_size * self.arch.hidden_size * DTYPE_BYTES[self.wl.precision]
-            reps = list(self.plan.stages[0].replicas) + list(self.plan.stages[-1].replicas)
-            t = self._allreduce(reps, tied)
-            out[0], out[-1] = out[0] + t, out[-1] + t
-        return out
-
-    # -- memory ------------------------------------------------------------------------------------
     def _ranks(self) -> list[RankMemory]:
         out = []
         for s, stage in enumerate(self.plan.stages):
@@ -253,46 +181,24 @@ class _Sim:
                     out.append(RankMemory(len(out), s, r, t, rep.node, rep.gpu_type, mem))
         return out
 
-    # -- whole iteration ---------------------------------------------------------------------------
     def run(self) -> SimulationReport:
-        self._egress_usd = self._egress_bytes = 0.0
-        f, b, upd = [], [], []
-        for s, stage in enumerate(self.plan.stages):
-            times = [self._replica_times(s, r) for r in range(len(stage.replicas))]
-            f.append(max(t[0] for t in times))
-            b.append(max(t[1] for t in times))
-            units = range(stage.layer_start, stage.layer_end)
-            upd.append(max(self.est.time.update_time_s(rep.gpu_type, units, rep.tp, len(stage.replicas))
-                           for rep in stage.replicas))
-        cf, cb = [], []
-        for s in range(self.P - 1):
-            tf, tb, _ = self._boundary(s)
-            cf.append(tf)
-            cb.append(tb)
-        pipeline_s = self._pipeline_time(f, b, cf, cb)
-        sync = self._sync_times()
-        sync_s, update_s = max(sync), max(upd)
-        t_iter = pipeline_s + sync_s + update_s
+        """The stage figures of `StageCosts` composed into one iteration (module docstring)."""
+        costs, plan = self.costs, self.plan
+        f, b = zip(*(costs.stage_times(plan, s) for s in range(self.P)))
+        upd = [costs.update_s(plan, s) for s in range(self.P)]
+        links = [costs.boundary(plan, s) for s in range(self.P - 1)]
+        cf, cb = [x.fwd_s for x in links], [x.bwd_s for x in links]
+        pipe_s = pipeline_s(plan.schedule, f, b, cf, cb, self.m)
+        sync = costs.stage_syncs(plan)
+        sync_s, update_s = max(x.time_s for x in sync), max(upd)
+        egress_usd = self.m * sum(x.egress_usd for x in links) + sum(x.egress_usd for x in sync)
+        egress_bytes = self.m * sum(x.egress_bytes for x in links) + sum(x.egress_bytes for x in sync)
         stages = [StageReport(s, st.layer_start, st.layer_end, len(st.replicas), f[s], b[s],
                               cf[s] if s < self.P - 1 else 0.0, cb[s] if s < self.P - 1 else 0.0,
-                              sync[s], upd[s], in_flight_microbatches(self.plan.schedule, s, self.P, self.m))
-                  for s, st in enumerate(self.plan.stages)]
-        return self._report(t_iter, pipeline_s, sync_s, update_s, stages)
-
-    def _pipeline_time(self, f: list[float], b: list[float], cf: list[float], cb: list[float]) -> float:
-        m = self.m
-        if self.plan.schedule == "GPipe":
-            fwd = sum(f) + sum(cf) + (m - 1) * max(f + cf)
-            bwd = sum(b) + sum(cb) + (m - 1) * max(b + cb)
-            return fwd + bwd
-        step = [fs + bs for fs, bs in zip(f, b)]
-        links = [max(x, y) for x, y in zip(cf, cb)]
-        return sum(step) + sum(cf) + sum(cb) + (m - 1) * max(step + links)
-
-    def _report(self, t_iter: float, pipeline_s: float, sync_s: float, update_s: float,
-                stages: list[StageReport]) -> SimulationReport:
-        return build_report(self.inst, self.plan, self.est, t_iter, pipeline_s, sync_s, update_s, stages,
-                            self._ranks(), self._egress_usd, self._egress_bytes)
+                              sync[s].time_s, upd[s], in_flight_microbatches(plan.schedule, s, self.P, self.m))
+                  for s, st in enumerate(plan.stages)]
+        return build_report(self.inst, plan, self.est, pipe_s + sync_s + update_s, pipe_s, sync_s, update_s, stages,
+                            self._ranks(), egress_usd, egress_bytes)
 
 
 def build_report(instance: Instance, plan: Plan, est: EstimatorSet, t_iter: float, pipeline_s: float, sync_s: float,

@@ -32,7 +32,8 @@ from hetplan.estimators import Endpoint, EstimatorSet
 from hetplan.estimators.sailor import SailorMemory, SailorTime
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica
-from hetplan.simulator import RankMemory, SimulationReport, StageReport, build_report, endpoint
+from hetplan.formulations.stage_cost import endpoint
+from hetplan.simulator import RankMemory, SimulationReport, StageReport, build_report
 
 
 def simulate_sailor(instance: Instance, plan: Plan, est: EstimatorSet) -> SimulationReport:

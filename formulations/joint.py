@@ -83,9 +83,15 @@ stage_time_cap_s(T*) = (T* - rest_LB) / m is dropped (T >= m tau_i + rest); all-
 the communication estimator's floors (`sync_table`). Time variables are in
 milliseconds and cost rows in micro-dollars (`in_model_units`), for the solvers' tolerances.
 
-The model is a relaxation of the simulator (`hetplan.simulator`): for every plan of its space,
-each figure it computes (`evaluate`) is at most the simulator's, so every bound on the model is a
-bound on the simulated objective; the planner scores each plan it keeps with the simulator.
+One cost model (`formulations/stage_cost.py`): the simulator (`hetplan.simulator`) composes the
+figures of `StageCosts` for a placed plan; the rows above read the same estimator calls per layer
+unit (`planner._Tables`), and `evaluate_placed` scores a solution of this model by placing it as
+the simulator does (first fit) and composing the same `StageCosts` figures with this model's rates:
+it equals `simulate` (tests/test_cost_model_agreement.py, about 2,000 random plans). The MILP
+itself is a relaxation of that evaluation: for every plan of its space, each figure it computes
+(`evaluate`: T, cost, every stage time, boundary time, all-reduce, update and egress) is at most
+`evaluate_placed`'s, so every bound on the model is a bound on the simulated objective; the planner
+scores each plan it keeps with the simulator.
 Exact: stage compute times of a stage with one time class, update times, memory, compute cost.
 Relaxed, because the model does not place replicas on nodes (first fit does, in the simulator):
   - a stage's time is its slowest replica's fwd + bwd (the simulator adds the slowest fwd and the
@@ -117,7 +123,8 @@ import numpy as np
 import pyomo.environ as pyo
 from pyomo.common.collections import ComponentMap
 
-from hetplan.plan import Plan, Replica, Stage
+from hetplan.formulations.stage_cost import StageCosts, pipeline_s
+from hetplan.plan import Plan, Replica, Stage, validate_plan
 
 
 ULP_SLACK = 1e-12  # relative: bounds built from sums in another order are lowered by this much
@@ -236,6 +243,9 @@ class JointInputs:
     # one zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`);
     # empty: no tied embedding
     tied_pool_s: tuple[tuple[float, float, float], ...] = ()
+    # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a
+    # decoded plan placed as the simulator places it (`evaluate_placed`); None for hand-made inputs
+    costs: StageCosts | None = field(default=None, repr=False, compare=False)
     # figures that depend only on the rows above (pools, step, update, memory, gradient bytes), not
     # on P, m, the links or the sync table (`_shared_for`): choices built from the same row objects
     # may pass one dict (`planner.joint_inputs` does, per (b, D)); inputs whose rows are not the
@@ -2144,7 +2154,8 @@ def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tup
 
 
 def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
-    """The model's own figures (T, cost) for a fixed assignment: what the MILP would compute."""
+    """The MILP's figures (T, cost and their parts) for a fixed assignment: what its rows compute, a
+    relaxation of `evaluate_placed` (module docstring)."""
     y = {(i, l): 1 if sol.ranges[i][0] <= l < sol.ranges[i][1] else 0 for i in range(inp.P) for l in range(inp.U)}
     used = [[sol.replicas[i][k] > 0 for k in range(inp.K)] for i in range(inp.P)]
     tau = [max(sum(inp.step_s[k][l] for l in range(*sol.ranges[i])) for k in range(inp.K) if used[i][k])
@@ -2191,6 +2202,29 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c, "theta": theta,
             "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
+
+
+def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
+    """The figures of `sol`'s plan on the nodes first fit gives it (the simulator's placement), read
+    from the shared stage evaluation (`inp.costs`), with the model's compute rate: what the MILP
+    relaxes (`evaluate` is at most each of these figures, component by component). Keys as in
+    `evaluate`: T, cost, rate, egress, tau (f + b per stage), c (cf + cb per boundary), sync, mu."""
+    costs = inp.costs
+    if costs is None:
+        raise ValueError("evaluate_placed needs JointInputs.costs (planner.joint_inputs sets it)")
+    plan = validate_plan(costs.inst, to_plan(sol, inp))
+    f, b = zip(*(costs.stage_times(plan, i) for i in range(inp.P)))
+    links = [costs.boundary(plan, i) for i in range(inp.P - 1)]
+    cf, cb = [x.fwd_s for x in links], [x.bwd_s for x in links]
+    sync = costs.stage_syncs(plan)
+    mu = max(costs.update_s(plan, i) for i in range(inp.P))
+    sigma = max(x.time_s for x in sync)
+    T = pipeline_s("1F1B", f, b, cf, cb, inp.m) + sigma + mu
+    rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * n / 3600
+               for row in sol.replicas for k, n in enumerate(row))
+    egress = inp.m * sum(x.egress_usd for x in links) + sum(x.egress_usd for x in sync)
+    return {"T": T, "cost": rate * T + egress, "rate": rate, "egress": egress, "tau": [x + y for x, y in zip(f, b)],
+            "c": [x + y for x, y in zip(cf, cb)], "sync": [x.time_s for x in sync], "sigma": sigma, "mu": mu}
 
 
 def better(current: tuple | None, candidate: tuple | None) -> tuple | None:

@@ -190,7 +190,7 @@ def test_allreduce_floor_bounds_every_ring_by_enumeration() -> None:
     import itertools
 
     from hetplan.importers.sailor import sailor_instance_dict
-    from hetplan.simulator import node_endpoint
+    from hetplan.formulations.stage_cost import node_endpoint
 
     counts = {("A100-40", "us-central1-a"): 4, ("V100-16", "us-central1-a"): 4, ("A100-40", "us-central1-b"): 4,
               ("A100-40", "us-west1-b"): 4}
