@@ -87,7 +87,7 @@ One cost model (`formulations/stage_cost.py`): the simulator (`hetplan.simulator
 figures of `StageCosts` for a placed plan; the rows above read the same estimator calls per layer
 unit (`planner._Tables`), and `evaluate_placed` scores a solution of this model by placing it as
 the simulator does (first fit) and composing the same `StageCosts` figures with this model's rates:
-it equals `simulate` (tests/test_cost_model_agreement.py, about 2,000 random plans). The MILP
+it equals `simulate` (tests/test_cost_model_agreement.py: 2,657 random plans). The MILP
 itself is a relaxation of that evaluation: for every plan of its space, each figure it computes
 (`evaluate`: T, cost, every stage time, boundary time, all-reduce, update and egress) is at most
 `evaluate_placed`'s, so every bound on the model is a bound on the simulated objective; the planner

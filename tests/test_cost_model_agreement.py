@@ -7,7 +7,7 @@ scores every plan it keeps with `simulate`. These tests hold it to the simulator
   (a) on seeded random tiny instances, for both objectives, with and without a budget or a
       throughput floor: the reported bound is at most the simulator's optimum over the planner's
       modelled space (`_plan_enumerator`), and the returned plan is within the reported gap of it;
-  (b) on about 2,000 plans of that space (random plans of the enumerated spaces, of bundled instances
+  (b) on 2,657 plans of that space (random plans of the enumerated spaces, of bundled instances
       and of instances shaped like Sailor's, with its profiles when its data is there), the model's
       evaluation of a plan (`joint.evaluate_placed`) equals `simulate` within 1e-6 in every part, and
       the MILP's figures (`joint.evaluate`) are at most the simulator's in every part: the relaxation
