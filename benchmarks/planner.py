@@ -17,6 +17,7 @@ fresh set, so neither finds the other's caches warm); every plan is scored by
     python benchmarks/planner.py --quick                 # a few small scenarios, < 2 minutes
     python benchmarks/planner.py --time-limit 60         # all scenarios, 60 s per hetplan solve
     python benchmarks/planner.py --only neo27-het-32+96 --time-limit 120
+    python benchmarks/planner.py --only opt350-geo-5zones-32 --no-baseline   # hetplan's search time only
 
 Columns: search seconds of each planner, simulated iterations/s and samples/s, cost per iteration,
 hetplan / baseline on the objective (throughput ratio, or cost ratio for min cost: > 1 means hetplan
@@ -141,7 +142,7 @@ def build_instance(sc: Scenario, ref: Path | None) -> tuple[Instance, str]:
 # ---- one scenario ---------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
-    search_s: float
+    search_s: float | None
     iters_per_s: float | None = None
     samples_per_s: float | None = None
     cost_usd: float | None = None
@@ -239,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds per hetplan solve (default 15 with --quick, else 60)")
     ap.add_argument("--baseline-time-limit", type=float, default=600.0, help="seconds for one baseline search")
     ap.add_argument("--only", default=None, help="comma-separated scenario names")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="hetplan's search only (timing runs: the baseline's minutes are not spent)")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
@@ -264,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     for sc in chosen:
         inst, est_kind = build_instance(sc, ref)
         # each planner gets its own estimators: a set warmed by one search would speed up the other
-        base = run_baseline(inst, build_estimators(inst), sc, args.baseline_time_limit)
+        base = (Outcome(None, note="baseline not run") if args.no_baseline else
+                run_baseline(inst, build_estimators(inst), sc, args.baseline_time_limit))
         het = run_hetplan(inst, build_estimators(inst), sc, limit)
-        print(f"  {sc.name}: baseline {base.search_s:.1f} s {base.shape} it/s={cell(base.iters_per_s, '.4f')}"
+        print(f"  {sc.name}: baseline {cell(base.search_s, '.1f')} s {base.shape} it/s={cell(base.iters_per_s, '.4f')}"
               f" | hetplan {het.search_s:.1f} s {het.shape} it/s={cell(het.iters_per_s, '.4f')} {het.note}", flush=True)
         rows.append((sc, est_kind, base, het))
     print()
