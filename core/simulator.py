@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetplan.estimators import EstimatorSet, MemoryBreakdown, build_estimators
-from hetplan.formulations.stage_cost import StageCosts, pipeline_s
+from hetplan.formulations.stage_cost import StageCosts
 from hetplan.instance import Instance, relaxed_limits
 from hetplan.errors import PlanError
 from hetplan.plan import Plan, validate_plan
@@ -183,22 +183,13 @@ class _Sim:
 
     def run(self) -> SimulationReport:
         """The stage figures of `StageCosts` composed into one iteration (module docstring)."""
-        costs, plan = self.costs, self.plan
-        f, b = zip(*(costs.stage_times(plan, s) for s in range(self.P)))
-        upd = [costs.update_s(plan, s) for s in range(self.P)]
-        links = [costs.boundary(plan, s) for s in range(self.P - 1)]
-        cf, cb = [x.fwd_s for x in links], [x.bwd_s for x in links]
-        pipe_s = pipeline_s(plan.schedule, f, b, cf, cb, self.m)
-        sync = costs.stage_syncs(plan)
-        sync_s, update_s = max(x.time_s for x in sync), max(upd)
-        egress_usd = self.m * sum(x.egress_usd for x in links) + sum(x.egress_usd for x in sync)
-        egress_bytes = self.m * sum(x.egress_bytes for x in links) + sum(x.egress_bytes for x in sync)
-        stages = [StageReport(s, st.layer_start, st.layer_end, len(st.replicas), f[s], b[s],
-                              cf[s] if s < self.P - 1 else 0.0, cb[s] if s < self.P - 1 else 0.0,
-                              sync[s].time_s, upd[s], in_flight_microbatches(plan.schedule, s, self.P, self.m))
+        it, plan, P = self.costs.iteration(self.plan), self.plan, self.P
+        stages = [StageReport(s, st.layer_start, st.layer_end, len(st.replicas), it.f[s], it.b[s],
+                              it.links[s].fwd_s if s < P - 1 else 0.0, it.links[s].bwd_s if s < P - 1 else 0.0,
+                              it.syncs[s].time_s, it.upd[s], in_flight_microbatches(plan.schedule, s, P, self.m))
                   for s, st in enumerate(plan.stages)]
-        return build_report(self.inst, plan, self.est, pipe_s + sync_s + update_s, pipe_s, sync_s, update_s, stages,
-                            self._ranks(), egress_usd, egress_bytes)
+        return build_report(self.inst, plan, self.est, it.iteration_s, it.pipeline_s, it.sync_s, it.update_s, stages,
+                            self._ranks(), it.egress_usd, it.egress_bytes)
 
 
 def build_report(instance: Instance, plan: Plan, est: EstimatorSet, t_iter: float, pipeline_s: float, sync_s: float,

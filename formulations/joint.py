@@ -123,7 +123,7 @@ import numpy as np
 import pyomo.environ as pyo
 from pyomo.common.collections import ComponentMap
 
-from hetplan.formulations.stage_cost import StageCosts, pipeline_s
+from hetplan.formulations.stage_cost import StageCosts
 from hetplan.plan import Plan, Replica, Stage, validate_plan
 
 
@@ -2212,19 +2212,13 @@ def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     costs = inp.costs
     if costs is None:
         raise ValueError("evaluate_placed needs JointInputs.costs (planner.joint_inputs sets it)")
-    plan = validate_plan(costs.inst, to_plan(sol, inp))
-    f, b = zip(*(costs.stage_times(plan, i) for i in range(inp.P)))
-    links = [costs.boundary(plan, i) for i in range(inp.P - 1)]
-    cf, cb = [x.fwd_s for x in links], [x.bwd_s for x in links]
-    sync = costs.stage_syncs(plan)
-    mu = max(costs.update_s(plan, i) for i in range(inp.P))
-    sigma = max(x.time_s for x in sync)
-    T = pipeline_s("1F1B", f, b, cf, cb, inp.m) + sigma + mu
+    it = costs.iteration(validate_plan(costs.inst, to_plan(sol, inp)))
     rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * n / 3600
                for row in sol.replicas for k, n in enumerate(row))
-    egress = inp.m * sum(x.egress_usd for x in links) + sum(x.egress_usd for x in sync)
-    return {"T": T, "cost": rate * T + egress, "rate": rate, "egress": egress, "tau": [x + y for x, y in zip(f, b)],
-            "c": [x + y for x, y in zip(cf, cb)], "sync": [x.time_s for x in sync], "sigma": sigma, "mu": mu}
+    T = it.iteration_s
+    return {"T": T, "cost": rate * T + it.egress_usd, "rate": rate, "egress": it.egress_usd,
+            "tau": [x + y for x, y in zip(it.f, it.b)], "c": [x.fwd_s + x.bwd_s for x in it.links],
+            "sync": [x.time_s for x in it.syncs], "sigma": it.sync_s, "mu": it.update_s}
 
 
 def better(current: tuple | None, candidate: tuple | None) -> tuple | None:

@@ -64,6 +64,33 @@ class Sync:
                     self.egress_bytes + other.egress_bytes)
 
 
+@dataclass(frozen=True)
+class IterationFigures:
+    """A placed plan's figures per stage and boundary, composed into one iteration: the pipeline
+    (`pipeline_s`), the slowest all-reduce and the slowest update. Egress is per iteration."""
+
+    f: tuple[float, ...]
+    b: tuple[float, ...]
+    upd: tuple[float, ...]
+    links: tuple[Transfer, ...]
+    syncs: tuple[Sync, ...]
+    pipeline_s: float
+    egress_usd: float
+    egress_bytes: float
+
+    @property
+    def sync_s(self) -> float:
+        return max(x.time_s for x in self.syncs)
+
+    @property
+    def update_s(self) -> float:
+        return max(self.upd)
+
+    @property
+    def iteration_s(self) -> float:
+        return self.pipeline_s + self.sync_s + self.update_s
+
+
 class StageCosts:
     """The per-stage figures of placed plans on one instance with one estimator set."""
 
@@ -135,6 +162,18 @@ class StageCosts:
         if not self.arch.tied_embeddings:
             return 0.0
         return self.arch.vocab_size * self.arch.hidden_size * DTYPE_BYTES[self.wl.precision]
+
+    def iteration(self, plan: Plan) -> IterationFigures:
+        """Every stage, boundary and all-reduce of a placed plan, composed (module docstring)."""
+        P, m = len(plan.stages), plan.num_microbatches
+        f, b = zip(*(self.stage_times(plan, s) for s in range(P)))
+        links = tuple(self.boundary(plan, s) for s in range(P - 1))
+        syncs = tuple(self.stage_syncs(plan))
+        return IterationFigures(
+            f, b, tuple(self.update_s(plan, s) for s in range(P)), links, syncs,
+            pipeline_s(plan.schedule, f, b, [x.fwd_s for x in links], [x.bwd_s for x in links], m),
+            m * sum(x.egress_usd for x in links) + sum(x.egress_usd for x in syncs),
+            m * sum(x.egress_bytes for x in links) + sum(x.egress_bytes for x in syncs))
 
     def stage_syncs(self, plan: Plan) -> list[Sync]:
         """Per stage: its gradient all-reduce, plus the tied embedding's on the first and last stage."""
