@@ -43,7 +43,7 @@ from hetplan.planner import PlannerOptions, plan as hetplan_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sailor_baseline import SailorOptions, sailor_search  # noqa: E402
-from tables import cell, objective_ratio, print_rows  # noqa: E402
+from tables import cell, objective_ratio, print_rows, select  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 2048  # sequences per iteration, Sailor sec. 5 "Models"
@@ -252,12 +252,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sc.name:28s} {'quick' if sc.quick else '':5s} {sc.objective} {dict(sc.gpus)}")
         return 0
     if args.only:
-        names = set(args.only.split(","))
-        unknown = names - {sc.name for sc in chosen}
-        if unknown:
-            print(f"unknown scenarios {sorted(unknown)}; see --list", file=sys.stderr)
+        chosen = select(chosen, args.only, "; see --list")
+        if chosen is None:
             return 2
-        chosen = [sc for sc in chosen if sc.name in names]
     elif args.quick:
         chosen = [sc for sc in chosen if sc.quick]
     limit = args.time_limit if args.time_limit is not None else (15.0 if args.quick else 60.0)

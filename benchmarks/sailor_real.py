@@ -46,7 +46,7 @@ from hetplan.planner import PlannerOptions, plan as hetplan_plan
 from hetplan.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tables import cell, objective_ratio, print_rows  # noqa: E402
+from tables import cell, objective_ratio, print_rows, select  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 Z = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-west1-b")
@@ -299,14 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (ref / "profiles").is_dir():
         print(f"no Sailor reference data under {ref}", file=sys.stderr)
         return 2
-    chosen = scenarios()
-    if args.only:
-        names = set(args.only.split(","))
-        unknown = names - {sc.name for sc in chosen}
-        if unknown:
-            print(f"unknown scenarios {sorted(unknown)}", file=sys.stderr)
-            return 2
-        chosen = [sc for sc in chosen if sc.name in names]
+    chosen = select(scenarios(), args.only)
+    if chosen is None:
+        return 2
     real = RealSailor(args.sailor_build)
     rows = []
     for sc in chosen:

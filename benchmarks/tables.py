@@ -1,6 +1,7 @@
 """What the benchmark scripts share to print their tables and compare two planners' plans."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
@@ -16,6 +17,19 @@ def print_rows(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def select(chosen: list, only: str | None, hint: str = "") -> list | None:
+    """The scenarios (objects with `name`) named in the comma-separated `only` (all without it);
+    None, with one line on stderr, when it names an unknown one."""
+    if not only:
+        return chosen
+    names = set(only.split(","))
+    unknown = names - {sc.name for sc in chosen}
+    if unknown:
+        print(f"unknown scenarios {sorted(unknown)}{hint}", file=sys.stderr)
+        return None
+    return [sc for sc in chosen if sc.name in names]
 
 
 def objective_ratio(objective: str, base: Any, het: Any) -> float | None:

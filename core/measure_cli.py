@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.errors import PlanError
+from hetplan.runtime_cli import local_run_overrides
 
 MIB = 2**20
 
@@ -91,14 +92,7 @@ def register(app: typer.Typer) -> None:
         """Run a plan locally, time each part per rank and compare with the simulator."""
         if not local:
             raise PlanError("only --local measurements are supported: every rank runs on this machine", "--local")
-        if schedule is not None and schedule not in ("GPipe", "1F1B"):
-            raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
-        if out is not None:
-            from hetplan.files import check_output_dir
-
-            check_output_dir(out, "--out")
-        overrides = {k: v for k, v in (("hidden_size", hidden), ("num_heads", heads), ("ffn_hidden_size", ffn),
-                                       ("vocab_size", vocab), ("seq_len", seq_len)) if v is not None}
+        overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len)
         from hetplan.runtime.measure import measure_plan  # torch: only once the arguments are checked
 
         with _progress(steps) as on_progress:

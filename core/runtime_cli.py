@@ -26,6 +26,20 @@ def _hosts(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | None, heads: int | None,
+                        ffn: int | None, vocab: int | None, seq_len: int | None) -> dict[str, int]:
+    """Check the options `launch --local` and `measure --local` share (schedule, output folder)
+    and return the model overrides they name."""
+    if schedule is not None and schedule not in ("GPipe", "1F1B"):
+        raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
+    if out is not None:
+        from hetplan.files import check_output_dir
+
+        check_output_dir(out, "--out")
+    return {k: v for k, v in (("hidden_size", hidden), ("num_heads", heads), ("ffn_hidden_size", ffn),
+                              ("vocab_size", vocab), ("seq_len", seq_len)) if v is not None}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("compile")
     def compile_cmd(
@@ -79,16 +93,9 @@ def register(app: typer.Typer) -> None:
         if not local:
             raise PlanError("only --local launches are run by this command; for a cluster use "
                             "`hetplan compile ... --target torchrun|slurm|kubernetes`", "--local")
-        if schedule is not None and schedule not in ("GPipe", "1F1B"):
-            raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
         if method not in ("processes", "torchrun"):
             raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
-        if out is not None:
-            from hetplan.files import check_output_dir
-
-            check_output_dir(out, "--out")
-        overrides = {k: v for k, v in (("hidden_size", hidden), ("num_heads", heads), ("ffn_hidden_size", ffn),
-                                       ("vocab_size", vocab), ("seq_len", seq_len)) if v is not None}
+        overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len)
         result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
                               optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
                               method=method)  # type: ignore[arg-type]
