@@ -1,7 +1,8 @@
-"""Command-line commands of the runtime: `compile` and `launch --local`.
+"""Command-line commands of the runtime: `compile`, `launch --local` and `run --local --elastic`.
 
     hetplan compile INSTANCE PLAN --target torchrun -o out/
     hetplan launch --local INSTANCE PLAN --steps 10 --hidden 64 --heads 4 --ffn 256 --vocab 512 --seq-len 32
+    hetplan run INSTANCE [PLAN] --local --elastic --steps 12 --checkpoint-dir ckpt/ --events events.yaml
 
 Instances and plans are paths or bundled short names. Errors reach `hetplan.cli.main`, which prints
 one line and exits with the error's status.
@@ -103,3 +104,81 @@ def register(app: typer.Typer) -> None:
         typer.echo("step  loss        time_s")
         for k, (loss, t) in enumerate(zip(result.losses, result.times_s), start=1):
             typer.echo(f"{k:4d}  {loss:.6f}  {t:.3f}")
+
+    @app.command("run")
+    def run_cmd(
+        instance: str = typer.Argument(..., help="instance file or bundled name"),
+        plan: Optional[str] = typer.Argument(None, help="plan to start with (default: the planner's)"),
+        local: bool = typer.Option(False, "--local", help="run every rank on this machine (CPU, gloo)"),
+        elastic: bool = typer.Option(False, "--elastic", help="supervise: re-plan and resume on failures and "
+                                     "availability changes"),
+        steps: int = typer.Option(10, "--steps", min=1),
+        checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir", help="layer-wise checkpoints "
+                                                      "(a run finds its newest one there and resumes from it)"),
+        events: Optional[Path] = typer.Option(None, "--events", help="YAML list: {at_step|at_s: .., lose|gain: "
+                                              "{gpu_type, zone, count}} | kill_rank | hang_rank | fail_node"),
+        trace: Optional[Path] = typer.Option(None, "--trace", help="Sailor availability trace CSV"),
+        time_scale: float = typer.Option(1.0, "--time-scale", help="trace (and instance event) seconds per "
+                                         "wall second"),
+        watch: Optional[Path] = typer.Option(None, "--watch", help="events file re-read while running: "
+                                             "appended entries fire when seen"),
+        heartbeat_timeout: float = typer.Option(10.0, "--heartbeat-timeout", help="seconds without a heartbeat "
+                                                "before a rank counts as hung"),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1),
+        replan_time_limit: float = typer.Option(1.0, "--replan-time-limit", help="planner seconds per re-plan"),
+        hidden: Optional[int] = typer.Option(None, "--hidden", help="hidden size (default: the instance's model)"),
+        heads: Optional[int] = typer.Option(None, "--heads"),
+        ffn: Optional[int] = typer.Option(None, "--ffn"),
+        vocab: Optional[int] = typer.Option(None, "--vocab"),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+        dtype: str = typer.Option("float32", "--dtype", help="float32 | float64 | bfloat16"),
+        optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam | sgd"),
+        lr: Optional[float] = typer.Option(None, "--lr"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for segments' specs and logs "
+                                           "(default: CHECKPOINT_DIR/../run)"),
+        as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    ) -> None:
+        """Train with a supervisor that survives rank failures and GPUs coming and going."""
+        import sys
+
+        from hetplan.cli import print_json
+        from hetplan.cluster_state import event_stream
+        from hetplan.instance import load_instance
+        from hetplan.plan import load_plan
+        from hetplan.replan import ReplanOptions
+        from hetplan.runtime.elastic import ElasticOptions, read_events, run_elastic
+
+        if not (local and elastic):
+            raise PlanError("`hetplan run` needs --local --elastic (a supervised run on this machine); for a "
+                            "plain run use `hetplan launch --local`, for a cluster `hetplan compile`", "--elastic")
+        if checkpoint_dir is None:
+            raise PlanError("--checkpoint-dir is required: the supervisor resumes from its checkpoints",
+                            "--checkpoint-dir")
+        if time_scale <= 0:
+            raise PlanError(f"--time-scale must be positive, got {time_scale}", "--time-scale")
+        overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len)
+        inst = load_instance(instance)
+        start = load_plan(plan) if plan is not None else None
+        opts = ElasticOptions(
+            steps=steps, checkpoint_dir=checkpoint_dir, out_dir=out or checkpoint_dir.parent / "run",
+            events=tuple(read_events(events)) if events else (),
+            cluster_events=tuple(event_stream(inst, trace=trace)), time_scale=time_scale,
+            watch=watch, heartbeat_timeout_s=heartbeat_timeout, heartbeat_s=min(0.25, heartbeat_timeout / 4),
+            checkpoint_every=checkpoint_every, replan=ReplanOptions(planner_time_limit_s=replan_time_limit),
+            model=overrides, dtype=dtype, optimizer=optimizer, lr=lr, seed=seed)
+        result = run_elastic(inst, start, opts, log=lambda msg: print(f"[elastic] {msg}", file=sys.stderr, flush=True))
+        if as_json:
+            print_json(result.summary())
+            return
+        typer.echo(f"trained {result.steps_completed} steps ({result.samples_trained} samples) in "
+                   f"{result.wall_s:.1f} s; {len(result.reconfigurations)} reconfigurations, total downtime "
+                   f"{result.downtime_s:.2f} s")
+        for r in result.reconfigurations:
+            typer.echo(f"  iteration {r.at_iteration:4d}  {r.kind:12s} {r.cause}: downtime {r.downtime_s:.2f} s "
+                       f"(detect {r.detect_s:.2f}, re-plan {r.replan_s:.2f}, state {r.state_transfer_s:.2f}, "
+                       f"restart {r.restart_s:.2f})")
+        typer.echo("plans used:")
+        for row in result.plans:
+            typer.echo(f"  from iteration {row['from_iteration']:4d}: {row['name']} - {row['stages']} stages, "
+                       f"{row['gpus']} GPUs {row['gpus_by_type']}")

@@ -27,6 +27,32 @@ from hetplan.runtime.model import ParamInfo, TPContext, shard_of
 META = "meta.json"
 
 
+def step_dir(root: Path, iteration: int) -> Path:
+    """Where a run that checkpoints every few steps (RunOptions.checkpoint_every) puts the
+    checkpoint taken once `iteration` iterations are done: one folder per step, so a new plan
+    with other TP degrees never mixes its shard files with an older plan's."""
+    return root / f"step_{iteration:08d}"
+
+
+def latest(root: Path) -> Path | None:
+    """The newest complete per-step checkpoint under `root` (meta.json is written last, after
+    every rank's shards), or None."""
+    done = sorted(d for d in root.glob("step_*") if (d / META).exists())
+    return done[-1] if done else None
+
+
+def prune(root: Path, keep: int = 2) -> None:
+    """Delete all but the newest `keep` complete per-step checkpoints (and unfinished older ones)."""
+    import shutil
+
+    newest = latest(root)
+    done = sorted(d for d in root.glob("step_*") if (d / META).exists())
+    keep_dirs = set(done[-keep:]) if keep > 0 else set()
+    for d in root.glob("step_*"):
+        if d not in keep_dirs and newest is not None and d.name < newest.name:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def unit_dir(root: Path, unit: int) -> Path:
     return root / f"unit_{unit:04d}"
 
@@ -54,11 +80,15 @@ def save_rank(root: Path, layer_start: int, layer_end: int, tp: TPContext,
     return written
 
 
-def write_meta(root: Path, iteration: int, model: dict[str, Any], optimizer: str, tp_of_unit: dict[int, int]) -> None:
-    (root / META).write_text(json.dumps({"format": 1, "iteration": iteration, "model": model,
-                                         "optimizer": optimizer,
-                                         "tp_of_unit": {str(u): t for u, t in sorted(tp_of_unit.items())}},
-                                        indent=2) + "\n")
+def write_meta(root: Path, iteration: int, model: dict[str, Any], optimizer: str, tp_of_unit: dict[int, int],
+               save_s: float | None = None) -> None:
+    """`save_s`: how long the ranks took to write their shards (a supervisor counts it as downtime
+    when the checkpoint was taken to stop)."""
+    meta = {"format": 1, "iteration": iteration, "model": model, "optimizer": optimizer,
+            "tp_of_unit": {str(u): t for u, t in sorted(tp_of_unit.items())}}
+    if save_s is not None:
+        meta["save_s"] = save_s
+    (root / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def read_meta(root: Path) -> dict[str, Any]:

@@ -68,11 +68,58 @@ class RunOptions:
     quiet: bool = False
     progress_dir: str | None = None  # each rank writes rank<r>.steps (steps completed) there
     measure: bool = False  # record per-rank step breakdowns (runtime/probe.py) into the log
+    # Elastic runs (runtime/elastic.py): a layer-wise checkpoint every `checkpoint_every` steps in
+    # save_checkpoint/step_<iteration>/ (0: one checkpoint in save_checkpoint at the end); a file
+    # holding N makes every rank stop, at the same step, once N iterations are done; each rank
+    # touches progress_dir/rank<r>.hb every `heartbeat_s` seconds (0: no heartbeat).
+    checkpoint_every: int = 0
+    control_path: str | None = None
+    heartbeat_s: float = 0.0
 
 
 def progress_path(progress_dir: str | Path, spec_rank: int) -> Path:
     """Steps a rank has completed, so a launcher can say when a rank died (runtime/local.py)."""
     return Path(progress_dir) / f"rank{spec_rank}.steps"
+
+
+def heartbeat_path(progress_dir: str | Path, spec_rank: int) -> Path:
+    """Touched by a rank's heartbeat thread: a stopped or wedged process stops touching it."""
+    return Path(progress_dir) / f"rank{spec_rank}.hb"
+
+
+def ready_path(progress_dir: str | Path, spec_rank: int) -> Path:
+    """Written once a rank has built its stage and loaded its checkpoint: {"load_s", "ready_at"}."""
+    return Path(progress_dir) / f"rank{spec_rank}.ready"
+
+
+def steps_log_path(progress_dir: str | Path) -> Path:
+    """The reporter appends one JSON row per finished step (a killed run keeps its rows)."""
+    return Path(progress_dir) / "steps.jsonl"
+
+
+def start_heartbeat(progress_dir: str | Path, spec_rank: int, interval_s: float) -> None:
+    """A daemon thread that touches heartbeat_path every `interval_s`; it dies with the process
+    and stops with it (SIGSTOP), which is what a supervisor watching the file needs to see."""
+    import threading
+
+    path = heartbeat_path(progress_dir, spec_rank)
+
+    def beat() -> None:
+        while True:
+            path.touch()
+            time.sleep(interval_s)
+
+    threading.Thread(target=beat, name="hetplan-heartbeat", daemon=True).start()
+
+
+def stop_requested(control_path: str | None, iterations_done: int) -> bool:
+    """True once the control file asks to stop at or before `iterations_done` iterations."""
+    if not control_path:
+        return False
+    try:
+        return iterations_done >= int(Path(control_path).read_text().strip())
+    except (OSError, ValueError):  # absent, or caught mid-write: no request yet
+        return False
 
 
 def model_config(spec: LaunchSpec, overrides: dict[str, Any]) -> ModelConfig:
@@ -306,9 +353,13 @@ class Trainer:
                       else NULL_PROBE)
         self.pipeline = Pipeline(world, self.module, data, self.cfg, dtype, self.probe)
         self.start_iteration = 0
+        t0 = time.perf_counter()
         if opts.load_checkpoint:
             self.start_iteration = checkpoint.load_rank(Path(opts.load_checkpoint), world.tp, self.params,
                                                         self.optimizer)
+        if opts.progress_dir:
+            ready_path(opts.progress_dir, me.rank).write_text(json.dumps(
+                {"load_s": time.perf_counter() - t0, "ready_at": time.time()}) + "\n")
 
     def step(self, iteration: int) -> list[float]:
         """[time_s, peak_mem_bytes, loss], then the probe's STEP_FIELDS when measuring."""
@@ -339,19 +390,24 @@ class Trainer:
         steps = []
         for k in range(opts.steps):
             iteration = self.start_iteration + k
-            stats = self._gather_stats(self.step(iteration))
+            # the stop flag rides on the step's all_gather: every rank sees every rank's flag, so
+            # all stop after the same step although each read the control file at its own time
+            stats = self._gather_stats(self.step(iteration) + [float(stop_requested(opts.control_path, iteration + 1))])
+            stop = any(s.pop() for s in stats)
             row = {"step": k + 1, "iteration": iteration, "loss": sum(s[2] for s in stats),
                    "time_s": max(s[0] for s in stats), "peak_mem_bytes": [int(s[1]) for s in stats]}
             if opts.measure:
                 row["ranks"] = [step_record(s[3:], r) for r, s in enumerate(stats)]
             steps.append(row)
-            if opts.progress_dir:
-                progress_path(opts.progress_dir, self.world.me.rank).write_text(f"{k + 1}\n")
-            if self.world.is_reporter and not opts.quiet:
-                print(f"[hetplan] step {k + 1}/{opts.steps} loss {row['loss']:.6f} time {row['time_s']:.3f} s "
-                      f"peak mem {max(row['peak_mem_bytes']) / 2**20:.1f} MiB (max over {spec.world_size} ranks)",
-                      flush=True)
-        self._finish(self.start_iteration + opts.steps)
+            last = stop or k + 1 == opts.steps
+            if opts.checkpoint_every and ((k + 1) % opts.checkpoint_every == 0 or last):
+                # before the progress file says the step is done: a launcher that reads N may
+                # count on checkpoint N (a rank killed after its last step loses nothing)
+                self._checkpoint(checkpoint.step_dir(Path(opts.save_checkpoint), iteration + 1), iteration + 1)
+            self._report(row, k)
+            if stop:
+                break
+        self._finish(self.start_iteration + len(steps))
         log = {"plan": spec.plan_name, "instance": spec.instance_name, "world_size": spec.world_size,
                "schedule": spec.schedule.name, "num_microbatches": spec.schedule.num_microbatches,
                "global_batch_size": spec.batch.global_batch_size, "model": asdict(self.cfg),
@@ -365,6 +421,20 @@ class Trainer:
             Path(opts.log_path).write_text(json.dumps(log, indent=2) + "\n")
         return log
 
+    def _report(self, row: dict[str, Any], k: int) -> None:
+        """Progress file (after the step's checkpoint: a launcher reading N knows checkpoint N is
+        complete), the reporter's step row and its console line."""
+        opts, spec = self.opts, self.world.spec
+        if self.world.is_reporter and opts.progress_dir:
+            with steps_log_path(opts.progress_dir).open("a") as f:
+                f.write(json.dumps({"iteration": row["iteration"], "loss": row["loss"], "time_s": row["time_s"]}) + "\n")
+        if opts.progress_dir:
+            progress_path(opts.progress_dir, self.world.me.rank).write_text(f"{k + 1}\n")
+        if self.world.is_reporter and not opts.quiet:
+            print(f"[hetplan] step {k + 1}/{opts.steps} loss {row['loss']:.6f} time {row['time_s']:.3f} s "
+                  f"peak mem {max(row['peak_mem_bytes']) / 2**20:.1f} MiB (max over {spec.world_size} ranks)",
+                  flush=True)
+
     def _finish(self, iteration: int) -> None:
         me, opts = self.world.me, self.opts
         if opts.dump_dir:
@@ -372,18 +442,25 @@ class Trainer:
             d.mkdir(parents=True, exist_ok=True)
             torch.save({"rank": me.model_dump(), "params": {i.key: p.detach().cpu() for i, p in self.params},
                         "shard_dims": {i.key: i.shard_dim for i, _ in self.params}}, d / f"rank{me.rank}.pt")
-        if opts.save_checkpoint:
-            root = Path(opts.save_checkpoint)
-            if me.replica == 0:
-                checkpoint.save_rank(root, me.layer_start, me.layer_end, self.world.tp, self.params, self.optimizer)
-            dist.barrier()
-            if self.world.is_reporter:
-                tp_of_unit: dict[int, int] = {}
-                for s in range(self.world.spec.num_stages):
-                    lead = self.world.spec.replicas(s)[0]
-                    tp_of_unit.update({u: lead.tp_size for u in range(lead.layer_start, lead.layer_end)})
-                checkpoint.write_meta(root, iteration, asdict(self.cfg), self.optimizer_name, tp_of_unit)
-            dist.barrier()
+        if opts.save_checkpoint and not opts.checkpoint_every:  # periodic ones are taken in train()
+            self._checkpoint(Path(opts.save_checkpoint), iteration)
+
+    def _checkpoint(self, root: Path, iteration: int) -> None:
+        """Replica 0 of each stage writes its shards; the reporter writes meta.json last, once
+        every rank has written (a folder without it is incomplete)."""
+        me = self.world.me
+        t0 = time.perf_counter()
+        if me.replica == 0:
+            checkpoint.save_rank(root, me.layer_start, me.layer_end, self.world.tp, self.params, self.optimizer)
+        dist.barrier()
+        if self.world.is_reporter:
+            tp_of_unit: dict[int, int] = {}
+            for s in range(self.world.spec.num_stages):
+                lead = self.world.spec.replicas(s)[0]
+                tp_of_unit.update({u: lead.tp_size for u in range(lead.layer_start, lead.layer_end)})
+            checkpoint.write_meta(root, iteration, asdict(self.cfg), self.optimizer_name, tp_of_unit,
+                                  save_s=time.perf_counter() - t0)
+        dist.barrier()
 
 
 def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = None, init_method: str | None = None,
@@ -401,9 +478,13 @@ def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = No
     kwargs: dict[str, Any] = {"timeout": timedelta(seconds=opts.timeout_s)}
     if init_method is not None:
         kwargs.update(init_method=init_method, rank=process_rank, world_size=spec.world_size)
+    if opts.heartbeat_s > 0 and opts.progress_dir and spec_rank is not None:
+        start_heartbeat(opts.progress_dir, spec_rank, opts.heartbeat_s)  # alive from before the rendezvous
     dist.init_process_group(backend, **kwargs)
     try:
         rank = identify(spec, single_host) if spec_rank is None else spec_rank
+        if opts.heartbeat_s > 0 and opts.progress_dir and spec_rank is None:
+            start_heartbeat(opts.progress_dir, rank, opts.heartbeat_s)
         world = setup_world(spec, rank, device)
         return Trainer(world, opts).train()
     finally:
@@ -434,6 +515,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collective-timeout", dest="timeout", type=float, default=300.0,
                    help="seconds before a collective gives up")
     p.add_argument("--progress-dir", help="directory: every rank writes rank<r>.steps, its completed steps")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="with --save-checkpoint: a checkpoint every N steps in DIR/step_<iteration>/")
+    p.add_argument("--control-file", help="file holding N: every rank stops after the step that completes "
+                                          "iteration N (written by a supervisor)")
+    p.add_argument("--heartbeat", type=float, default=0.0,
+                   help="seconds between touches of <progress-dir>/rank<r>.hb (0: none)")
     p.add_argument("--measure", action="store_true",
                    help="log per rank and step the forward/backward/p2p/sync/update times and peak memory")
     return p
@@ -445,7 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(steps=args.steps, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                       seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
                       save_checkpoint=args.save_checkpoint, load_checkpoint=args.load_checkpoint,
-                      timeout_s=args.timeout, progress_dir=args.progress_dir, measure=args.measure)
+                      timeout_s=args.timeout, progress_dir=args.progress_dir, measure=args.measure,
+                      checkpoint_every=args.checkpoint_every, control_path=args.control_file,
+                      heartbeat_s=args.heartbeat)
     try:
         run_worker(load_spec(args.spec), opts, single_host=args.single_host)
     except HetplanError as exc:

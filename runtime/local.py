@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
-from hetplan.runtime.execute import RunOptions, progress_path, run_worker
+from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, ready_path, run_worker
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
 
@@ -93,45 +93,90 @@ def steps_done(out_dir: Path, world_size: int) -> int:
     return min(done, default=0)
 
 
+class LocalWorkers:
+    """One forkserver child per spec rank on this host, started at construction. A launcher
+    polls it (`failed`, `finished`, `heartbeat_age_s`), can signal one rank (`signal`) and must
+    `close` it (kills what is left, reaps, removes the rendezvous file)."""
+
+    def __init__(self, spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir: Path, threads: int = 1):
+        ctx = mp.get_context("forkserver")
+        # torch.optim imports torch._dynamo on first use (seconds): pay it once in the server.
+        ctx.set_forkserver_preload(["hetplan.runtime.execute", "torch._dynamo"])
+        self.spec, self.opts, self.out_dir = spec, opts, out_dir
+        # absolute: in file://run/store the first word would be read as a host name (rendezvous hangs)
+        self.store = out_dir.resolve() / f"store-{os.getpid()}-{time.monotonic_ns()}"
+        errs = [out_dir / f"rank{r}.err" for r in range(spec.world_size)]
+        for r, e in enumerate(errs):
+            for stale in (e, _started_path(out_dir, r), progress_path(out_dir, r), heartbeat_path(out_dir, r),
+                          ready_path(out_dir, r)):
+                stale.unlink(missing_ok=True)
+        self.procs = [ctx.Process(target=_child, args=(str(spec_path), opts, r, f"file://{self.store}", str(errs[r]),
+                                                       threads))
+                      for r in range(spec.world_size)]
+        self.started_at = time.monotonic()
+        for proc in self.procs:
+            proc.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
+    def codes(self) -> list[int | None]:
+        return [proc.exitcode for proc in self.procs]
+
+    def failed(self) -> list[int]:
+        return [r for r, code in enumerate(self.codes()) if code not in (None, 0)]
+
+    def finished(self) -> bool:
+        """Every rank exited with 0."""
+        return all(code == 0 for code in self.codes())
+
+    def failure_message(self) -> str:
+        return _failure_message(self.spec, self.opts, self.failed(), self.codes(), self.out_dir)
+
+    def heartbeat_age_s(self) -> list[float | None]:
+        """Seconds since each rank's last heartbeat; None before its first one."""
+        now, ages = time.time(), []
+        for r in range(self.spec.world_size):
+            try:
+                ages.append(now - heartbeat_path(self.out_dir, r).stat().st_mtime)
+            except OSError:
+                ages.append(None)
+        return ages
+
+    def signal(self, rank: int, sig: int) -> None:
+        os.kill(self.procs[rank].pid, sig)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.exitcode is None:
+                proc.kill()  # SIGKILL: a stopped (SIGSTOP) process would never act on SIGTERM
+        for proc in self.procs:
+            proc.join(timeout=10)
+        self.store.unlink(missing_ok=True)
+
+
 def _run_processes(spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir: Path, timeout_s: float,
                    threads: int, on_progress: Callable[[int], None] | None = None) -> None:
-    ctx = mp.get_context("forkserver")
-    # torch.optim imports torch._dynamo on first use (seconds): pay it once in the server.
-    ctx.set_forkserver_preload(["hetplan.runtime.execute", "torch._dynamo"])
-    store = out_dir / f"store-{os.getpid()}-{time.monotonic_ns()}"
-    errs = [out_dir / f"rank{r}.err" for r in range(spec.world_size)]
-    for r, e in enumerate(errs):
-        for stale in (e, _started_path(out_dir, r), progress_path(out_dir, r)):
-            stale.unlink(missing_ok=True)
-    procs = [ctx.Process(target=_child, args=(str(spec_path), opts, r, f"file://{store}", str(errs[r]), threads))
-             for r in range(spec.world_size)]
-    for p in procs:
-        p.start()
+    workers = LocalWorkers(spec, spec_path, opts, out_dir, threads)
     deadline = time.monotonic() + timeout_s
     reported = 0
     try:
-        while any(p.exitcode is None for p in procs):
+        while any(code is None for code in workers.codes()):
             if on_progress is not None and (done := steps_done(out_dir, spec.world_size)) > reported:
                 reported = done
                 on_progress(done)
-            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if failed:
-                raise LaunchError(_failure_message(spec, opts, failed, [p.exitcode for p in procs], out_dir))
+            if workers.failed():
+                raise LaunchError(workers.failure_message())
             if time.monotonic() > deadline:
                 raise LaunchError(f"local launch did not finish within {timeout_s:.0f} s")
             time.sleep(0.05)
-        failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
-        if failed:
-            raise LaunchError(_failure_message(spec, opts, failed, [p.exitcode for p in procs], out_dir))
+        if workers.failed():
+            raise LaunchError(workers.failure_message())
         if on_progress is not None and (done := steps_done(out_dir, spec.world_size)) > reported:
             on_progress(done)  # the last steps may end between two polls
     finally:
-        for p in procs:
-            if p.exitcode is None:
-                p.terminate()
-        for p in procs:
-            p.join(timeout=10)
-        store.unlink(missing_ok=True)
+        workers.close()
 
 
 def _failure_message(spec: LaunchSpec, opts: RunOptions, failed: list[int], codes: list[int | None],

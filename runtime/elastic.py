@@ -1,0 +1,601 @@
+"""Elastic local runs: a supervisor that keeps one training job going while GPUs come and go.
+
+    hetplan run INSTANCE [PLAN] --local --elastic --steps 12 --checkpoint-dir ckpt/ --events events.yaml
+
+The supervisor starts the executor's ranks on this host (runtime/local.py `LocalWorkers`, gloo)
+in segments. Every rank takes a layer-wise checkpoint every `checkpoint_every` steps into
+CKPT/step_<iteration>/ (runtime/checkpoint.py; the iteration is the data position, so a resumed
+run reads exactly the samples it would have read), touches a heartbeat file every `heartbeat_s`,
+and stops after the step that completes iteration N once the supervisor writes N into its
+control file (all ranks stop at the same step: the request rides on the step's all_gather).
+
+What the supervisor watches, and what it does on each (Sailor sec. 4.4: reconfigure the job
+instead of killing it; AutoHet sec. IV: layer-wise checkpoints, TP split/merge, local copies
+first):
+
+* a rank that exits (killed, crashed): the others are stopped; the ranks' GPUs that held state
+  are taken as lost; warm re-plan on the same cluster (core/replan.py), resume from the newest
+  complete checkpoint. Steps after that checkpoint are trained again (none with checkpoint_every
+  1: the step in flight had not completed);
+* a rank whose heartbeat is older than `heartbeat_timeout_s` (a stopped or wedged process): as
+  above, after killing every rank;
+* an availability change (`lose`/`gain` events at a step, Sailor trace rows time-scaled, or
+  entries appended to a watched events file): the cluster state is updated. A loss that takes
+  GPUs of the running plan stops the ranks at the event's step boundary (an at_step event) or
+  at the next one, then re-plans; a loss of idle GPUs changes nothing; a gain (or a loss of idle
+  GPUs) is re-planned while the ranks keep training, and the ranks stop only when the new plan
+  differs from the running one.
+
+Each reconfiguration is logged with its downtime split into detect (fault or boundary -> every
+old rank gone; for a stop at a boundary: minus the checkpoint), re-plan (only when it ran while
+nothing trained), state transfer (checkpoint written at the stop + slowest rank's load) and
+restart (new processes, rendezvous, building the stages). The migration a cluster would do
+(runtime/migrate.py: local copies first, then peers, then remote storage) is reported beside
+it; on one host every file is local. The global batch never changes (the plan's microbatch
+shares do), so the final parameters equal an uninterrupted run's.
+
+Events file (YAML or JSON list):
+
+    - {at_step: 4, lose: {gpu_type: V100-16, zone: us-central1-a, count: 4}}
+    - {at_step: 6, kill_rank: 2}
+    - {at_step: 8, gain: {gpu_type: A100-40, zone: us-central1-a, count: 4}}
+    - {at_step: 9, hang_rank: 1}          # SIGSTOP: the heartbeat timeout must catch it
+    - {at_s: 30, fail_node: a100-3}       # seconds since the start (wall)
+
+`at_step: k` fires once k iterations are done. A watched file (`watch`) is re-read while the job
+runs; entries appended to it fire when seen (their at_step / at_s are ignored), so an operator
+or a cloud hook can write `- {lose: {gpu_type: V100-16, zone: us-central1-a, count: 4}}`.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_event
+from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
+from hetplan.instance import AvailabilityEvent, Instance, format_validation_error, read_structured
+from hetplan.plan import Plan, validate_plan
+from hetplan.replan import ReplanOptions, replan, same_plan
+from hetplan.runtime import checkpoint
+from hetplan.runtime.execute import RunOptions, ready_path, steps_log_path
+from hetplan.runtime.local import LaunchError, LocalWorkers, _check_options, steps_done
+from hetplan.runtime.migrate import migration_plan
+from hetplan.runtime.spec import build_spec
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+NEVER = 2**62  # control-file value: no stop requested
+POLL_S = 0.02
+
+
+class GpuChange(BaseModel):
+    model_config = _STRICT
+    gpu_type: str
+    zone: str
+    count: int = Field(ge=1)
+
+
+class ElasticEvent(BaseModel):
+    """One line of an events file: when (at_step or at_s; neither: when seen) and one action."""
+
+    model_config = _STRICT
+    at_step: int | None = Field(default=None, ge=1)
+    at_s: float | None = Field(default=None, ge=0)
+    lose: GpuChange | None = None
+    gain: GpuChange | None = None
+    kill_rank: int | None = Field(default=None, ge=0)
+    hang_rank: int | None = Field(default=None, ge=0)
+    fail_node: str | None = None
+
+    @model_validator(mode="after")
+    def _one_action(self) -> "ElasticEvent":
+        actions = [k for k in ("lose", "gain", "kill_rank", "hang_rank", "fail_node") if getattr(self, k) is not None]
+        if len(actions) != 1:
+            raise ValueError("an event has exactly one of lose, gain, kill_rank, hang_rank, fail_node "
+                             f"(got {actions or 'none'})")
+        if self.at_step is not None and self.at_s is not None:
+            raise ValueError("an event has at most one of at_step and at_s")
+        return self
+
+    @property
+    def is_fault(self) -> bool:
+        """A fault the supervisor injects into a rank (emulation of a crash or a hang)."""
+        return self.kill_rank is not None or self.hang_rank is not None
+
+    def describe(self) -> str:
+        if self.lose or self.gain:
+            ch = self.lose or self.gain
+            return f"{'lose' if self.lose else 'gain'} {ch.count} {ch.gpu_type}@{ch.zone}"
+        if self.kill_rank is not None:
+            return f"kill rank {self.kill_rank}"
+        if self.hang_rank is not None:
+            return f"hang rank {self.hang_rank}"
+        return f"node {self.fail_node} fails"
+
+
+def parse_events(data: Any, where: str) -> list[ElasticEvent]:
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise InstanceError("an events file is a list of events, e.g. "
+                            "`- {at_step: 4, lose: {gpu_type: V100-16, zone: z, count: 4}}`", where)
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(ElasticEvent.model_validate(item))
+        except ValidationError as exc:
+            raise InstanceError(format_validation_error(exc), f"{where}[{i}]") from None
+    return out
+
+
+def read_events(path: str | Path) -> list[ElasticEvent]:
+    return parse_events(read_structured(Path(path)), str(path))
+
+
+# ---- options and results --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ElasticOptions:
+    steps: int
+    checkpoint_dir: Path
+    out_dir: Path
+    events: tuple[ElasticEvent, ...] = ()
+    # cluster events (cluster_state.event_stream: the instance's events, a Sailor trace) in
+    # trace seconds: those at 0 give the starting cluster, the others fire at time_s / time_scale
+    cluster_events: tuple[Event, ...] = ()
+    time_scale: float = 1.0  # trace seconds per wall second
+    watch: Path | None = None
+    heartbeat_s: float = 0.25
+    heartbeat_timeout_s: float = 10.0
+    startup_timeout_s: float = 120.0  # before a rank's first heartbeat (process start, imports)
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    max_reconfigurations: int = 50
+    replan: ReplanOptions = field(default_factory=lambda: ReplanOptions(planner_time_limit_s=1.0))
+    model: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    optimizer: str | None = None
+    lr: float | None = None
+    seed: int = 0
+    collective_timeout_s: float = 120.0
+    dump_params: bool = False  # the last segment dumps its parameters (out_dir/segment_<k>/params)
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [(self.steps >= 1, f"steps must be at least 1, got {self.steps}", "steps"),
+                  (self.checkpoint_every >= 1, "checkpoint_every must be at least 1", "checkpoint_every"),
+                  (self.time_scale > 0, f"time_scale must be positive, got {self.time_scale}", "time_scale"),
+                  (0 < self.heartbeat_s < self.heartbeat_timeout_s,
+                   "the heartbeat interval must be positive and below the heartbeat timeout", "heartbeat_timeout_s"),
+                  (self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1", "keep_checkpoints")]
+        for ok, msg, where in checks:
+            if not ok:
+                raise PlanError(msg, where)
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    cause: str
+    kind: str  # failure | hang | availability
+    at_iteration: int  # iterations done (the checkpoint resumed from)
+    plan_before: str
+    plan_after: str
+    plan_changed: bool
+    gpus_before: int
+    gpus_after: int
+    moved_ranks: int
+    steps_redone: int
+    detect_s: float
+    replan_s: float
+    state_transfer_s: float
+    restart_s: float
+    replan_overlapped_s: float = 0.0  # re-planning done while the old plan trained (not downtime)
+    migration: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def downtime_s(self) -> float:
+        return self.detect_s + self.replan_s + self.state_transfer_s + self.restart_s
+
+    def summary(self) -> dict[str, Any]:
+        return {**asdict(self), "downtime_s": self.downtime_s}
+
+
+@dataclass(frozen=True)
+class ElasticResult:
+    steps_completed: int
+    samples_trained: int
+    reconfigurations: list[Reconfiguration]
+    absorbed: list[str]  # events that needed no restart
+    plans: list[dict[str, Any]]  # the plans used, each with the iteration it started at
+    losses: list[float]  # per iteration, from the run that committed it
+    wall_s: float
+    out_dir: Path
+    last_segment_dir: Path
+    final_plan: Plan
+
+    @property
+    def downtime_s(self) -> float:
+        return sum(r.downtime_s for r in self.reconfigurations)
+
+    def summary(self) -> dict[str, Any]:
+        return {"steps_completed": self.steps_completed, "samples_trained": self.samples_trained,
+                "downtime_s": self.downtime_s, "wall_s": self.wall_s,
+                "reconfigurations": [r.summary() for r in self.reconfigurations],
+                "absorbed_events": self.absorbed, "plans": self.plans, "losses": self.losses,
+                "out_dir": str(self.out_dir)}
+
+
+# ---- the supervisor -------------------------------------------------------------------------------
+@dataclass
+class _Stop:
+    """Why a segment ended, with what the supervisor knew when it saw it."""
+
+    kind: str  # finished | boundary | failure | hang
+    cause: str
+    seen_wall: float  # time.time() when every old rank was gone
+    trigger_wall: float  # the fault, or when the boundary step was seen done
+    done: int  # iterations the ranks had completed
+    lost_ranks: tuple[int, ...] = ()
+
+
+@dataclass
+class _Pending:
+    """A reconfiguration waiting for its new ranks to be ready (restart and load are measured then)."""
+
+    stop: _Stop
+    before: Plan
+    after: Plan
+    moved: int
+    replan_s: float
+    overlapped_s: float
+    resumed: int
+    save_s: float
+    relaunch_wall: float
+    migration: dict[str, Any]
+
+
+class _Supervisor:
+    def __init__(self, instance: Instance, plan: Plan, state: ClusterState, opts: ElasticOptions,
+                 log: Callable[[str], None]):
+        self.inst, self.plan, self.state, self.opts, self.log = instance, plan, state, opts, log
+        self.todo = sorted((e for e in opts.events if e.at_step is not None), key=lambda e: e.at_step)
+        self.timed = sorted([(e.at_s, e) for e in opts.events if e.at_s is not None] +
+                            [(ev.time_s / opts.time_scale, ev) for ev in opts.cluster_events], key=lambda x: x[0])
+        self.watch_seen = 0
+        self.watch_mtime = 0.0
+        self.reconfs: list[Reconfiguration] = []
+        self.absorbed: list[str] = []
+        self.base_name = plan.name or instance.name
+        self.plans = [plan_row(plan, 0)]
+        self.losses: dict[int, float] = {}
+        self.next_plan: Plan | None = None  # found by a re-plan while training
+        self.next_cause = ""
+        self.overlapped_s = 0.0
+        self.t0 = time.monotonic()
+
+    # -- segments ----------------------------------------------------------------------------------
+    def run(self) -> ElasticResult:
+        opts = self.opts
+        opts.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        done = self._committed()
+        pending: _Pending | None = None
+        segment = 0
+        seg_dir = opts.out_dir
+        while done < opts.steps:
+            if len(self.reconfs) >= opts.max_reconfigurations:
+                raise LaunchError(f"gave up after {len(self.reconfs)} reconfigurations at iteration {done}")
+            seg_dir = opts.out_dir / f"segment_{segment:03d}"
+            stop = self._segment(seg_dir, done, pending)
+            pending = None
+            self._collect_losses(seg_dir)
+            resumed = self._committed()
+            if resumed >= opts.steps:
+                break
+            pending = self._reconfigure(stop, done, resumed)
+            done = resumed
+            segment += 1
+        return ElasticResult(steps_completed=self._committed(),
+                             samples_trained=self._committed() * self.inst.workload.global_batch_size,
+                             reconfigurations=self.reconfs, absorbed=self.absorbed, plans=self.plans,
+                             losses=[self.losses[i] for i in sorted(self.losses) if i < opts.steps],
+                             wall_s=time.monotonic() - self.t0, out_dir=opts.out_dir, last_segment_dir=seg_dir,
+                             final_plan=self.plan)
+
+    def _committed(self) -> int:
+        last = checkpoint.latest(self.opts.checkpoint_dir)
+        return checkpoint.read_meta(last)["iteration"] if last is not None else 0
+
+    def _segment(self, seg_dir: Path, done: int, pending: _Pending | None) -> _Stop:
+        opts = self.opts
+        seg_dir.mkdir(parents=True, exist_ok=True)
+        spec = build_spec(self.inst, self.plan)
+        spec_path = spec.save(seg_dir / "launch_spec.json")
+        control = seg_dir / "control"
+        control.write_text(f"{self._planned_stop(done)}\n")
+        last = checkpoint.latest(opts.checkpoint_dir)
+        run = RunOptions(steps=opts.steps - done, model=dict(opts.model), dtype=opts.dtype, optimizer=opts.optimizer,
+                         lr=opts.lr, seed=opts.seed, backend="gloo", log_path=str(seg_dir / "log.json"),
+                         dump_dir=str(seg_dir / "params") if opts.dump_params else None,
+                         save_checkpoint=str(opts.checkpoint_dir), load_checkpoint=str(last) if last else None,
+                         timeout_s=opts.collective_timeout_s, quiet=True, progress_dir=str(seg_dir),
+                         checkpoint_every=opts.checkpoint_every, control_path=str(control),
+                         heartbeat_s=opts.heartbeat_s)
+        _check_options(spec, run)
+        workers = LocalWorkers(spec, spec_path, run, seg_dir)
+        box: list[_Pending] = [pending] if pending is not None else []
+        try:
+            return self._watch(workers, seg_dir, control, done, box)
+        finally:
+            workers.close()
+            if box:  # the segment ended before every rank was ready: record what is known
+                self._ready(seg_dir, spec.world_size, box[0], force=True)
+            checkpoint.prune(opts.checkpoint_dir, opts.keep_checkpoints)
+
+    def _planned_stop(self, done: int) -> int:
+        """The first at_step event that changes the plan's world: a gain, or a loss that takes
+        GPUs of the running plan. The ranks stop exactly at its boundary (where the GPUs appear
+        or disappear); losses of idle GPUs before it are applied without a stop."""
+        state = self.state
+        for ev in self.todo:
+            if ev.at_step > done and not ev.is_fault:
+                state = state.apply(self._cluster_event(ev, state))
+                if ev.gain or not state.plan_is_valid(self.plan):
+                    return ev.at_step
+        return NEVER
+
+    def _watch(self, workers: LocalWorkers, seg_dir: Path, control: Path, base: int,
+               pending: list[_Pending]) -> _Stop:
+        """Poll the ranks until the segment ends; `pending` (0 or 1 reconfiguration waiting for
+        its new ranks) is emptied once recorded."""
+        world = workers.spec.world_size
+        planned = int(control.read_text())
+        faults: dict[int, float] = {}  # rank -> wall time we injected its fault
+        boundary_wall = None
+        while True:
+            done = base + steps_done(seg_dir, world)
+            if pending and self._ready(seg_dir, world, pending[0]):
+                pending.clear()
+            if done >= planned and boundary_wall is None:
+                boundary_wall = time.time()
+            for ev in self._due_step_events(done, planned):
+                if ev.is_fault:
+                    rank = ev.kill_rank if ev.kill_rank is not None else ev.hang_rank
+                    if rank >= world:  # the job goes on: a test fault aimed at nothing is no reason to stop
+                        self.log(f"iteration {done}: ignored '{ev.describe()}': the running plan has {world} ranks")
+                        continue
+                    faults[rank] = time.time()
+                    workers.signal(rank, signal.SIGKILL if ev.kill_rank is not None else signal.SIGSTOP)
+                    self.log(f"iteration {done}: {ev.describe()} (pid {workers.pids[rank]})")
+                else:  # a loss of GPUs the plan does not use (_planned_stop)
+                    self.state = self.state.apply(self._cluster_event(ev, self.state))
+                    self.absorbed.append(f"iteration {done}: {ev.describe()} (idle GPUs: plan kept)")
+                    self.log(self.absorbed[-1])
+            for ev in self._due_async_events():
+                self._arrive(ev, done, control)
+            if failed := workers.failed():
+                killed = [r for r in failed if r in faults] or failed
+                r, code = killed[0], workers.codes()[killed[0]]
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+                self.log(f"iteration {done}: {workers.failure_message()}")
+                trigger = faults.get(r, time.time())
+                return _Stop("failure", f"rank {r} {how}", time.time(), trigger, done, tuple(killed))
+            # the heartbeat timeout holds once a rank is ready (imports, rendezvous and building
+            # the stage may hold the GIL for long); before, the startup timeout does
+            ready = [ready_path(seg_dir, r).exists() for r in range(world)]
+            ages = workers.heartbeat_age_s()
+            hung = [r for r, age in enumerate(ages) if ready[r] and age is not None and age > self.opts.heartbeat_timeout_s]
+            if hung:
+                workers.close()
+                r = ([h for h in hung if h in faults] or hung)[0]
+                trigger = faults.get(r, time.time() - ages[r])
+                cause = f"rank {r} sent no heartbeat for {ages[r]:.1f} s (timeout {self.opts.heartbeat_timeout_s:g} s)"
+                self.log(f"iteration {done}: {cause}; every rank stopped")
+                return _Stop("hang", cause, time.time(), trigger, done, tuple(hung))
+            if time.monotonic() - workers.started_at > self.opts.startup_timeout_s and not all(ready):
+                workers.close()
+                r = ready.index(False)
+                cause = f"rank {r} was not ready within {self.opts.startup_timeout_s:g} s"
+                self.log(f"iteration {done}: {cause}; every rank stopped")
+                return _Stop("hang", cause, time.time(), time.time(), done, (r,))
+            if workers.finished():
+                done = base + steps_done(seg_dir, world)
+                kind = "finished" if done >= self.opts.steps else "boundary"
+                return _Stop(kind, self.next_cause, time.time(), boundary_wall or time.time(), done)
+            time.sleep(POLL_S)
+
+    def _ready(self, seg_dir: Path, world: int, p: _Pending, force: bool = False) -> bool:
+        """Once every new rank is ready, the reconfiguration's restart and load times are known
+        and it is recorded. `force`: record it now (the segment ended before that), with the
+        ranks that did get ready."""
+        rows = []
+        for r in range(world):
+            try:
+                rows.append(json.loads(ready_path(seg_dir, r).read_text()))
+            except (OSError, ValueError):
+                if not force:
+                    return False
+        load_s = max((row["load_s"] for row in rows), default=0.0)
+        ready_wall = max((row["ready_at"] for row in rows), default=time.time())
+        stop = p.stop
+        detect_s = max(stop.seen_wall - stop.trigger_wall - p.save_s, 0.0)
+        rec = Reconfiguration(
+            cause=stop.cause, kind=stop.kind if stop.kind != "boundary" else "availability",
+            at_iteration=p.resumed, plan_before=p.before.name, plan_after=p.after.name,
+            plan_changed=not same_plan(p.before, p.after), gpus_before=p.before.num_gpus, gpus_after=p.after.num_gpus,
+            moved_ranks=p.moved, steps_redone=max(stop.done - p.resumed, 0), detect_s=detect_s, replan_s=p.replan_s,
+            state_transfer_s=p.save_s + load_s, restart_s=max(ready_wall - p.relaunch_wall - load_s, 0.0),
+            replan_overlapped_s=p.overlapped_s, migration=p.migration)
+        self.reconfs.append(rec)
+        self.log(f"reconfigured at iteration {rec.at_iteration} ({rec.cause}): {rec.plan_before} -> {rec.plan_after} "
+                 f"({rec.gpus_before} -> {rec.gpus_after} GPUs), downtime {rec.downtime_s:.2f} s = detect "
+                 f"{rec.detect_s:.2f} + re-plan {rec.replan_s:.2f} + state {rec.state_transfer_s:.2f} + restart "
+                 f"{rec.restart_s:.2f}")
+        return True
+
+    # -- events ------------------------------------------------------------------------------------
+    def _due_step_events(self, done: int, planned: int) -> list[ElasticEvent]:
+        """at_step events now due, except those of the planned stop (applied once the ranks stopped)."""
+        due = [e for e in self.todo if e.at_step <= done and (e.is_fault or e.at_step < planned)]
+        self.todo = [e for e in self.todo if e not in due]
+        return due
+
+    def _due_async_events(self) -> list:
+        elapsed = time.monotonic() - self.t0
+        due = [ev for t, ev in self.timed if t <= elapsed]
+        self.timed = [(t, ev) for t, ev in self.timed if t > elapsed]
+        return due + self._poll_watch()
+
+    def _poll_watch(self) -> list[ElasticEvent]:
+        path = self.opts.watch
+        if path is None or not path.exists() or path.stat().st_mtime == self.watch_mtime:
+            return []
+        self.watch_mtime = path.stat().st_mtime
+        try:
+            events = read_events(path)
+        except InstanceError as exc:  # an operator's typo must not kill the job
+            self.log(f"ignored {path}: {exc}")
+            return []
+        new, self.watch_seen = events[self.watch_seen:], max(self.watch_seen, len(events))
+        return new
+
+    def _cluster_event(self, ev: ElasticEvent | Event, state: ClusterState) -> Event:
+        t = time.monotonic() - self.t0
+        if not isinstance(ev, ElasticEvent):
+            return ev.model_copy(update={"time_s": max(t, state.time_s)})
+        if ev.fail_node is not None:
+            return NodeFailure(time_s=t, node=ev.fail_node)
+        ch, sign = (ev.lose, -1) if ev.lose else (ev.gain, 1)
+        have = state.requested_gpus((ch.gpu_type, ch.zone)) if (ch.gpu_type, ch.zone) in state.quota else 0
+        return AvailabilityEvent(time_s=t, gpu_type=ch.gpu_type, zone=ch.zone, available_gpus=max(have + sign * ch.count, 0))
+
+    def _describe(self, ev: ElasticEvent | Event) -> str:
+        return ev.describe() if isinstance(ev, ElasticEvent) else describe_event(ev)
+
+    def _arrive(self, ev, done: int, control: Path) -> None:
+        """An availability change seen while training (trace, at_s, watched file): stop at the
+        next boundary if it takes running GPUs; otherwise re-plan now, while the ranks train, and
+        stop only for a different plan."""
+        if isinstance(ev, ElasticEvent) and ev.is_fault:
+            self.log(f"ignored '{ev.describe()}': faults need at_step")
+            return
+        new = self.state.apply(self._cluster_event(ev, self.state))
+        self.state = new
+        what = self._describe(ev)
+        if not new.plan_is_valid(self.plan):
+            self.next_plan, self.next_cause = None, what
+            control.write_text(f"{done + 1}\n")
+            self.log(f"iteration {done}: {what} takes GPUs of the running plan; stopping at iteration {done + 1}")
+            return
+        t = time.perf_counter()
+        res = replan(self.inst, self.plan, new, self.opts.replan)
+        spent = time.perf_counter() - t
+        if res.plan is None or same_plan(res.plan, self.plan):
+            self.absorbed.append(f"iteration {done}: {what} (re-planned in {spent:.2f} s: plan kept)")
+            self.log(self.absorbed[-1])
+            return
+        self.next_plan, self.next_cause, self.overlapped_s = res.plan, what, spent
+        control.write_text(f"{done + 1}\n")
+        self.log(f"iteration {done}: {what}: a better plan found in {spent:.2f} s while training; switching")
+
+    # -- reconfiguration ---------------------------------------------------------------------------
+    def _reconfigure(self, stop: _Stop, base: int, resumed: int) -> _Pending:
+        before = self.plan
+        replan_s, overlapped = 0.0, 0.0
+        lost: list[tuple[str, int]] = []
+        if stop.kind == "boundary" and not self.next_cause:
+            # the planned stop: apply the at_step changes due there
+            due = [e for e in self.todo if e.at_step <= resumed and not e.is_fault]
+            self.todo = [e for e in self.todo if e not in due]
+            for ev in due:
+                self.state = self.state.apply(self._cluster_event(ev, self.state))
+            stop.cause = ", ".join(e.describe() for e in due) or "stopped"
+        if stop.kind in ("failure", "hang"):
+            rows = build_spec(self.inst, before).ranks
+            lost = [(rows[r].node, rows[r].gpu_index) for r in stop.lost_ranks]
+        if self.next_plan is not None and stop.kind == "boundary":
+            after, overlapped = self.next_plan, self.overlapped_s
+            moved = 0
+        else:
+            t = time.perf_counter()
+            try:
+                res = replan(self.inst, before, self.state, self.opts.replan, lost_gpus=lost)
+            except InfeasibleError as exc:
+                raise LaunchError(f"cannot continue at iteration {resumed}: {exc}") from None
+            replan_s = time.perf_counter() - t
+            after, moved = res.plan, res.moved_ranks
+        self.next_plan, self.next_cause, self.overlapped_s = None, "", 0.0
+        last = checkpoint.latest(self.opts.checkpoint_dir)
+        meta = checkpoint.read_meta(last) if last is not None else {}
+        save_s = float(meta.get("save_s", 0.0)) if stop.kind == "boundary" else 0.0
+        try:
+            mig = migration_plan(self.inst, before, after, self.state).summary()
+        except PlanError as exc:
+            mig = {"note": str(exc)}
+        self.plan = validate_plan(self.inst, after)
+        if not same_plan(before, self.plan):
+            self.plan = self.plan.model_copy(update={"name": f"{self.base_name}@{resumed}"})
+            self.plans.append(plan_row(self.plan, resumed))
+        else:
+            self.plan = self.plan.model_copy(update={"name": before.name})
+        return _Pending(stop, before, self.plan, moved, replan_s, overlapped, resumed, save_s, time.time(), mig)
+
+    def _collect_losses(self, seg_dir: Path) -> None:
+        path = steps_log_path(seg_dir)
+        if path.exists():
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                self.losses[row["iteration"]] = row["loss"]
+
+
+def plan_row(plan: Plan, from_iteration: int) -> dict[str, Any]:
+    """One line of the plans used: where it started, its shape and GPUs."""
+    gpus: dict[str, int] = {}
+    for st in plan.stages:
+        for rep in st.replicas:
+            gpus[rep.gpu_type] = gpus.get(rep.gpu_type, 0) + rep.tp
+    return {"from_iteration": from_iteration, "name": plan.name, "stages": len(plan.stages),
+            "gpus": plan.num_gpus, "gpus_by_type": gpus, "num_microbatches": plan.num_microbatches}
+
+
+def initial_state(instance: Instance, events: tuple[Event, ...]) -> ClusterState:
+    """The cluster at the start: the events at time 0 applied."""
+    return ClusterState.initial(instance).apply_all(ev for ev in events if ev.time_s <= 0)
+
+
+def _runnable_tp(instance: Instance, opts: ElasticOptions) -> tuple[int, ...]:
+    """The re-planner's TP degrees, less those the model that really runs (the instance's, with
+    the run's overrides) cannot split: a plan the executor would refuse is no plan."""
+    arch = instance.model_arch
+    sizes = [opts.model.get("num_heads", arch.num_heads), opts.model.get("ffn_hidden_size", arch.ffn_hidden_size),
+             opts.model.get("vocab_size", arch.vocab_size)]
+    ok = tuple(t for t in opts.replan.tp_choices if all(v % t == 0 for v in sizes))
+    return ok or (1,)
+
+
+def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
+                log: Callable[[str], None] | None = None) -> ElasticResult:
+    """Train `opts.steps` iterations through every event (see the module docstring). `plan`
+    None: the planner's plan for the starting cluster. Raises LaunchError when the job cannot go
+    on (no plan fits what is left, too many reconfigurations)."""
+    state = initial_state(instance, opts.cluster_events)
+    later = tuple(ev for ev in opts.cluster_events if ev.time_s > 0)
+    if plan is None:
+        res = replan(instance, None, state, opts.replan)
+        if res.plan is None:
+            raise InfeasibleError("no GPU is up at the start")
+        plan = res.plan
+    plan = validate_plan(instance, plan)
+    state.check_plan(plan)
+    opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=_runnable_tp(instance, opts)),
+                   checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
+    sup = _Supervisor(instance, plan, state, opts, log or (lambda _msg: None))
+    try:
+        return sup.run()
+    except RunFailedError:
+        raise
+    except OSError as exc:
+        raise LaunchError(f"elastic run failed: {exc}") from None

@@ -1,0 +1,167 @@
+"""The elastic supervisor (runtime/elastic.py) on CPU with gloo: GPUs lost and gained, a rank
+killed and a rank hung mid-run; the job goes on at the same global batch and ends with the
+parameters of an uninterrupted single-process run (float64, Adam: runtime/reference.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetplan.bundled import bundled_dir
+from hetplan.cluster_state import event_stream
+from hetplan.errors import InstanceError
+from hetplan.instance import load_instance
+from hetplan.plan import load_plan, validate_plan
+from hetplan.replan import ReplanOptions
+from hetplan.runtime.elastic import ElasticOptions, parse_events, read_events, run_elastic
+from hetplan.runtime.execute import model_config
+from hetplan.runtime.local import steps_done
+from hetplan.runtime.reference import assemble_dump, reference_train
+from hetplan.runtime.spec import build_spec
+
+BATCH = 8  # instances/elastic_small.yaml: OPT-350M cut to 2 layers, global batch 8
+TINY = dict(hidden_size=16, num_heads=2, ffn_hidden_size=32, vocab_size=32, seq_len=8)  # what runs on the CPU
+TINY_FLAGS = ["--hidden", "16", "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8"]
+STEPS = 12
+
+
+def bundled():
+    """The bundled instance (one of its two A100 nodes up at the start) and its events file."""
+    return load_instance("elastic_small"), bundled_dir() / "events" / "elastic_small.yaml"
+
+
+def start_plan(inst):
+    """instances/plans/elastic_small.json: stage [0,2) on the V100 node (two TP-1 replicas),
+    stage [2,4) on a-0 (TP 2)."""
+    return validate_plan(inst, load_plan("elastic_small"))
+
+
+def options(tmp_path: Path, inst, events, steps: int = STEPS, **kw) -> ElasticOptions:
+    return ElasticOptions(steps=steps, checkpoint_dir=tmp_path / "ckpt", out_dir=tmp_path / "run",
+                          events=tuple(parse_events(events, "test")), cluster_events=tuple(event_stream(inst)),
+                          model=TINY, dtype="float64", optimizer="adam", lr=1e-2, dump_params=True,
+                          replan=ReplanOptions(planner_time_limit_s=0.3), **kw)
+
+
+def assert_matches_reference(result, steps: int) -> None:
+    spec = build_spec(load_instance("elastic_small"), result.final_plan)
+    ref = reference_train(model_config(spec, TINY), global_batch_size=BATCH, steps=steps, optimizer="adam", lr=1e-2)
+    assert result.losses == pytest.approx(ref.losses, abs=1e-9)
+    params = assemble_dump(result.last_segment_dir / "params")
+    assert set(params) == set(ref.params)
+    for key, full in ref.params.items():
+        for holder, value in params[key].items():
+            err = (value - full).abs().max().item()
+            assert err < 1e-5, f"{key} on stage/replica {holder}: max |elastic - reference| = {err:.3g}"
+
+
+def test_lose_kill_gain_hang_ends_with_the_reference_parameters(tmp_path):
+    """The issue's run: a V100 node lost at step 4, a rank killed at step 6, an A100 node gained
+    at step 8; and a rank hung (SIGSTOP) at step 10, caught by a 2 s heartbeat timeout."""
+    inst, events = bundled()
+    timeout_s, beat_s = 2.0, 0.2
+    log: list[str] = []
+    opts = options(tmp_path, inst, yaml.safe_load(events.read_text()), heartbeat_timeout_s=timeout_s, heartbeat_s=beat_s)
+    result = run_elastic(inst, start_plan(inst), opts, log=log.append)
+    assert result.steps_completed == STEPS and result.samples_trained == STEPS * BATCH
+    kinds = [(r.kind, r.at_iteration) for r in result.reconfigurations]
+    assert kinds == [("availability", 4), ("failure", 6), ("availability", 8), ("hang", 10)], log
+    lose, kill, gain, hang = result.reconfigurations
+    assert "lose 2 V100-16@z-a" in lose.cause and "rank 1 killed by SIGKILL" in kill.cause
+    assert "gain 2 A100-40@z-a" in gain.cause and "rank 0 sent no heartbeat" in hang.cause
+    # the V100 node is gone after step 4; the second A100 node is used after step 8
+    assert [row["from_iteration"] for row in result.plans] == [0, 4, 8]
+    assert [row["gpus_by_type"] for row in result.plans] == [{"V100-16": 2, "A100-40": 2}, {"A100-40": 2},
+                                                              {"A100-40": 4}]
+    assert kill.steps_redone == 0 and not kill.plan_changed  # a checkpoint every step; same GPUs
+    # SIGSTOP to detection: the timeout counts from the last beat, up to one interval before the
+    # SIGSTOP; the supervisor polls every 20 ms (1 s of slack for a loaded machine)
+    assert timeout_s - beat_s - 0.05 <= hang.detect_s <= timeout_s + 1.0
+    for r in result.reconfigurations:
+        parts = (r.detect_s, r.replan_s, r.state_transfer_s, r.restart_s)
+        assert all(p >= 0 for p in parts) and r.downtime_s == pytest.approx(sum(parts))
+        assert r.migration.get("checkpoint_files", 0) > 0
+    assert result.downtime_s == pytest.approx(sum(r.downtime_s for r in result.reconfigurations))
+    assert_matches_reference(result, STEPS)
+
+
+def test_an_appended_event_in_the_watched_file_reconfigures_the_running_job(tmp_path):
+    inst, _ = bundled()
+    watch = tmp_path / "events.yaml"
+    watch.write_text("[]\n")
+    steps = 30
+    opts = options(tmp_path, inst, [], steps=steps, watch=watch)
+
+    def operator() -> None:  # once 3 steps are done, an operator writes that the V100s are gone
+        seg = tmp_path / "run" / "segment_000"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and steps_done(seg, 3) < 3:
+            time.sleep(0.02)
+        watch.write_text(yaml.safe_dump([{"lose": {"gpu_type": "V100-16", "zone": "z-a", "count": 2}}]))
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    result = run_elastic(inst, start_plan(inst), opts)
+    thread.join()
+    [lose] = result.reconfigurations
+    assert lose.kind == "availability" and "lose 2 V100-16@z-a" in lose.cause
+    assert lose.at_iteration >= 3 and "V100-16" not in result.plans[-1]["gpus_by_type"]
+    assert result.steps_completed == steps
+    assert_matches_reference(result, steps)
+
+
+def test_an_idle_loss_changes_nothing_and_a_finished_run_resumes_to_nothing(tmp_path):
+    inst, _ = bundled()
+    # node a-1 is down from the start (the instance's event at t=0): its failure takes no GPU of
+    # the plan, so the ranks are not stopped; a second run finds the final checkpoint and stops
+    events = [{"at_step": 2, "fail_node": "a-1"}]
+    result = run_elastic(inst, start_plan(inst), options(tmp_path, inst, events, steps=4))
+    assert result.reconfigurations == [] and len(result.absorbed) == 1 and "a-1" in result.absorbed[0]
+    again = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=4))
+    assert again.steps_completed == 4 and again.reconfigurations == [] and again.losses == []
+
+
+def test_events_file_errors_name_the_entry(tmp_path):
+    bad = tmp_path / "ev.yaml"
+    bad.write_text("- {at_step: 4, lose: {gpu_type: V100-16, zone: z, count: 4}, kill_rank: 2}\n")
+    with pytest.raises(InstanceError, match=r"ev.yaml\[0\].*exactly one of"):
+        read_events(bad)
+    bad.write_text("- {at_step: 0, kill_rank: 1}\n")
+    with pytest.raises(InstanceError, match="at_step"):
+        read_events(bad)
+    bad.write_text("{at_step: 1}\n")
+    with pytest.raises(InstanceError, match="list of events"):
+        read_events(bad)
+
+
+def test_cli_run_elastic_json(tmp_path):
+    _, events = bundled()
+    argv = ["hetplan", "run", "elastic_small", "elastic_small", "--local", "--elastic", "--steps", "7",
+            "--checkpoint-dir", "ckpt", "--events", str(events), "--json", "--replan-time-limit", "0.3", *TINY_FLAGS]
+    # relative folders: the rendezvous file's URL must still name a path (file://ckpt/... a host)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["steps_completed"] == 7 and out["samples_trained"] == 7 * BATCH and out["downtime_s"] > 0
+    assert [(r["kind"], r["at_iteration"]) for r in out["reconfigurations"]] == [("availability", 4),
+                                                                                ("failure", 6)]
+    assert all(set(r) >= {"cause", "detect_s", "replan_s", "state_transfer_s", "restart_s", "downtime_s"}
+               for r in out["reconfigurations"])
+    assert "[elastic]" in proc.stderr and (tmp_path / "ckpt").is_dir()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--local"], "--elastic"),
+    (["--local", "--elastic"], "--checkpoint-dir"),
+    (["--local", "--elastic", "--checkpoint-dir", "c", "--events", "missing.yaml"], "missing.yaml"),
+])
+def test_cli_run_refuses_what_it_cannot_do(tmp_path, args, needle):
+    proc = subprocess.run(["hetplan", "run", "elastic_small", *args], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
