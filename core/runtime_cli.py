@@ -53,6 +53,12 @@ def register(app: typer.Typer) -> None:
         master_port: int = typer.Option(29500, "--master-port"),
         rendezvous: str = typer.Option("static", "--rendezvous", help="static | c10d (torchrun target)"),
         image: str = typer.Option("hetplan-runtime:latest", "--image", help="container image (kubernetes)"),
+        checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="shared folder (same path on "
+                                                     "every node): workers checkpoint there and resume from it "
+                                                     "when torchrun restarts them (torchrun, slurm, kubernetes)"),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, help="steps between checkpoints"),
+        max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="torchrun restarts of the whole job "
+                                         "(with --checkpoint-dir)"),
     ) -> None:
         """Write the launch spec and the target's launch files for a plan."""
         from hetplan.instance import load_instance
@@ -64,7 +70,11 @@ def register(app: typer.Typer) -> None:
         if rendezvous not in ("static", "c10d"):
             raise PlanError(f"unknown rendezvous {rendezvous!r}; use static or c10d", "--rendezvous")
         check_output_dir(out, "--out")
-        options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image)
+        from hetplan.runtime.targets import Resilience
+
+        resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts) if checkpoint_dir else None
+        options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
+                                 resilience=resilience)
         paths = write_launch(load_instance(instance), load_plan(plan), target, out, options)
         for p in paths:
             typer.echo(str(p))

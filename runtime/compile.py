@@ -35,6 +35,7 @@ class CompileOptions:
     rdzv_id: str | None = None
     image: str = targets.K8S_IMAGE  # container image for kubernetes (Dockerfile at the repository root)
     training: TrainingSpec | None = None
+    resilience: targets.Resilience | None = None  # torchrun/slurm/kubernetes: restart and resume
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     if target not in TARGETS:
         raise PlanError(f"unknown launch target {target!r}; known: {list(TARGETS)}", "target")
     check_spec(spec)
+    if options.resilience is not None and target not in ("torchrun", "slurm", "kubernetes"):
+        raise PlanError(f"restarts from checkpoints are for the torchrun, slurm and kubernetes targets; {target} "
+                        f"has its own checkpointing (--save/--load)", "checkpoint_dir")
     refusal = _refusals().get(target)
     reason = refusal(spec) if refusal else None
     if reason:
@@ -63,11 +67,11 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     files = {targets.SPEC_FILE: spec.to_json() + "\n",
              targets.README_FILE: targets.render_readme(spec, target, targets.notes(spec, target))}
     if target == "torchrun":
-        files |= targets.render_torchrun(spec)
+        files |= targets.render_torchrun(spec, options.resilience)
     elif target == "slurm":
-        files |= targets.render_slurm(spec, pin_hosts=bool(options.hosts))
+        files |= targets.render_slurm(spec, pin_hosts=bool(options.hosts), resilience=options.resilience)
     elif target == "kubernetes":
-        files |= targets.render_kubernetes(spec, options.image)
+        files |= targets.render_kubernetes(spec, options.image, options.resilience)
     elif target == "megatron":
         files |= targets.render_megatron(spec)
     else:

@@ -359,7 +359,7 @@ class Trainer:
                                                         self.optimizer)
         if opts.progress_dir:
             ready_path(opts.progress_dir, me.rank).write_text(json.dumps(
-                {"load_s": time.perf_counter() - t0, "ready_at": time.time()}) + "\n")
+                {"load_s": time.perf_counter() - t0, "ready_at": time.time(), "pid": os.getpid()}) + "\n")
 
     def step(self, iteration: int) -> list[float]:
         """[time_s, peak_mem_bytes, loss], then the probe's STEP_FIELDS when measuring."""
@@ -460,6 +460,8 @@ class Trainer:
                 tp_of_unit.update({u: lead.tp_size for u in range(lead.layer_start, lead.layer_end)})
             checkpoint.write_meta(root, iteration, asdict(self.cfg), self.optimizer_name, tp_of_unit,
                                   save_s=time.perf_counter() - t0)
+            if self.opts.checkpoint_every:
+                checkpoint.prune(root.parent, keep=2)
         dist.barrier()
 
 
@@ -516,7 +518,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds before a collective gives up")
     p.add_argument("--progress-dir", help="directory: every rank writes rank<r>.steps, its completed steps")
     p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="with --save-checkpoint: a checkpoint every N steps in DIR/step_<iteration>/")
+                   help="with --save-checkpoint or --resume: a checkpoint every N steps in DIR/step_<iteration>/")
+    p.add_argument("--resume", metavar="DIR",
+                   help="fault-tolerant run: start from the newest complete checkpoint in DIR (if any), write one "
+                        "every --checkpoint-every steps (default 1) there, stop at iteration --steps; a restart "
+                        "(torchrun --max-restarts, a requeued job) goes on where the last checkpoint left off")
     p.add_argument("--control-file", help="file holding N: every rank stops after the step that completes "
                                           "iteration N (written by a supervisor)")
     p.add_argument("--heartbeat", type=float, default=0.0,
@@ -526,15 +532,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _resume_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--resume DIR: the RunOptions fields that continue the run from DIR's newest checkpoint
+    (None: every iteration up to --steps is already done)."""
+    if not args.resume:
+        return {"steps": args.steps, "save_checkpoint": args.save_checkpoint,
+                "load_checkpoint": args.load_checkpoint, "checkpoint_every": args.checkpoint_every}
+    if args.save_checkpoint or args.load_checkpoint:
+        raise PlanError("--resume replaces --save-checkpoint and --load-checkpoint", "--resume")
+    last = checkpoint.latest(Path(args.resume))
+    start = checkpoint.read_meta(last)["iteration"] if last is not None else 0
+    if start >= args.steps:
+        return None
+    return {"steps": args.steps - start, "save_checkpoint": args.resume,
+            "load_checkpoint": str(last) if last is not None else None, "checkpoint_every": args.checkpoint_every or 1}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     overrides = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k, None) is not None}
-    opts = RunOptions(steps=args.steps, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
+    try:
+        run = _resume_options(args)
+    except HetplanError as exc:
+        print(f"hetplan: error: {exc}", file=sys.stderr)
+        return 1
+    if run is None:
+        print(f"hetplan: {args.resume} already holds iteration {args.steps}; nothing to train", file=sys.stderr)
+        return 0
+    opts = RunOptions(**run, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                       seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
-                      save_checkpoint=args.save_checkpoint, load_checkpoint=args.load_checkpoint,
                       timeout_s=args.timeout, progress_dir=args.progress_dir, measure=args.measure,
-                      checkpoint_every=args.checkpoint_every, control_path=args.control_file,
-                      heartbeat_s=args.heartbeat)
+                      control_path=args.control_file, heartbeat_s=args.heartbeat)
     try:
         run_worker(load_spec(args.spec), opts, single_host=args.single_host)
     except HetplanError as exc:

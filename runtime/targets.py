@@ -13,6 +13,7 @@ import json
 import lzma
 import re
 import shlex
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import yaml
@@ -53,10 +54,42 @@ def _rendezvous_flags(spec: LaunchSpec, node: NodeSpec, master_addr: str) -> lis
     return [f"--node-rank={node.node_rank}", f"--master-addr={master_addr}", f"--master-port={rdzv.master_port}"]
 
 
-def torchrun_argv(spec: LaunchSpec, node: NodeSpec, spec_path: str, master_addr: str | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Resilience:
+    """A launch that survives worker failures: torchrun restarts every worker of the job up to
+    `max_restarts` times (torch.distributed.elastic), and the executor resumes from the newest
+    layer-wise checkpoint in `checkpoint_dir`, written every `checkpoint_every` steps. The
+    folder must be shared by all nodes (NFS, a mounted bucket) and be the same path on each."""
+
+    checkpoint_dir: str
+    checkpoint_every: int = 1
+    max_restarts: int = 3
+
+
+# torchrun shares its rendezvous TCPStore with the workers' init_process_group by default; after
+# a restart the workers can then read the previous attempt's peer addresses and fail to connect
+# (pytorch/pytorch#135712; seen here with gloo on torch 2.13). Not sharing it avoids that.
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def _restart_env(res: Resilience | None) -> dict[str, str]:
+    return dict(RESTART_ENV) if res else {}
+
+
+def _restart_flags(res: Resilience | None) -> list[str]:
+    return [f"--max-restarts={res.max_restarts}"] if res else []
+
+
+def _resume_flags(res: Resilience | None) -> list[str]:
+    return ["--resume", res.checkpoint_dir, "--checkpoint-every", str(res.checkpoint_every)] if res else []
+
+
+def torchrun_argv(spec: LaunchSpec, node: NodeSpec, spec_path: str, master_addr: str | None = None,
+                  resilience: Resilience | None = None) -> list[str]:
     return (["torchrun", f"--nnodes={spec.rendezvous.nnodes}", f"--nproc-per-node={node.nproc}"]
+            + _restart_flags(resilience)
             + _rendezvous_flags(spec, node, master_addr or spec.rendezvous.master_addr)
-            + ["-m", EXECUTOR_MODULE, "--spec", spec_path])
+            + ["-m", EXECUTOR_MODULE, "--spec", spec_path] + _resume_flags(resilience))
 
 
 def _multiline(argv: list[str]) -> str:
@@ -117,14 +150,14 @@ def _comment_lines(lines: list[str]) -> list[str]:
 
 
 # ---- torchrun ---------------------------------------------------------------------------------
-def render_torchrun(spec: LaunchSpec) -> dict[str, str]:
+def render_torchrun(spec: LaunchSpec, resilience: Resilience | None = None) -> dict[str, str]:
     files = {}
     lines = [f"# hetplan launch of plan {spec.plan_name} on {spec.instance_name}: {spec.world_size} ranks on "
              f"{len(spec.nodes)} nodes; one line per node (environment + command). Run each line from this "
              f"directory (torchrun/): the spec is ../{SPEC_FILE}"]
     for node in spec.nodes:
-        env = node_env(node)
-        argv = torchrun_argv(spec, node, f"../{SPEC_FILE}")
+        env = node_env(node) | _restart_env(resilience)
+        argv = torchrun_argv(spec, node, f"../{SPEC_FILE}", resilience=resilience)
         lines.append(" ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + shlex.join(argv))
         ranks = f"{node.ranks[0]}-{node.ranks[-1]}" if node.nproc > 1 else str(node.ranks[0])
         master = spec.rendezvous.master_addr
@@ -138,7 +171,7 @@ def render_torchrun(spec: LaunchSpec) -> dict[str, str]:
         ]
         body += [f"export {k}={_q(v)}" for k, v in env.items()]
         spec_arg = '"${HETPLAN_SPEC:-$here/../' + SPEC_FILE + '}"'
-        argv = torchrun_argv(spec, node, spec_arg, '"${MASTER_ADDR:-' + master + '}"')
+        argv = torchrun_argv(spec, node, spec_arg, '"${MASTER_ADDR:-' + master + '}"', resilience)
         body.append("exec " + _multiline(argv) + ' "$@"')
         files[f"torchrun/{_node_file(node)}"] = "\n".join(body) + "\n"
     files["torchrun/commands.txt"] = "\n".join(lines) + "\n"
@@ -146,7 +179,7 @@ def render_torchrun(spec: LaunchSpec) -> dict[str, str]:
 
 
 # ---- slurm ------------------------------------------------------------------------------------
-def render_slurm(spec: LaunchSpec, pin_hosts: bool = False) -> dict[str, str]:
+def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilience | None = None) -> dict[str, str]:
     """`pin_hosts`: hostnames were given, so ask Slurm for exactly those nodes."""
     n = len(spec.nodes)
     port = spec.rendezvous.master_port
@@ -185,9 +218,10 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False) -> dict[str, str]:
         "    esac ;;",
         "esac",
         'export HETPLAN_NODE_ID="$NODE_ID" CUDA_VISIBLE_DEVICES="$GPUS"',
-        f'exec torchrun --nnodes={n} --nproc-per-node="$NPROC" --rdzv-backend=c10d '
-        f'--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="hetplan-$SLURM_JOB_ID" '
-        f'-m {EXECUTOR_MODULE} --spec "$HETPLAN_SPEC"',
+        *[f"export {k}={v}" for k, v in _restart_env(resilience).items()],
+        f'exec torchrun --nnodes={n} --nproc-per-node="$NPROC" {" ".join(_restart_flags(resilience) + [""])}'
+        f'--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="hetplan-$SLURM_JOB_ID" '
+        f'-m {EXECUTOR_MODULE} --spec "$HETPLAN_SPEC"{"".join(" " + _q(a) for a in _resume_flags(resilience))}',
         "EOF",
         f'srun --nodes={n} --ntasks={n} --ntasks-per-node=1 bash -c "$TASK"',
     ]
@@ -225,12 +259,14 @@ def _k8s_names(spec: LaunchSpec, compressed: bool) -> _K8sNames:
     return _K8sNames(job, f"{job}-spec", SPEC_FILE + (".xz" if compressed else ""))
 
 
-def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames) -> dict:
+def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames, resilience: Resilience | None) -> dict:
     # Pods take their node rank from Kubeflow's RANK (master 0, worker i -> i + 1); static
     # rendezvous then gives GROUP_RANK = node rank, which the executor maps to the plan's node.
-    cmd = (f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} --node-rank=$RANK "
+    cmd = (f"{''.join(f'{k}={v} ' for k, v in _restart_env(resilience).items())}"
+           f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} "
+           f"{''.join(f + ' ' for f in _restart_flags(resilience))}--node-rank=$RANK "
            f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {EXECUTOR_MODULE} "
-           f"--spec {K8S_SPEC_DIR}/{names.spec_key}")
+           f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience))}")
     return {"replicas": None, "restartPolicy": "OnFailure", "template": {"spec": {
         "nodeSelector": {K8S_GPU_LABEL: node.gpu_type, K8S_ZONE_LABEL: node.zone},
         "containers": [{
@@ -277,13 +313,13 @@ def spec_config_map(spec: LaunchSpec) -> tuple[dict, _K8sNames]:
     return config_map, names
 
 
-def render_kubernetes(spec: LaunchSpec, image: str = K8S_IMAGE) -> dict[str, str]:
+def render_kubernetes(spec: LaunchSpec, image: str = K8S_IMAGE, resilience: Resilience | None = None) -> dict[str, str]:
     config_map, names = spec_config_map(spec)
-    master = _pod(spec, spec.nodes[0], image, names)
+    master = _pod(spec, spec.nodes[0], image, names, resilience)
     master["replicas"] = 1
     replica_specs = {"Master": master}
     if len(spec.nodes) > 1:
-        worker = _pod(spec, spec.nodes[1], image, names)
+        worker = _pod(spec, spec.nodes[1], image, names, resilience)
         worker["replicas"] = len(spec.nodes) - 1
         replica_specs["Worker"] = worker
     job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": names.job},

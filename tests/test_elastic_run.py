@@ -165,3 +165,66 @@ def test_cli_run_refuses_what_it_cannot_do(tmp_path, args, needle):
                           cwd=tmp_path)
     assert proc.returncode == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- cluster launches: torchrun restarts the job, the executor resumes from the checkpoint ----
+def test_compiled_launches_restart_and_resume(tmp_path):
+    from torch.distributed.run import get_args_parser
+
+    from hetplan.runtime.compile import CompileOptions, compile_plan
+    from hetplan.runtime.targets import Resilience
+
+    inst, _ = bundled()
+    opts = CompileOptions(resilience=Resilience("/shared/ckpt", checkpoint_every=2, max_restarts=5))
+    lines = compile_plan(inst, start_plan(inst), "torchrun", opts).files["torchrun/commands.txt"].splitlines()[1:]
+    for line in lines:
+        assert line.startswith("HETPLAN_NODE_ID=") and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun " in line
+        argv = line.split(" torchrun ", 1)[1].split()
+        args = get_args_parser().parse_args(argv)
+        assert args.max_restarts == 5
+        assert args.training_script_args[-4:] == ["--resume", "/shared/ckpt", "--checkpoint-every", "2"]
+    sbatch = compile_plan(inst, start_plan(inst), "slurm", opts).files["hetplan.sbatch"]
+    assert "--max-restarts=5 " in sbatch and "--resume /shared/ckpt --checkpoint-every 2" in sbatch
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in sbatch
+    plain = compile_plan(inst, start_plan(inst), "slurm").files["hetplan.sbatch"]
+    assert "--max-restarts" not in plain and "--resume" not in plain and "TORCH_DISABLE" not in plain
+    with pytest.raises(Exception, match="torchrun, slurm and kubernetes"):
+        compile_plan(inst, start_plan(inst), "megatron", opts)
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_run_resumes(tmp_path):
+    """A real torchrun (--max-restarts 2) running the executor with --resume: one rank is killed
+    mid-run, torchrun restarts every worker, they resume from the newest checkpoint and finish
+    with the reference parameters."""
+    import os
+    import signal
+    import sys
+
+    from hetplan.runtime.targets import RESTART_ENV
+
+    inst, _ = bundled()
+    spec = build_spec(inst, start_plan(inst))
+    spec_path = spec.save(tmp_path / "launch_spec.json")
+    progress, dump, ckpt = tmp_path / "progress", tmp_path / "params", tmp_path / "ckpt"
+    progress.mkdir()
+    steps = 8
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={spec.world_size}", "--max-restarts=2", "-m", "hetplan.runtime.execute",
+            "--spec", str(spec_path), "--single-host", "--resume", str(ckpt), "--steps", str(steps),
+            "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--dump-params", str(dump),
+            "--progress-dir", str(progress), *TINY_FLAGS]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **RESTART_ENV}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while steps_done(progress, spec.world_size) < 3:  # then kill rank 2 (stage 1, on a-0) once
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else ""
+        time.sleep(0.02)
+    os.kill(json.loads((progress / "rank2.ready").read_text())["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    assert "failed (exitcode: -9) local_rank: 2" in out  # torchrun saw the kill, then restarted the group
+    ref = reference_train(model_config(spec, TINY), global_batch_size=BATCH, steps=steps, optimizer="adam", lr=1e-2)
+    params = assemble_dump(dump)
+    for key, full in ref.params.items():
+        for holder, value in params[key].items():
+            assert (value - full).abs().max().item() < 1e-5, (key, holder)
