@@ -3,6 +3,7 @@ killed and a rank hung mid-run; the job goes on at the same global batch and end
 parameters of an uninterrupted single-process run (float64, Adam: runtime/reference.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import threading
@@ -112,6 +113,22 @@ def test_an_appended_event_in_the_watched_file_reconfigures_the_running_job(tmp_
     assert lose.kind == "availability" and "lose 2 V100-16@z-a" in lose.cause
     assert lose.at_iteration >= 3 and "V100-16" not in result.plans[-1]["gpus_by_type"]
     assert result.steps_completed == steps
+    assert_matches_reference(result, steps)
+
+
+def test_a_time_scaled_trace_takes_the_v100s_away(tmp_path):
+    """A Sailor-format trace (columns <GPU>_<zone>): the V100s go at trace second 2, i.e. 0.5 s
+    after the start at --time-scale 4; the ranks stop at the next step and the job goes on."""
+    inst, _ = bundled()
+    trace = tmp_path / "trace.csv"
+    trace.write_text(",Timestamp,V100-16_z-a,A100-40_z-a\n0,1000.0,2,2\n1,1002.0,0,2\n")
+    steps = 20
+    opts = options(tmp_path, inst, [], steps=steps, time_scale=4.0)
+    opts = dataclasses.replace(opts, cluster_events=tuple(event_stream(inst, trace=trace)))
+    result = run_elastic(inst, start_plan(inst), opts)
+    [lose] = result.reconfigurations
+    assert lose.kind == "availability" and lose.cause == "V100-16@z-a -> 0 GPUs"
+    assert "V100-16" not in result.plans[-1]["gpus_by_type"] and result.steps_completed == steps
     assert_matches_reference(result, steps)
 
 
