@@ -150,15 +150,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Train with a supervisor that survives rank failures and GPUs coming and going."""
-        import sys
-
-        from hetplan.cli import print_json
-        from hetplan.cluster_state import event_stream
-        from hetplan.instance import load_instance
-        from hetplan.plan import load_plan
-        from hetplan.replan import ReplanOptions
-        from hetplan.runtime.elastic import ElasticOptions, read_events, run_elastic
-
         if not (local and elastic):
             raise PlanError("`hetplan run` needs --local --elastic (a supervised run on this machine); for a "
                             "plain run use `hetplan launch --local`, for a cluster `hetplan compile`", "--elastic")
@@ -168,6 +159,15 @@ def register(app: typer.Typer) -> None:
         if time_scale <= 0:
             raise PlanError(f"--time-scale must be positive, got {time_scale}", "--time-scale")
         overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len)
+        import sys
+
+        from hetplan.cli import print_json
+        from hetplan.cluster_state import event_stream
+        from hetplan.instance import load_instance
+        from hetplan.plan import load_plan
+        from hetplan.replan import ReplanOptions
+        from hetplan.runtime.elastic import ElasticOptions, read_events, run_elastic
+
         inst = load_instance(instance)
         start = load_plan(plan) if plan is not None else None
         opts = ElasticOptions(
