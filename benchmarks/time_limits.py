@@ -33,9 +33,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hetplan.cluster_state import ClusterState, batches, trace_events
+from hetplan.cluster_state import ClusterState, batches
 from hetplan.errors import HetplanError
-from hetplan.instance import instance_from_dict, load_instance
+from hetplan.importers.sailor import read_availability_trace
+from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
 from hetplan.planner import PlannerOptions, plan
 from hetplan.replan import ReplanOptions, replan
 from hetplan.replay import ReplayOptions
@@ -105,24 +106,28 @@ def trace_instance(name: str, counts: dict, model: str):
                                             "optimizer": "adam"}})
 
 
+def trace_path(name: str) -> Path:
+    """Sailor's trace CSV `name` under $HETPLAN_SHARED_DIR (default ../shared); it may be absent."""
+    shared = Path(os.environ.get("HETPLAN_SHARED_DIR", REPO.parent / "shared"))
+    return shared / "reference" / "sailor" / "cluster" / f"{name}.csv"
+
+
+def trace_rows(name: str, counts: dict) -> list[list[AvailabilityEvent]]:
+    """The trace's availability changes, one list per row (Sailor's file when present, else `counts`)."""
+    path = trace_path(name)
+    if path.exists():
+        return [events for _, events in batches(read_availability_trace(path, changes_only=True))]
+    rows = len(next(iter(counts.values())))
+    return [[AvailabilityEvent(time_s=600.0 * j, zone=z, gpu_type=g, available_gpus=n[j]) for (g, z), n in counts.items()]
+            for j in range(rows)]
+
+
 def trace_states(inst, name: str, counts: dict) -> list[ClusterState]:
     """The availability after each row of the trace (Sailor's file when present)."""
-    shared = Path(os.environ.get("HETPLAN_SHARED_DIR", REPO.parent / "shared"))
-    path = shared / "reference" / "sailor" / "cluster" / f"{name}.csv"
     state = ClusterState.initial(inst)
-    if path.exists():
-        out = []
-        for _, events in batches(trace_events(inst, path)):
-            state = state.apply_all(events)
-            out.append(state)
-        return out
-    from hetplan.instance import AvailabilityEvent
-
-    rows = len(next(iter(counts.values())))
     out = []
-    for j in range(rows):
-        state = state.apply_all(AvailabilityEvent(time_s=600.0 * j, zone=z, gpu_type=g, available_gpus=n[j])
-                                for (g, z), n in counts.items())
+    for events in trace_rows(name, counts):
+        state = state.apply_all(events)
         out.append(state)
     return out
 

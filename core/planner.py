@@ -749,8 +749,17 @@ class _Outcome:
         self.cut = True
 
 
+def planner_tables(instance: Instance, estimators: EstimatorSet) -> _Tables:
+    """The planner's estimator figures for `instance` scored by `estimators`, to hand to several
+    `plan` calls (`tables=`). They depend on the instance (its nodes, network, model, workload) and
+    the estimators only: the availability, the limits and the options key their own entries
+    (`_Tables.pool_rows`, `with_sync_table`), so a re-planner whose events change only the quotas
+    keeps one and skips recomputing them at every event (hetplan.replan.ReplanSession)."""
+    return _Tables(instance, estimators)
+
+
 def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: EstimatorSet | None = None,
-         progress: Callable[[SearchProgress], None] | None = None) -> PlannerResult:
+         progress: Callable[[SearchProgress], None] | None = None, tables: _Tables | None = None) -> PlannerResult:
     """The best plan found within `opts.time_limit_s`, with its proven bound (module docstring).
 
     The limit covers the whole call: estimator tables, the choices' inputs, heuristics, bounds,
@@ -759,7 +768,10 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     InfeasibleError when the constraints cannot be met (at once when a bound shows a budget or a
     throughput floor out of reach), SolverError when the time ran out before any plan was found,
     KeyboardInterrupt on SIGINT and `SearchTerminated` on a SIGTERM left at its default; the
-    helper process is stopped before any of them leaves."""
+    helper process is stopped before any of them leaves. `tables` (`planner_tables` of this very
+    instance and estimators) carries figures over from earlier calls; the search is the same."""
+    if tables is not None and (tables.inst is not instance or estimators is None or tables.est is not estimators):
+        raise PlanError("tables were made for another instance or other estimators", "tables")
     if (estimators.iteration if estimators is not None else instance.estimators.iteration) != "hetplan":
         raise EstimatorError("the joint planner's model relaxes the hetplan iteration model; plans scored with "
                              "estimators preset sailor can be simulated (hetplan simulate) but not planned yet")
@@ -767,7 +779,7 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     t_start = time.perf_counter()
     deadline = joint.Deadline.after(opts.time_limit_s)
     with _sigterm_as_interrupt():
-        return _plan(instance, opts, estimators, _Reporter(progress, t_start), deadline)
+        return _plan(instance, opts, estimators, _Reporter(progress, t_start), deadline, tables)
 
 
 def _splittable_tps(instance: Instance, opts: PlannerOptions) -> PlannerOptions:
@@ -782,7 +794,7 @@ def _splittable_tps(instance: Instance, opts: PlannerOptions) -> PlannerOptions:
 
 
 def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | None, report: _Reporter,
-          deadline: joint.Deadline) -> PlannerResult:
+          deadline: joint.Deadline, tables: _Tables | None = None) -> PlannerResult:
     est = estimators or build_estimators(instance)
     objective = opts.objective or instance.objective.kind
     max_cost, min_its = relaxed_limits(  # the simulator's tolerance, so both call the same plans feasible
@@ -791,7 +803,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
     quotas = _quotas(instance, opts)
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
-    tables = _Tables(instance, est)
+    tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
     _check_reachable(floor, max_cost, min_its)
     combos = enumerate_combos(instance, quotas, opts)

@@ -41,15 +41,33 @@ move_penalty_s x moved, a candidate scores
 
 and a candidate that violates the instance's constraints loses to one that does not. Latency
 (repair, planner, total) is measured and reported.
+
+Speed (benchmarks/replan.py: Sailor's traces, 160-640 GPUs, every re-plan within a second):
+
+* a `ReplanSession` the caller keeps carries, per network, the memoised estimators, the repair's
+  figures and the joint planner's tables (`planner.planner_tables`) from event to event: they
+  depend on the instance view and the estimators, not on which GPUs are up;
+* `budget_s` bounds the whole re-plan: the repair runs in a forked child beside the planner (which
+  then runs without its own helper process) and the planner's limit is what the budget leaves, so
+  a warm re-plan searches about as long as a cold planner given its whole wall time, on tables it
+  does not rebuild, and adds the repair's candidates (with one core: the repair first, for a share);
+* the repair fills shares a level per class of replicas, keys its memos by small ids, keeps each
+  stage's figures until the stage changes, and the placement looks up once per replica which GPUs
+  hold each rank's state; all give the results the direct computations give.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import itertools
+import multiprocessing
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from hetplan.catalog import ModelArch
 from hetplan.cluster_state import ClusterState
@@ -59,7 +77,7 @@ from hetplan.estimators.base import Endpoint
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor, unit_params
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan, workers
-from hetplan.formulations.stage_cost import endpoint
+from hetplan.formulations.stage_cost import node_endpoint
 from hetplan.simulator import SimulationReport, in_flight_microbatches, simulate
 
 # ---- what a rank holds ----------------------------------------------------------------------------
@@ -93,6 +111,14 @@ def covered(piece: Piece, held: Iterable[Piece]) -> bool:
     return any(h[0] == c and h[1] == part and h[2] <= lo and hi <= h[3] for h in held)
 
 
+@lru_cache(maxsize=65536)
+def holds_all(need: frozenset[Piece], have: frozenset[Piece]) -> bool:
+    """Whether `have` covers every piece of `need`. Memoised: the placement asks it for every
+    (rank, GPU) pair it weighs, with the same few sets (`rank_pieces` returns shared frozensets,
+    which keep their hash), and the Fraction comparisons of `covered` are slow."""
+    return all(covered(p, have) for p in need)
+
+
 def holdings(instance: Instance, plan: Plan) -> dict[tuple[str, int], frozenset[Piece]]:
     """(node, local GPU) -> pieces its rank holds, for a placed plan."""
     arch = instance.model_arch
@@ -117,9 +143,9 @@ def moved_ranks(instance: Instance, old_plan: Plan | None, new_plan: Plan, state
     count = 0
     for w in workers(instance, new_plan):
         st, rep = new_plan.stages[w.stage], new_plan.stages[w.stage].replicas[w.replica]
-        have = () if (w.node_id, w.local_gpu) in lost else held.get((w.node_id, w.local_gpu), ())
+        have = frozenset() if (w.node_id, w.local_gpu) in lost else held.get((w.node_id, w.local_gpu), frozenset())
         need = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, w.tp_rank)
-        if not all(covered(p, have) for p in need):
+        if not holds_all(need, have):
             count += 1
     return count
 
@@ -160,6 +186,21 @@ def memoised(est: EstimatorSet) -> EstimatorSet:
 
 
 # ---- options and results --------------------------------------------------------------------------
+# A re-plan with a budget (`ReplanOptions.budget_s`) runs the repair in a child process beside the
+# planner (`_Beside`) until the planner's share less PLACE_SHARE (the child then scores its plans);
+# with one core, first the repair, which stops trying moves at this share of the budget (on 640 GPUs
+# it needs ~0.05-0.3 s in full, and it stops with the best plan it has), then the planner...
+REPAIR_SHARE = 0.2
+# ...the planner's limit is what is left less this share: placing its plan near the GPUs that hold
+# its layers, simulating it and the planner's own overrun (measured: 20-60 ms on 640 GPUs)
+PLACE_SHARE = 0.08
+# ...and when neither the running plan nor its repair is a plan, the planner gets at least this
+# share (a plan late beats none)
+MIN_PLANNER_SHARE = 0.5
+# the planner's limit under which it runs without its helper process (`PlannerOptions.workers` 1):
+# on 160-640 GPUs at 0.6-0.9 s limits one process found plans as good or better than two
+HELPER_MIN_S = 1.0
+
 @dataclass(frozen=True)
 class ReplanOptions:
     warm: bool = True  # False: from scratch (planner only, first-fit placement)
@@ -173,6 +214,10 @@ class ReplanOptions:
     move_penalty_s: float = 0.0  # training seconds lost per rank that must load state
     change_cost_s: float = 0.0  # training seconds lost by any change of plan (restart of every rank)
     horizon_s: float = 3600.0  # how long the new plan is expected to run
+    # the whole re-plan's wall-clock target (None: none): the repair stops improving at
+    # REPAIR_SHARE of it, and the planner gets what is left, less PLACE_SHARE for placing and
+    # scoring its plan, instead of planner_time_limit_s (the planner still runs when that is 0)
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.horizon_s <= 0:
@@ -181,6 +226,8 @@ class ReplanOptions:
             raise PlanError(f"move_penalty_s must be >= 0, got {self.move_penalty_s}", "replan.move_penalty_s")
         if self.change_cost_s < 0:
             raise PlanError(f"change_cost_s must be >= 0, got {self.change_cost_s}", "replan.change_cost_s")
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise PlanError(f"budget_s must be positive, got {self.budget_s}", "replan.budget_s")
         if self.planner_time_limit_s < 0:
             raise PlanError("planner_time_limit_s must be >= 0", "replan.planner_time_limit_s")
         if not self.tp_choices or min(self.tp_choices) < 1:
@@ -224,57 +271,247 @@ class ReplanResult:
                                 "feasible": c.feasible, "latency_s": c.latency_s} for c in self.candidates]}
 
 
+# ---- work beside the planner ------------------------------------------------------------------------
+class _Beside:
+    """`work()` run in a forked child process on the other core while this one runs the planner,
+    which then runs alone (`_run_planner`: no helper process under HELPER_MIN_S). The child sees
+    everything this process had when it started (copy on write) and sends back what `work` returns
+    (picklable); whatever it adds to the session's memos stays in the child."""
+
+    def __init__(self, conn: Any, proc: Any):
+        self.conn, self.proc = conn, proc
+        self.finished = 0.0  # perf_counter when the child had its answer (the clock is system-wide)
+
+    @classmethod
+    def start(cls, work: Callable[[], Any]) -> "_Beside | None":
+        """None where there is no second core or no fork: the caller runs `work` itself."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        if cores < 2 or "fork" not in multiprocessing.get_all_start_methods():
+            return None
+        ctx = multiprocessing.get_context("fork")
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_beside_main, args=(send, work), daemon=True)
+        proc.start()
+        send.close()
+        return cls(recv, proc)
+
+    def result(self, timeout_s: float) -> Any:
+        """What `work` returned, or None when it failed or had not answered within `timeout_s`
+        (the child is then stopped)."""
+        try:
+            if not self.conn.poll(max(timeout_s, 0.0)):
+                return None
+            ok, value, self.finished = self.conn.recv()
+            return value if ok else None
+        except (EOFError, OSError):
+            return None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+def _beside_main(conn: Any, work: Callable[[], Any]) -> None:
+    """The child: Ctrl-C reaches the whole process group, and the parent stops the child itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        value = work()
+        conn.send((True, value, time.perf_counter()))
+    except BaseException:  # noqa: BLE001 - the parent notes that the work gave no answer
+        try:
+            conn.send((False, None, time.perf_counter()))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+# ---- what re-plans keep across events ---------------------------------------------------------------
+@dataclass(frozen=True)
+class _RepairMemo:
+    """The repair's figures (`_Repair`): every key names all it depends on besides the instance view
+    and the estimators (GPU type, TP, layer range, share, nodes), so they hold for every state of
+    one network."""
+
+    time: dict = field(default_factory=dict)
+    units: dict = field(default_factory=dict)  # (GPU type, TP, share) -> seconds per layer unit
+    classes: dict = field(default_factory=dict)  # replica classes (GPU type, TP) of a stage -> a small id
+    class_list: list = field(default_factory=list)  # id -> those classes
+    cap: dict = field(default_factory=dict)
+    fill: dict = field(default_factory=dict)
+    sync: dict = field(default_factory=dict)
+    upd: dict = field(default_factory=dict)
+    link: dict = field(default_factory=dict)
+
+    def sizes(self) -> dict[str, int]:
+        return {f.name: len(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def added_since(self, sizes: dict[str, int]) -> dict[str, list]:
+        """The entries made after `sizes` (dicts keep their order): what a repair in a child
+        process sends back, so that the session keeps them."""
+        out = {}
+        for name, n in sizes.items():
+            table = getattr(self, name)
+            out[name] = table[n:] if isinstance(table, list) else list(itertools.islice(table.items(), n, None))
+        return out
+
+    def merge(self, added: dict[str, list], sizes: dict[str, int]) -> None:
+        """Take a child's `added_since(sizes)`; class ids are positions, so the class tables and the
+        fills keyed by them merge only while this memo has not grown since `sizes`."""
+        ids_hold = len(self.class_list) == sizes["class_list"]
+        for name, items in added.items():
+            table = getattr(self, name)
+            if name in ("classes", "class_list", "fill") and not ids_hold:
+                continue
+            if isinstance(table, list):
+                table.extend(items)
+            else:
+                table.update(items)
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """What re-plans on one network share: the view they score on, the memoised estimators, the
+    repair's figures and the joint planner's tables (made on first use)."""
+
+    instance: Instance
+    view: Instance
+    est: EstimatorSet
+    given: EstimatorSet | None  # the caller's estimators these were made from (None: built here)
+    repair: _RepairMemo = field(default_factory=_RepairMemo)
+    planner: list = field(default_factory=list)  # [planner_tables(view, est)] once the planner ran
+
+    def planner_tables(self) -> Any:
+        from hetplan.planner import planner_tables  # (the planner imports this module)
+
+        if not self.planner:
+            self.planner.append(planner_tables(self.view, self.est))
+        return self.planner[0]
+
+
+class ReplanSession:
+    """What one caller's re-plans keep from event to event (`replan(..., session=)`): per network
+    (a bandwidth event changes every communication figure), the memoised estimators, the repair's
+    figures and the joint planner's tables. None of them depends on which GPUs are up, only on the
+    instance view and the estimators, so an event that changes quotas reuses all of them: a re-plan
+    with a session finds the candidates one without finds, faster (tests/test_replan.py), and the
+    time the planner saves on its tables goes into its search. The caller keeps one session per
+    instance (a replay, a supervisor); cold re-planning, the baseline, takes none."""
+
+    KEEP = 4  # networks remembered, the most recently used first (a few bandwidth states recur)
+
+    def __init__(self) -> None:
+        self._by_net: dict[tuple, _Figures] = {}
+
+    def figures(self, instance: Instance, state: ClusterState, estimators: EstimatorSet | None) -> _Figures:
+        key = (id(instance), state.net.model_dump_json(), state.intra_node_GBps)
+        got = self._by_net.pop(key, None)
+        if got is None or got.instance is not instance or got.given is not estimators:
+            view = state.instance_view()
+            got = _Figures(instance, view, memoised(estimators or build_estimators(view)), estimators)
+        self._by_net[key] = got
+        while len(self._by_net) > self.KEEP:
+            del self._by_net[next(iter(self._by_net))]
+        return got
+
+
 # ---- the entry point ------------------------------------------------------------------------------
 def replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterState,
            options: ReplanOptions | None = None, *, lost_gpus: Iterable[tuple[str, int]] = (),
-           estimators: EstimatorSet | None = None, planner_cache: dict | None = None) -> ReplanResult:
+           estimators: EstimatorSet | None = None, planner_cache: dict | None = None,
+           session: ReplanSession | None = None) -> ReplanResult:
     """A plan for `new_state`, warm-started from `previous_plan` (see the module docstring).
 
     `previous_plan` is the plan that was running (placed or not: unplaced replicas are taken to sit
     where `validate_plan` puts them first-fit); `lost_gpus` are (node, GPU) whose state is gone
     although they are up (a node that failed and came back). `planner_cache` (a dict the caller
     keeps) memoises the planner's answer per (state, planner options): a replay that meets the same
-    state twice solves it once; the reported planner latency is the one measured when it ran."""
+    state twice solves it once; the reported planner latency is the one measured when it ran.
+    `session` (a `ReplanSession` the caller keeps across events) carries the estimator figures and
+    the planner's tables from one re-plan to the next; without one, a `planner_cache` holds one
+    under the key "session", so a replay gets it too."""
     opts = options or ReplanOptions()
     t0 = time.perf_counter()
     if new_state.instance is not instance and new_state.instance.name != instance.name:
         raise PlanError(f"state belongs to instance {new_state.instance.name!r}, not {instance.name!r}", "new_state")
     if new_state.total_gpus == 0:
         return ReplanResult(None, None, "none", 0, [], 0.0, 0.0, time.perf_counter() - t0, ["no GPU is up"])
-    view = new_state.instance_view()
-    est = memoised(estimators or build_estimators(view))
+    if session is None and planner_cache is not None:
+        session = planner_cache.setdefault("session", ReplanSession())
+    figs = (session.figures(instance, new_state, estimators) if session is not None else
+            _Figures(instance, new_state.instance_view(), memoised(estimators or build_estimators(new_state.instance_view())),
+                     estimators))
+    view, est = figs.view, figs.est
     prev = validate_plan(instance, previous_plan) if previous_plan is not None else None
     lost = frozenset(lost_gpus)
     notes: list[str] = []
     cands: list[Candidate] = []
 
-    def add(source: str, plan: Plan, started: float) -> None:
-        report = simulate(view, plan, est)
+    def scored(source: str, plan: Plan, started: float, report: SimulationReport | None = None) -> Candidate | str:
+        """The candidate, or a note when it is out of memory."""
+        if report is None:
+            twin = next((c.report for c in cands if same_plan(c.plan, plan)), None)
+            report = simulate(view, plan, est) if twin is None else dataclasses.replace(  # the same plan scored
+                twin, plan=twin.plan.model_copy(update={"name": plan.name, "metadata": plan.metadata}))
         if report.oom_ranks:
-            notes.append(f"{source}: dropped, ranks {[r.rank for r in report.oom_ranks][:5]} out of memory")
-            return
+            return f"{source}: dropped, ranks {[r.rank for r in report.oom_ranks][:5]} out of memory"
         moved = moved_ranks(instance, prev if opts.warm else None, report.plan, new_state, lost)
         changed = prev is None or not same_plan(prev, report.plan)
-        cands.append(Candidate(source, report.plan, report, moved, _score(view, report, moved, changed, opts),
-                               time.perf_counter() - started))
+        return Candidate(source, report.plan, report, moved, _score(view, report, moved, changed, opts),
+                         time.perf_counter() - started)
 
+    def add(got: Candidate | str) -> None:
+        (notes if isinstance(got, str) else cands).append(got)
+
+    beside, repair_s = None, 0.0
     if opts.warm and prev is not None:
         if new_state.plan_is_valid(prev) and not _lost_any(prev, lost):
-            add("kept", prev, t0)
+            add(scored("kept", prev, t0))
         t1 = time.perf_counter()
-        for source, plan in _Repair(view, est, prev, new_state, opts).run():
-            add(source, plan, t1)
-    repair_s = time.perf_counter() - t0
+
+        def repaired(until: float | None) -> list[Candidate | str]:
+            return [scored(source, plan, t1, report)
+                    for source, plan, report in _Repair(view, est, prev, new_state, opts, figs.repair, until).run()]
+
+        def repaired_beside() -> tuple[list[Candidate | str], dict]:
+            got = repaired(t0 + (1 - 2 * PLACE_SHARE) * opts.budget_s)  # its plans are scored after it
+            return got, figs.repair.added_since(sizes)
+
+        if opts.budget_s is not None:  # the repair beside the planner
+            sizes = figs.repair.sizes()
+            beside = _Beside.start(repaired_beside)
+        if beside is None:  # one core, or no budget: first the repair, then the planner
+            for got in repaired(None if opts.budget_s is None else t0 + REPAIR_SHARE * opts.budget_s):
+                add(got)
+            repair_s = time.perf_counter() - t0
     planner_s = cached_s = 0.0
-    if opts.planner_time_limit_s > 0 or not cands:
-        t2 = time.perf_counter()
-        plan, note, planner_s = _planner_candidate(instance, view, est, new_state, prev, lost, opts, _best(cands),
-                                                   planner_cache)
-        cached_s = time.perf_counter() - t2 - planner_s  # < 0 when the planner's answer came from the cache
-        if note:
-            notes.append(note)
-        if plan is not None:
-            add("planner", plan, t2)
+    try:
+        if opts.planner_time_limit_s > 0 or opts.budget_s is not None or not cands:
+            t2 = time.perf_counter()
+            left_s = None if opts.budget_s is None else opts.budget_s * (1 - PLACE_SHARE) - (t2 - t0)
+            plan, note, planner_s = _planner_candidate(instance, figs, new_state, prev, lost, opts, _best(cands),
+                                                       planner_cache, left_s)
+            cached_s = time.perf_counter() - t2 - planner_s  # < 0 when the planner's answer came from the cache
+            if note:
+                notes.append(note)
+            if plan is not None:
+                add(scored("planner", plan, t2))
+        if beside is not None:
+            got = beside.result(t0 + opts.budget_s - time.perf_counter())
+            if got is None:
+                notes.append("repair: no answer from its process within the budget")
+            else:
+                figs.repair.merge(got[1], sizes)  # the figures it computed, for the next events
+            for item in got[0] if got is not None else ():
+                add(item)
+            repair_s = beside.finished - t0 if got is not None else time.perf_counter() - t0
+    finally:  # an interrupted planner leaves no repair process behind
+        if beside is not None:
+            beside.close()
     best = _best(cands)
     if best is None:
         raise InfeasibleError(f"no plan fits the {new_state.total_gpus} GPUs up at t={new_state.time_s:g} s "
@@ -313,12 +550,14 @@ def _best(cands: list[Candidate]) -> Candidate | None:
 
 
 # ---- the planner candidate ------------------------------------------------------------------------
-def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, state: ClusterState,
+def _planner_candidate(instance: Instance, figs: _Figures, state: ClusterState,
                        prev: Plan | None, lost: frozenset, opts: ReplanOptions, incumbent: Candidate | None,
-                       cache: dict | None) -> tuple[Plan | None, str | None, float]:
+                       cache: dict | None, left_s: float | None = None) -> tuple[Plan | None, str | None, float]:
     """(placed plan or None, a note, planner seconds). The planner runs on what is available and,
     if its plan does not fit the GPUs up on partially available nodes, again on whole nodes only:
-    the two runs share `planner_time_limit_s` (the second gets what the first left)."""
+    the two runs share `planner_time_limit_s`, or `left_s` of a budget (the second gets what the
+    first left)."""
+    view = figs.view
     min_its = max_cost = None
     if opts.warm and opts.planner_cutoff and incumbent is not None and incumbent.feasible:
         if view.objective.kind == "min_cost":
@@ -333,6 +572,10 @@ def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, st
     held = {g: p for g, p in held.items() if g not in lost}
     tried, spent = [], 0.0
     budget = opts.planner_time_limit_s or 0.5  # both tries together (0: only when no repair exists)
+    if left_s is not None:  # what the re-plan's budget left; a plan is needed when nothing else was found
+        budget = max(left_s, MIN_PLANNER_SHARE * opts.budget_s if incumbent is None else 0.0)
+        if budget <= 0:
+            return None, "planner: the budget was spent before it could run", 0.0
     for available in (state.available(), state.whole_node_available()):
         if available in tried:
             continue
@@ -340,13 +583,13 @@ def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, st
             return None, "planner: its plan does not fit the GPUs up on partially available nodes, and no " \
                          "time was left to plan on whole nodes", spent
         tried.append(available)
-        key = (state.key(), tuple(sorted(available.items())), opts.planner_time_limit_s,
+        key = (state.key(), tuple(sorted(available.items())), opts.planner_time_limit_s, opts.budget_s,
                opts.planner_combo_time_limit_s, opts.backend, opts.tp_choices, opts.microbatch_sizes,
                opts.max_stages, min_its, max_cost)
         if cache is not None and key in cache:
             unplaced, note, secs = cache[key]
         else:
-            unplaced, note, secs = _run_planner(view, est, opts, available, min_its, max_cost, budget - spent)
+            unplaced, note, secs = _run_planner(figs, opts, available, min_its, max_cost, budget - spent)
             if cache is not None:
                 cache[key] = (unplaced, note, secs)
         spent += secs
@@ -359,17 +602,20 @@ def _planner_candidate(instance: Instance, view: Instance, est: EstimatorSet, st
     return None, "planner: its plan does not fit the GPUs up on partially available nodes", spent
 
 
-def _run_planner(view: Instance, est: EstimatorSet, opts: ReplanOptions, available: dict, min_its: float | None,
+def _run_planner(figs: _Figures, opts: ReplanOptions, available: dict, min_its: float | None,
                  max_cost: float | None, limit_s: float) -> tuple[Plan | None, str | None, float]:
     from hetplan.planner import PlannerOptions, plan as joint_plan
 
     t0 = time.perf_counter()
-    popts = PlannerOptions(backend=opts.backend, time_limit_s=limit_s,
+    # under HELPER_MIN_S the planner runs in this process alone: its helper's fork and hand-offs
+    # cost more than they bring there, and the other core may run the repair (`_Beside`)
+    popts = PlannerOptions(backend=opts.backend, time_limit_s=limit_s, workers=1 if limit_s < HELPER_MIN_S else 2,
                            combo_time_limit_s=opts.planner_combo_time_limit_s, max_stages=opts.max_stages,
                            microbatch_sizes=opts.microbatch_sizes, tp_choices=opts.tp_choices,
                            available=available, min_iters_per_s=min_its, max_cost_usd=max_cost)
     try:
-        return joint_plan(view, popts, est).plan, None, time.perf_counter() - t0
+        tables = figs.planner_tables()  # a session's carry the figures of its earlier events
+        return joint_plan(figs.view, popts, figs.est, tables=tables).plan, None, time.perf_counter() - t0
     except InfeasibleError as exc:
         if min_its is not None or max_cost is not None:
             note = "planner: found nothing better than the best candidate in its time limit"
@@ -399,6 +645,15 @@ def place(view: Instance, plan: Plan, state: ClusterState, held: dict[tuple[str,
     for node in view.nodes:
         by_key.setdefault((node.gpu_type, node.zone), []).append(node.node_id)
     held = held or {}
+    holders: dict[frozenset[Piece], tuple[set, set]] = {}  # need -> the GPUs whose state covers it, their nodes
+
+    def covering(need: frozenset[Piece]) -> tuple[set[tuple[str, int]], set[str]]:
+        """Asked once per (layer range, TP, rank), not per node and GPU tried (hundreds of each)."""
+        if need not in holders:
+            gpus = {gpu for gpu, have in held.items() if have and holds_all(need, have)}
+            holders[need] = (gpus, {node for node, _ in gpus})
+        return holders[need]
+
     stages = []
     for st in plan.stages:
         reps = []
@@ -406,7 +661,8 @@ def place(view: Instance, plan: Plan, state: ClusterState, held: dict[tuple[str,
             if rep.node is not None:
                 reps.append(rep)
                 continue
-            choice = _choose_gpus(arch, st, rep, by_key.get((rep.gpu_type, rep.zone), []), free, held, reuse)
+            choice = _choose_gpus(arch, st, rep, by_key.get((rep.gpu_type, rep.zone), []), free, held, reuse,
+                                  covering)
             if choice is None:
                 return None
             node, gpus = choice
@@ -418,31 +674,45 @@ def place(view: Instance, plan: Plan, state: ClusterState, held: dict[tuple[str,
 
 
 def _choose_gpus(arch: ModelArch, st: Stage, rep: Replica, nodes: list[str], free: dict[str, list[int]],
-                 held: dict, reuse: bool) -> tuple[str, tuple[int, ...]] | None:
+                 held: dict, reuse: bool, covering: Callable[[frozenset[Piece]], tuple[set, set]]
+                 ) -> tuple[str, tuple[int, ...]] | None:
+    """The node (the first in order of the best) and GPUs for `rep`: most TP ranks whose GPU already
+    holds their state, then best fit (the fullest node that has room)."""
+    if not reuse:
+        return next(((node, tuple(free[node][: rep.tp])) for node in nodes if len(free[node]) >= rep.tp), None)
+    # per TP rank, the GPUs holding its state: once per replica (hashing `arch` is slow), not per node
+    holding = [covering(rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, r)) for r in range(rep.tp)]
     best = None
     for node in nodes:
         left = free[node]
         if len(left) < rep.tp:
             continue
-        if not reuse:
-            return node, tuple(left[: rep.tp])
+        if not any(node in on for _, on in holding):  # no hit possible: only the fit counts, GPUs when chosen
+            if best is None or (0, -len(left)) > best[0]:
+                best = ((0, -len(left)), node, None)
+            continue
         gpus, hits = [], 0
         pool = list(left)
-        for r in range(rep.tp):
-            need = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, r)
-            hit = next((g for g in pool if held.get((node, g)) and all(covered(p, held[(node, g)]) for p in need)), None)
+        for have, _ in holding:
+            hit = next((g for g in pool if (node, g) in have), None)
             if hit is not None:
                 hits += 1
-            gpus.append(hit)
-            if hit is not None:
                 pool.remove(hit)
-        # GPUs with no matching state: take those holding nothing first, keep holders for others
-        idle = sorted(pool, key=lambda g: ((node, g) in held, g))
-        gpus = [g if g is not None else idle.pop(0) for g in gpus]
+            gpus.append(hit)
+        gpus = _fill_idle(node, gpus, pool, held)
         key = (hits, -len(left))  # most reuse, then best fit (fullest node)
         if best is None or key > best[0]:
             best = (key, node, tuple(gpus))
-    return None if best is None else (best[1], best[2])
+    if best is None:
+        return None
+    _, node, gpus = best
+    return node, gpus if gpus is not None else tuple(_fill_idle(node, [None] * rep.tp, list(free[node]), held))
+
+
+def _fill_idle(node: str, gpus: list, pool: list[int], held: dict) -> list[int]:
+    """GPUs with no matching state: take those holding nothing first, keep holders for others."""
+    idle = sorted(pool, key=lambda g: ((node, g) in held, g))
+    return [g if g is not None else idle.pop(0) for g in gpus]
 
 
 # ---- the repair -----------------------------------------------------------------------------------
@@ -461,30 +731,42 @@ class _Stage:
     end: int
     reps: list[_Rep]
     shares: list[int] = field(default_factory=list)
+    # the stage's step, all-reduce, update and incoming transfer seconds once asked (`_Repair.step`,
+    # `sync`, `update`, `boundary`): the objective reads every stage at every move tried. `fill` sets the shares and restarts it;
+    # whoever changes `reps` otherwise clears it
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 class _Repair:
     """Greedy repair of a placed plan on a new state (see the module docstring)."""
 
-    def __init__(self, view: Instance, est: EstimatorSet, prev: Plan, state: ClusterState, opts: ReplanOptions):
+    def __init__(self, view: Instance, est: EstimatorSet, prev: Plan, state: ClusterState, opts: ReplanOptions,
+                 memo: _RepairMemo | None = None, until: float | None = None):
         self.view, self.est, self.prev, self.state, self.opts = view, est, prev, state, opts
+        self.until = until  # perf_counter time after which no more moves are tried (None: no limit)
         self.arch = view.model_arch
         self.B = view.workload.global_batch_size
         self.schedule = prev.schedule
-        self._time: dict = {}
-        self._cap: dict = {}
-        self._sync: dict = {}
-        self._upd: dict = {}
+        memo = memo or _RepairMemo()  # a session's, shared with earlier events on this network
+        self._time, self._cap, self._sync, self._upd = memo.time, memo.cap, memo.sync, memo.upd
+        self._link, self._fill, self._units = memo.link, memo.fill, memo.units
+        self._classes, self._class_list = memo.classes, memo.class_list
         self.node_info = {n.node_id: n for n in view.nodes}
-        self._link: dict = {}
-        self._fill: dict = {}
         self.seq_bytes = boundary_activation_bytes(self.arch, 1, view.workload.precision)
+
+    def late(self) -> bool:
+        """Past the deadline: every step stops trying moves and keeps the best it has (valid plans)."""
+        return self.until is not None and time.perf_counter() > self.until
 
     # -- cached estimator figures ------------------------------------------------------------------
     def rep_time(self, g: str, tp: int, start: int, end: int, share: int) -> float:
         key = (g, tp, start, end, share)
         if key not in self._time:
-            self._time[key] = sum(self.est.time.layer_time(g, u, share, tp).total_s for u in range(start, end))
+            per_unit = self._units.get(key[:2] + key[4:])
+            if per_unit is None:  # every unit at once: the ranges tried are many, the (type, TP, share)s few
+                per_unit = self._units[key[:2] + key[4:]] = [self.est.time.layer_time(g, u, share, tp).total_s
+                                                             for u in range(self.arch.num_units)]
+            self._time[key] = sum(per_unit[start:end])  # the same additions in the same order as unit by unit
         return self._time[key]
 
     def max_share(self, g: str, tp: int, start: int, end: int, dp: int, in_flight: int, limit: int) -> int:
@@ -514,59 +796,117 @@ class _Repair:
         step time (greedy one sequence at a time: optimal for non-decreasing times). Replicas left
         at 0 are dropped. Returns the step time, None when memory cannot take G sequences.
         Replicas of one (GPU type, TP) are interchangeable: the answer is memoised per class list."""
+        got = self.filled(tuple((r.gpu_type, r.tp) for r in st.reps), st.start, st.end, i, P, m)
+        return None if got is None else self.apply_fill(st, got)
+
+    def filled(self, classes: tuple | int, start: int, end: int, i: int, P: int, m: int) -> tuple | None:
+        """(kept replicas, their shares, step time) of `fill` for stage i of P holding [start, end)
+        with replicas of these (GPU type, TP) classes, in order (or their `class_id`)."""
         G = self.B // m
         k = self.in_flight(i, P, m)
-        classes = tuple((r.gpu_type, r.tp) for r in st.reps)
-        key = (classes, st.start, st.end, k, G)
+        # a stage of hundreds of replicas has a long class tuple, costly to hash at every lookup:
+        # the memo is keyed by its id (`class_id`), taken once per stage by `partition`
+        cid = classes if isinstance(classes, int) else self.class_id(classes)
+        key = (cid, start, end, k, G)
         if key not in self._fill:
-            self._fill[key] = self._water_fill(classes, st.start, st.end, k, G)
-        got = self._fill[key]
-        if got is None:
-            return None
+            self._fill[key] = self._water_fill(self._class_list[cid], start, end, k, G)
+        return self._fill[key]
+
+    def class_id(self, classes: tuple) -> int:
+        cid = self._classes.get(classes)
+        if cid is None:
+            cid = self._classes[classes] = len(self._classes)
+            self._class_list.append(classes)
+        return cid
+
+    @staticmethod
+    def apply_fill(st: _Stage, got: tuple) -> float:
         keep, shares, step = got
-        st.reps = [st.reps[j] for j in keep]
+        if len(keep) < len(st.reps):
+            st.reps = [st.reps[j] for j in keep]
         st.shares = list(shares)
+        st.memo = {"step": step}
         return step
 
     def _water_fill(self, classes: tuple, start: int, end: int, k: int, G: int):
+        """The shares the greedy gives (one sequence at a time to the replica whose step time grows
+        least, ties to the lower index), a level at a time per class of interchangeable replicas:
+        the greedy merges the replicas' step-time lists (non-decreasing in the share), so it hands
+        out the G smallest (time, replica) pairs. Levels are taken in time order, all replicas of
+        a class at once, until the level where G is reached: its ties go to the lowest indices.
+        As many steps as levels instead of G (hundreds of sequences on hundreds of replicas)."""
         dp = len(classes)
-        caps = [self.max_share(g, tp, start, end, dp, k, G) for g, tp in classes]
-        if sum(caps) < G:
+        size: dict[tuple[str, int], int] = {}
+        for c in classes:
+            size[c] = size.get(c, 0) + 1
+        cap = {c: self.max_share(c[0], c[1], start, end, dp, k, G) for c in size}
+        if sum(cap[c] * n for c, n in size.items()) < G:
             return None
-        shares = [0] * len(classes)
-        heap = [(self.rep_time(g, tp, start, end, 1), j) for j, (g, tp) in enumerate(classes) if caps[j] > 0]
+
+        def time_at(c: tuple[str, int], share: int) -> float:
+            return self.rep_time(c[0], c[1], start, end, share)
+
+        done = dict.fromkeys(size, 0)  # levels every replica of the class has taken
+        heap = [(time_at(c, 1), c) for c in size if cap[c] > 0]
         heapq.heapify(heap)
-        for _ in range(G):
-            _, j = heapq.heappop(heap)
-            shares[j] += 1
-            if shares[j] < caps[j]:
-                g, tp = classes[j]
-                heapq.heappush(heap, (self.rep_time(g, tp, start, end, shares[j] + 1), j))
-        keep = tuple(j for j in range(len(classes)) if shares[j] > 0)
-        step = max(self.rep_time(*classes[j], start, end, shares[j]) for j in keep)
+        left, ties = G, {}
+        while left > 0:
+            v = heap[0][0]
+            level = {}  # class -> its levels at time v
+            while heap and heap[0][0] == v:
+                c = heapq.heappop(heap)[1]
+                n = 1
+                while done[c] + n < cap[c] and time_at(c, done[c] + n + 1) == v:
+                    n += 1
+                level[c] = n
+            if sum(size[c] * n for c, n in level.items()) >= left:
+                ties = level  # v is the G-th smallest time
+                break
+            for c, n in level.items():
+                left -= size[c] * n
+                done[c] += n
+                if done[c] < cap[c]:
+                    heapq.heappush(heap, (time_at(c, done[c] + 1), c))
+        shares = []
+        for c in classes:  # replica order: the ties go to the lowest indices
+            take = min(ties.get(c, 0), left)
+            left -= take
+            shares.append(done[c] + take)
+        keep = tuple(j for j in range(dp) if shares[j] > 0)
+        step = max(time_at(classes[j], shares[j]) for j in keep)
         return keep, tuple(shares[j] for j in keep), step
 
     def step(self, st: _Stage) -> float:
-        return max(self.rep_time(r.gpu_type, r.tp, st.start, st.end, s) for r, s in zip(st.reps, st.shares))
+        if "step" not in st.memo:
+            st.memo["step"] = max(self.rep_time(r.gpu_type, r.tp, st.start, st.end, s)
+                                  for r, s in zip(st.reps, st.shares))
+        return st.memo["step"]
 
     def sync(self, st: _Stage) -> float:
         if len(st.reps) <= 1:
             return 0.0
+        if "sync" not in st.memo:
+            st.memo["sync"] = self._sync_s(st)
+        return st.memo["sync"]
+
+    def _sync_s(self, st: _Stage) -> float:
         key = (st.start, st.end, tuple(sorted((r.node, r.tp) for r in st.reps)))
         if key not in self._sync:
             nbytes = gradient_bytes(self.arch, range(st.start, st.end), self.view.workload.precision)
-            members = [endpoint(self.view, Replica(gpu_type=r.gpu_type, tp=r.tp, node=r.node, gpus=r.gpus))
-                       for r in st.reps]
+            members = [node_endpoint(self.node_info[r.node]) for r in st.reps]  # (`stage_cost.endpoint`)
             factor = sync_volume_factor(self.view.workload.zero_stage)
             self._sync[key] = self.est.comm.allreduce_time_s(members, factor * nbytes / min(r.tp for r in st.reps))
         return self._sync[key]
 
     def update(self, st: _Stage) -> float:
+        if "update" in st.memo:
+            return st.memo["update"]
         key = (st.start, st.end, len(st.reps), tuple(sorted({(r.gpu_type, r.tp) for r in st.reps})))
         if key not in self._upd:
             self._upd[key] = max(self.est.time.update_time_s(g, range(st.start, st.end), tp, len(st.reps))
                                  for g, tp in key[3])
-        return self._upd[key]
+        st.memo["update"] = self._upd[key]
+        return st.memo["update"]
 
     def link_s_per_seq(self, a: _Rep, b: _Rep) -> tuple[float, float]:
         """(seconds per sequence of activations, latency) between two replicas' nodes."""
@@ -582,8 +922,11 @@ class _Repair:
         """Activation transfer of one pipeline step over a stage boundary: every receiving replica
         takes its share from the sending stage (modelled from its first replica's node)."""
         src = a.reps[0]
-        return max(share * per + lat for per, lat, share in
-                   ((*self.link_s_per_seq(src, r), s) for r, s in zip(b.reps, b.shares)))
+        key = ("from", src.node)
+        if key not in b.memo:
+            b.memo[key] = max(share * per + lat for per, lat, share in
+                              ((*self.link_s_per_seq(src, r), s) for r, s in zip(b.reps, b.shares)))
+        return b.memo[key]
 
     def proxy(self, stages: list[_Stage], m: int) -> float:
         """The simulator's 1F1B iteration time, with boundary transfers approximated (`boundary`)."""
@@ -656,12 +999,13 @@ class _Repair:
                     break
                 rep = min(fitting, key=lambda r: self.rep_time(r.gpu_type, r.tp, st.start, st.end, 1) * r.tp)
                 st.reps.append(rep)
+                st.memo.clear()
                 for g in rep.gpus:
                     free[rep.node].remove(g)
             if sum(self._caps(st, i, len(stages), m)) >= G:
                 i += 1
                 continue
-            st.reps = []
+            st.reps, st.memo = [], {}
             merged = self._merge(stages, i, m)
             if merged is None:
                 return None
@@ -699,7 +1043,7 @@ class _Repair:
         G = self.B // m
         P = len(stages)
         current = self.objective(stages, m)
-        while True:
+        while not self.late():
             b = max(range(P), key=lambda i: self.step(stages[i]))
             st = stages[b]
             room = G - len(st.reps)
@@ -723,30 +1067,36 @@ class _Repair:
         T (memory permitting): with stage times growing in their unit count, this greedy packing
         succeeds whenever any contiguous split does (the classic linear-partition argument)."""
         P, U = len(stages), self.arch.num_units
-        memo: dict[tuple[int, int, int], tuple[float | None, _Stage]] = {}
+        classes = [self.class_id(tuple((r.gpu_type, r.tp) for r in st.reps)) for st in stages]  # fixed here
 
-        def t(i: int, a: int, b: int) -> tuple[float | None, _Stage]:
-            if (i, a, b) not in memo:
-                st = _Stage(a, b, list(stages[i].reps))
-                memo[(i, a, b)] = (self.fill(st, i, P, m), st)
-            return memo[(i, a, b)]
+        def t(i: int, a: int, b: int) -> float | None:
+            got = self.filled(classes[i], a, b, i, P, m)
+            return None if got is None else got[2]
+
+        def stage(i: int, a: int, b: int) -> _Stage:
+            st = _Stage(a, b, list(stages[i].reps))
+            self.apply_fill(st, self.filled(classes[i], a, b, i, P, m))
+            return st
 
         def pack(T: float) -> list[_Stage] | None:
-            a, out = 0, []
+            a, cuts = 0, []
             for i in range(P):
                 if i == P - 1:
-                    tt, st = t(i, a, U)
-                    return out + [st] if tt is not None and tt <= T else None
+                    tt = t(i, a, U)
+                    if tt is None or tt > T:
+                        return None
+                    cuts.append((a, U))
+                    return [stage(j, lo, hi) for j, (lo, hi) in enumerate(cuts)]
                 best = None
                 for b in range(a + 1, U - (P - 1 - i) + 1):
-                    tt, st = t(i, a, b)
+                    tt = t(i, a, b)
                     if tt is None or tt > T:
                         break
-                    best = (b, st)
+                    best = b
                 if best is None:
                     return None
-                a = best[0]
-                out.append(best[1])
+                cuts.append((a, best))
+                a = best
             return None
 
         hi = max(self.step(s) for s in stages)
@@ -755,6 +1105,8 @@ class _Repair:
             return stages
         lo = 0.0
         for _ in range(30):
+            if self.late():
+                break
             mid = (lo + hi) / 2
             trial = pack(mid)
             if trial is None:
@@ -774,6 +1126,8 @@ class _Repair:
         (`partition`); keep it if the objective improves. Repeats up to `max_new` times."""
         G = self.B // m
         for _ in range(max_new):
+            if self.late():
+                return stages
             blocks = self.rep_blocks(self.free_gpus(stages))
             if not blocks or len(stages) >= min(self.opts.max_stages, self.arch.num_units):
                 return stages
@@ -834,6 +1188,8 @@ class _Repair:
 
         current = key(stages)
         for _ in range(4 * self.arch.num_units):
+            if self.late():
+                break
             improved = False
             for i in range(P - 1):
                 for delta in (-1, 1):  # -1: stage i gives its last unit away, +1: takes the next one
@@ -861,8 +1217,9 @@ class _Repair:
         return Plan(name=f"{self.view.name}-replan", instance=self.view.name, schedule=self.schedule,
                     num_microbatches=m, stages=tuple(out), metadata={"source": source})
 
-    def run(self) -> list[tuple[str, Plan]]:
-        """[("patched", plan), ("repaired", plan)] (either may be missing)."""
+    def run(self) -> list[tuple[str, Plan, SimulationReport | None]]:
+        """[("patched", plan, None), ("repaired", plan, its simulation)] (either may be missing). Past
+        the deadline the m's not started yet are skipped."""
         out = []
         m0 = self.prev.num_microbatches
         base = self.refill_empty(self.survivors(), m0)
@@ -870,10 +1227,10 @@ class _Repair:
             return out
         patched = [_Stage(s.start, s.end, list(s.reps)) for s in base]
         if self.balance(patched, m0):
-            out.append(("patched", self.to_plan(patched, m0, "patched")))
+            out.append(("patched", self.to_plan(patched, m0, "patched"), None))
         best = None
-        for m in sorted({m0, m0 // 2, m0 * 2}):
-            if m < 1 or self.B % m:
+        for m in sorted({m0, m0 // 2, m0 * 2}, key=lambda m: (m != m0, m)):  # the running m first
+            if m < 1 or self.B % m or (best is not None and self.late()):
                 continue
             stages = [_Stage(s.start, s.end, list(s.reps)) for s in base]
             if not self.balance(stages, m):
@@ -883,15 +1240,15 @@ class _Repair:
             stages = self.add_stages(stages, m)
             stages = self.shift_boundaries(stages, m)
             plan = self.to_plan(stages, m, "repaired")
-            obj = self.simulated(plan)  # the proxy ranks moves inside one m; the simulator ranks the m's
-            if best is None or obj < best[0]:
-                best = (obj, plan)
+            report = simulate(self.view, plan, self.est)  # the proxy ranks moves inside one m; the simulator the m's
+            score = (self.simulated(report), m)  # ties: the fewer microbatches
+            if best is None or score < best[0]:
+                best = (score, plan, report)
         if best is not None:
-            out.append(("repaired", best[1]))
+            out.append(("repaired", best[1], best[2]))
         return out
 
-    def simulated(self, plan: Plan) -> float:
-        report = simulate(self.view, plan, self.est)
+    def simulated(self, report: SimulationReport) -> float:
         if report.oom_ranks:
             return float("inf")
         return report.cost_per_iteration_usd if self.view.objective.kind == "min_cost" else report.iteration_time_s

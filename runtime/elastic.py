@@ -61,7 +61,7 @@ from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_eve
 from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
 from hetplan.instance import AvailabilityEvent, Instance, format_validation_error, read_structured
 from hetplan.plan import Plan, validate_plan
-from hetplan.replan import ReplanOptions, replan, same_plan
+from hetplan.replan import ReplanOptions, ReplanSession, replan, same_plan
 from hetplan.runtime import checkpoint
 from hetplan.runtime.execute import RunOptions, ready_path, steps_log_path
 from hetplan.runtime.local import LaunchError, LocalWorkers, _check_options, steps_done
@@ -275,6 +275,7 @@ class _Supervisor:
         self.next_plan: Plan | None = None  # found by a re-plan while training
         self.next_cause = ""
         self.overlapped_s = 0.0
+        self.session = ReplanSession()  # estimator figures and planner tables kept across events
         self.t0 = time.monotonic()
 
     # -- segments ----------------------------------------------------------------------------------
@@ -491,7 +492,7 @@ class _Supervisor:
             self.log(f"iteration {done}: {what} takes GPUs of the running plan; stopping at iteration {done + 1}")
             return
         t = time.perf_counter()
-        res = replan(self.inst, self.plan, new, self.opts.replan)
+        res = replan(self.inst, self.plan, new, self.opts.replan, session=self.session)
         spent = time.perf_counter() - t
         if res.plan is None or same_plan(res.plan, self.plan):
             self.absorbed.append(f"iteration {done}: {what} (re-planned in {spent:.2f} s: plan kept)")
@@ -522,7 +523,7 @@ class _Supervisor:
         else:
             t = time.perf_counter()
             try:
-                res = replan(self.inst, before, self.state, self.opts.replan, lost_gpus=lost)
+                res = replan(self.inst, before, self.state, self.opts.replan, lost_gpus=lost, session=self.session)
             except InfeasibleError as exc:
                 raise LaunchError(f"cannot continue at iteration {resumed}: {exc}") from None
             replan_s = time.perf_counter() - t
