@@ -1540,7 +1540,7 @@ def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | No
     if dp:
         found = dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp))
         best = joint.better(best, found)
-    return best
+    return joint.polish(inp, best, objective, max_cost, min_its)
 
 
 def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its: float | None) -> str:

@@ -9,7 +9,7 @@ import pytest
 from hetplan.formulations import joint
 from hetplan.formulations import joint_dp_heuristic as H
 
-from test_planner import _tiny_inputs, brute_force, combos_of, tiny
+from test_planner import _tiny_inputs, brute_force, combos_of, tiny, tiny_regions
 
 
 def _homogeneous_by_enumeration(inp: joint.JointInputs, theta_s: float, value: str,
@@ -157,3 +157,44 @@ def test_dp_heuristic_respects_budget_and_min_throughput():
             assert joint.evaluate(inp, limited[1])["T"] <= 1 / floor * (1 + 1e-12), combo
         fast = H.dp_heuristic(inp, "max_throughput", max_cost_usd=ev["cost"])
         assert fast is not None and joint.evaluate(inp, fast[1])["cost"] <= ev["cost"] * (1 + 1e-12), combo
+
+
+def test_polish_keeps_plans_valid_and_only_improves():
+    """`joint.polish` reorders a plan's stages: every layer once, the same GPUs per quota, every
+    stage in memory, the objective the model's own, never worse than the plan it started from and
+    never below the brute-force optimum; from the stage order reversed (a poor start) it improves
+    some plans."""
+    checked = improved = 0
+    for objective, inst in (("max_throughput", tiny()), ("max_throughput", tiny_regions()), ("min_cost", tiny("min_cost"))):
+        for combo, inp in combos_of(inst, objective):
+            found = H.dp_heuristic(inp, objective)
+            if found is None or inp.P < 2:
+                continue
+            key = "cost" if objective == "min_cost" else "T"
+            truth = brute_force(inp, key, "blocks")
+            sol = found[1]
+            starts = [found]
+            # the same stages in reverse order (blocks mirrored so the ends keep embedding and head)
+            counts = joint.solution_blocks(inp, sol)
+            rows = list(reversed(sol.replicas))
+            sizes = [n + (i == 0) + (i == inp.P - 1) for i, n in enumerate(reversed(counts))]
+            if sizes[0] >= 2:
+                bounds = [sum(sizes[:i]) for i in range(inp.P + 1)]
+                ranges = tuple((bounds[i], bounds[i + 1]) for i in range(inp.P))
+                rev = joint.JointSolution(ranges, tuple(rows), float("nan"), float("nan"))
+                if all(joint._stage_fits(inp, list(rows[i]), i, *ranges[i]) for i in range(inp.P)):
+                    starts.append((joint.evaluate(inp, rev)[key], rev))
+            for start in starts:
+                obj, out = joint.polish(inp, start, objective)
+                assert [u for s, e in out.ranges for u in range(s, e)] == list(range(inp.U)), combo
+                assert out.ranges[0][1] >= 2, combo  # stays in the compact form
+                used = lambda s: sorted((k, sum(r[k] for r in s.replicas)) for k in range(inp.K))  # noqa: E731
+                assert used(out) == used(start[1]), combo
+                for i, row in enumerate(out.replicas):
+                    assert joint._stage_fits(inp, list(row), i, *out.ranges[i]), combo
+                assert obj == pytest.approx(joint.evaluate(inp, out)[key], rel=1e-12)
+                assert obj <= start[0] * (1 + 1e-12), combo
+                assert obj >= truth * (1 - 1e-9), combo
+                improved += obj < start[0] * (1 - 1e-9)
+                checked += 1
+    assert checked >= 10 and improved >= 1, (checked, improved)
