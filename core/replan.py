@@ -442,9 +442,7 @@ def replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterSta
         return ReplanResult(None, None, "none", 0, [], 0.0, 0.0, time.perf_counter() - t0, ["no GPU is up"])
     if session is None and planner_cache is not None:
         session = planner_cache.setdefault("session", ReplanSession())
-    figs = (session.figures(instance, new_state, estimators) if session is not None else
-            _Figures(instance, new_state.instance_view(), memoised(estimators or build_estimators(new_state.instance_view())),
-                     estimators))
+    figs = (session or ReplanSession()).figures(instance, new_state, estimators)  # none: figures for this call only
     view, est = figs.view, figs.est
     prev = validate_plan(instance, previous_plan) if previous_plan is not None else None
     lost = frozenset(lost_gpus)

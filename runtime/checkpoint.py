@@ -34,10 +34,15 @@ def step_dir(root: Path, iteration: int) -> Path:
     return root / f"step_{iteration:08d}"
 
 
+def _complete(root: Path) -> list[Path]:
+    """The complete per-step checkpoints under `root`, oldest first (meta.json is written last,
+    after every rank's shards)."""
+    return sorted(d for d in root.glob("step_*") if (d / META).exists())
+
+
 def latest(root: Path) -> Path | None:
-    """The newest complete per-step checkpoint under `root` (meta.json is written last, after
-    every rank's shards), or None."""
-    done = sorted(d for d in root.glob("step_*") if (d / META).exists())
+    """The newest complete per-step checkpoint under `root`, or None."""
+    done = _complete(root)
     return done[-1] if done else None
 
 
@@ -45,11 +50,12 @@ def prune(root: Path, keep: int = 2) -> None:
     """Delete all but the newest `keep` complete per-step checkpoints (and unfinished older ones)."""
     import shutil
 
-    newest = latest(root)
-    done = sorted(d for d in root.glob("step_*") if (d / META).exists())
-    keep_dirs = set(done[-keep:]) if keep > 0 else set()
+    done = _complete(root)
+    if not done:
+        return
+    kept = set(done[-keep:]) if keep > 0 else set()
     for d in root.glob("step_*"):
-        if d not in keep_dirs and newest is not None and d.name < newest.name:
+        if d not in kept and d.name < done[-1].name:
             shutil.rmtree(d, ignore_errors=True)
 
 

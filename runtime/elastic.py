@@ -153,7 +153,6 @@ class ElasticOptions:
     heartbeat_timeout_s: float = 10.0
     startup_timeout_s: float = 120.0  # before a rank's first heartbeat (process start, imports)
     checkpoint_every: int = 1
-    keep_checkpoints: int = 2
     max_reconfigurations: int = 50
     replan: ReplanOptions = field(default_factory=lambda: ReplanOptions(planner_time_limit_s=1.0))
     model: dict[str, Any] = field(default_factory=dict)
@@ -170,8 +169,7 @@ class ElasticOptions:
                   (self.checkpoint_every >= 1, "checkpoint_every must be at least 1", "checkpoint_every"),
                   (self.time_scale > 0, f"time_scale must be positive, got {self.time_scale}", "time_scale"),
                   (0 < self.heartbeat_s < self.heartbeat_timeout_s,
-                   "the heartbeat interval must be positive and below the heartbeat timeout", "heartbeat_timeout_s"),
-                  (self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1", "keep_checkpoints")]
+                   "the heartbeat interval must be positive and below the heartbeat timeout", "heartbeat_timeout_s")]
         for ok, msg, where in checks:
             if not ok:
                 raise PlanError(msg, where)
@@ -296,11 +294,11 @@ class _Supervisor:
             resumed = self._committed()
             if resumed >= opts.steps:
                 break
-            pending = self._reconfigure(stop, done, resumed)
+            pending = self._reconfigure(stop, resumed)
             done = resumed
             segment += 1
-        return ElasticResult(steps_completed=self._committed(),
-                             samples_trained=self._committed() * self.inst.workload.global_batch_size,
+        done = self._committed()
+        return ElasticResult(steps_completed=done, samples_trained=done * self.inst.workload.global_batch_size,
                              reconfigurations=self.reconfs, absorbed=self.absorbed, plans=self.plans,
                              losses=[self.losses[i] for i in sorted(self.losses) if i < opts.steps],
                              wall_s=time.monotonic() - self.t0, out_dir=opts.out_dir, last_segment_dir=seg_dir,
@@ -334,7 +332,6 @@ class _Supervisor:
             workers.close()
             if box:  # the segment ended before every rank was ready: record what is known
                 self._ready(seg_dir, spec.world_size, box[0], force=True)
-            checkpoint.prune(opts.checkpoint_dir, opts.keep_checkpoints)
 
     def _planned_stop(self, done: int) -> int:
         """The first at_step event that changes the plan's world: a gain, or a loss that takes
@@ -390,23 +387,26 @@ class _Supervisor:
             ages = workers.heartbeat_age_s()
             hung = [r for r, age in enumerate(ages) if ready[r] and age is not None and age > self.opts.heartbeat_timeout_s]
             if hung:
-                workers.close()
                 r = ([h for h in hung if h in faults] or hung)[0]
-                trigger = faults.get(r, time.time() - ages[r])
-                cause = f"rank {r} sent no heartbeat for {ages[r]:.1f} s (timeout {self.opts.heartbeat_timeout_s:g} s)"
-                self.log(f"iteration {done}: {cause}; every rank stopped")
-                return _Stop("hang", cause, time.time(), trigger, done, tuple(hung))
+                return self._hung(workers, f"rank {r} sent no heartbeat for {ages[r]:.1f} s (timeout "
+                                  f"{self.opts.heartbeat_timeout_s:g} s)", faults.get(r, time.time() - ages[r]),
+                                  done, tuple(hung))
             if time.monotonic() - workers.started_at > self.opts.startup_timeout_s and not all(ready):
-                workers.close()
                 r = ready.index(False)
-                cause = f"rank {r} was not ready within {self.opts.startup_timeout_s:g} s"
-                self.log(f"iteration {done}: {cause}; every rank stopped")
-                return _Stop("hang", cause, time.time(), time.time(), done, (r,))
+                return self._hung(workers, f"rank {r} was not ready within {self.opts.startup_timeout_s:g} s",
+                                  time.time(), done, (r,))
             if workers.finished():
                 done = base + steps_done(seg_dir, world)
                 kind = "finished" if done >= self.opts.steps else "boundary"
                 return _Stop(kind, self.next_cause, time.time(), boundary_wall or time.time(), done)
             time.sleep(POLL_S)
+
+    def _hung(self, workers: LocalWorkers, cause: str, trigger_wall: float, done: int,
+              ranks: tuple[int, ...]) -> _Stop:
+        """Stop every rank of a segment with a hung rank (they would wait on it in collectives)."""
+        workers.close()
+        self.log(f"iteration {done}: {cause}; every rank stopped")
+        return _Stop("hang", cause, time.time(), trigger_wall, done, ranks)
 
     def _ready(self, seg_dir: Path, world: int, p: _Pending, force: bool = False) -> bool:
         """Once every new rank is ready, the reconfiguration's restart and load times are known
@@ -503,7 +503,7 @@ class _Supervisor:
         self.log(f"iteration {done}: {what}: a better plan found in {spent:.2f} s while training; switching")
 
     # -- reconfiguration ---------------------------------------------------------------------------
-    def _reconfigure(self, stop: _Stop, base: int, resumed: int) -> _Pending:
+    def _reconfigure(self, stop: _Stop, resumed: int) -> _Pending:
         before = self.plan
         replan_s, overlapped = 0.0, 0.0
         lost: list[tuple[str, int]] = []

@@ -219,7 +219,7 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
         "esac",
         'export HETPLAN_NODE_ID="$NODE_ID" CUDA_VISIBLE_DEVICES="$GPUS"',
         *[f"export {k}={v}" for k, v in _restart_env(resilience).items()],
-        f'exec torchrun --nnodes={n} --nproc-per-node="$NPROC" {" ".join(_restart_flags(resilience) + [""])}'
+        f'exec torchrun --nnodes={n} --nproc-per-node="$NPROC" {"".join(f + " " for f in _restart_flags(resilience))}'
         f'--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="hetplan-$SLURM_JOB_ID" '
         f'-m {EXECUTOR_MODULE} --spec "$HETPLAN_SPEC"{"".join(" " + _q(a) for a in _resume_flags(resilience))}',
         "EOF",
