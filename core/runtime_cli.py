@@ -59,6 +59,9 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, help="steps between checkpoints"),
         max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="torchrun restarts of the whole job "
                                          "(with --checkpoint-dir)"),
+        min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=1, help="with --checkpoint-dir: go on "
+                                                "with as few as K nodes, re-planning for those left when a node "
+                                                "does not come back (torchrun, slurm; c10d rendezvous)"),
     ) -> None:
         """Write the launch spec and the target's launch files for a plan."""
         from hetplan.instance import load_instance
@@ -72,7 +75,10 @@ def register(app: typer.Typer) -> None:
         check_output_dir(out, "--out")
         from hetplan.runtime.targets import Resilience
 
-        resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts) if checkpoint_dir else None
+        if min_nodes is not None and not checkpoint_dir:
+            raise PlanError("--min-nodes needs --checkpoint-dir: the nodes left resume from its checkpoints",
+                            "--min-nodes")
+        resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts, min_nodes) if checkpoint_dir else None
         options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
                                  resilience=resilience)
         paths = write_launch(load_instance(instance), load_plan(plan), target, out, options)

@@ -14,7 +14,7 @@ is written.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -22,7 +22,7 @@ from hetplan.errors import PlanError, RefusedError
 from hetplan.instance import Instance
 from hetplan.plan import Plan
 from hetplan.runtime import targets
-from hetplan.runtime.spec import LaunchSpec, TrainingSpec, build_spec, check_spec
+from hetplan.runtime.spec import LaunchSpec, TrainingSpec, build_spec, check_spec, replan_document
 
 TARGETS = ("torchrun", "slurm", "kubernetes", "megatron", "deepspeed")
 
@@ -57,9 +57,12 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     if target not in TARGETS:
         raise PlanError(f"unknown launch target {target!r}; known: {list(TARGETS)}", "target")
     check_spec(spec)
-    if options.resilience is not None and target not in ("torchrun", "slurm", "kubernetes"):
+    res = options.resilience
+    if res is not None and target not in ("torchrun", "slurm", "kubernetes"):
         raise PlanError(f"restarts from checkpoints are for the torchrun, slurm and kubernetes targets; {target} "
                         f"has its own checkpointing (--save/--load)", "checkpoint_dir")
+    if res is not None and res.regroups:
+        _check_regroup(spec, target, res)
     refusal = _refusals().get(target)
     reason = refusal(spec) if refusal else None
     if reason:
@@ -79,16 +82,43 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     return files
 
 
+def _check_regroup(spec: LaunchSpec, target: str, res: targets.Resilience) -> None:
+    n = len(spec.nodes)
+    if target == "kubernetes":
+        raise PlanError("--min-nodes is for the torchrun and slurm targets: a Kubeflow PyTorchJob names its pods, "
+                        "not the plan's nodes, so the executor cannot tell which node was lost; on Kubernetes a "
+                        "failed pod is rescheduled on a node with the same labels and resumes", "min_nodes")
+    if not 1 <= res.min_nodes <= n:
+        raise PlanError(f"--min-nodes {res.min_nodes}: the plan has {n} nodes; use 1 to {n}", "min_nodes")
+    if spec.rendezvous.backend != "c10d":
+        raise PlanError("--min-nodes needs c10d rendezvous (--rendezvous c10d): a static one cannot change "
+                        "its number of nodes", "rendezvous")
+    known = dict(res.node_gpus)
+    missing = [node.node for node in spec.nodes if node.node not in known]
+    if missing:
+        raise PlanError(f"GPU counts of nodes {missing} are not known (compile_plan fills them in)", "node_gpus")
+
+
 def compile_plan(instance: Instance, plan: Plan, target: str = "torchrun",
                  options: CompileOptions | None = None) -> CompiledLaunch:
-    """Validate the plan against the instance, build its LaunchSpec and render `target`."""
+    """Validate the plan against the instance, build its LaunchSpec and render `target`. With
+    `resilience.min_nodes`, the launch re-plans when nodes are lost: c10d rendezvous, one process
+    per GPU of each node, and replan.json (the instance and the plan) beside the spec."""
     options = options or CompileOptions()
     if target not in TARGETS:
         raise PlanError(f"unknown launch target {target!r}; known: {list(TARGETS)}", "target")
-    rendezvous = "c10d" if target == "slurm" else options.rendezvous
+    res = options.resilience
+    regroups = res is not None and res.regroups
+    rendezvous = "c10d" if target == "slurm" or regroups else options.rendezvous
     spec = build_spec(instance, plan, hosts=options.hosts, master_port=options.master_port,
                       rendezvous=rendezvous, rdzv_id=options.rdzv_id, training=options.training)
-    return CompiledLaunch(target, spec, render(spec, target, options), tuple(targets.notes(spec, target)))
+    if regroups:
+        res = replace(res, node_gpus=tuple((n.node, instance.node_by_id[n.node].num_gpus) for n in spec.nodes))
+        options = replace(options, resilience=res)
+    files = render(spec, target, options)
+    if regroups:
+        files[targets.REPLAN_FILE] = replan_document(instance, plan)
+    return CompiledLaunch(target, spec, files, tuple(targets.notes(spec, target)))
 
 
 def write_launch(instance: Instance, plan: Plan, target: str, out_dir: str | Path,

@@ -66,6 +66,7 @@ from hetplan.runtime import checkpoint
 from hetplan.runtime.execute import RunOptions, ready_path, steps_log_path
 from hetplan.runtime.local import LaunchError, LocalWorkers, _check_options, steps_done
 from hetplan.runtime.migrate import migration_plan
+from hetplan.runtime.regroup import runnable_tp
 from hetplan.runtime.spec import build_spec
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -567,16 +568,6 @@ def initial_state(instance: Instance, events: tuple[Event, ...]) -> ClusterState
     return ClusterState.initial(instance).apply_all(ev for ev in events if ev.time_s <= 0)
 
 
-def _runnable_tp(instance: Instance, opts: ElasticOptions) -> tuple[int, ...]:
-    """The re-planner's TP degrees, less those the model that really runs (the instance's, with
-    the run's overrides) cannot split: a plan the executor would refuse is no plan."""
-    arch = instance.model_arch
-    sizes = [opts.model.get("num_heads", arch.num_heads), opts.model.get("ffn_hidden_size", arch.ffn_hidden_size),
-             opts.model.get("vocab_size", arch.vocab_size)]
-    ok = tuple(t for t in opts.replan.tp_choices if all(v % t == 0 for v in sizes))
-    return ok or (1,)
-
-
 def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
                 log: Callable[[str], None] | None = None) -> ElasticResult:
     """Train `opts.steps` iterations through every event (see the module docstring). `plan`
@@ -591,7 +582,7 @@ def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
         plan = res.plan
     plan = validate_plan(instance, plan)
     state.check_plan(plan)
-    opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=_runnable_tp(instance, opts)),
+    opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=runnable_tp(instance, opts.model, opts.replan.tp_choices)),
                    checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
     sup = _Supervisor(instance, plan, state, opts, log or (lambda _msg: None))
     try:

@@ -75,6 +75,10 @@ class RunOptions:
     checkpoint_every: int = 0
     control_path: str | None = None
     heartbeat_s: float = 0.0
+    # Cluster launches that survive a lost node (runtime/regroup.py): the instance and plan to
+    # re-plan from when the rendezvous brings fewer nodes, and the planner's time for it.
+    replan_file: str | None = None
+    replan_time_limit_s: float = 1.0
 
 
 def progress_path(progress_dir: str | Path, spec_rank: int) -> Path:
@@ -168,6 +172,7 @@ class World:
     groups: dict[str, Any]
     tp: TPContext
     device: torch.device
+    group: Any = None  # the spec's ranks (None: every process, the default group)
 
     @property
     def is_reporter(self) -> bool:
@@ -188,11 +193,18 @@ def _map_ranks(spec: LaunchSpec, spec_rank: int, device: torch.device) -> list[i
     return proc_of
 
 
-def setup_world(spec: LaunchSpec, spec_rank: int, device: torch.device) -> World:
-    if dist.get_world_size() != spec.world_size:
-        raise PlanError(f"{dist.get_world_size()} processes started, the spec needs {spec.world_size}", "world_size")
-    proc_of = _map_ranks(spec, spec_rank, device)
-    me = spec.ranks[spec_rank]
+def setup_world(spec: LaunchSpec, spec_rank: int | None, device: torch.device,
+                proc_of: list[int] | None = None) -> World | None:
+    """`proc_of` None: one process per spec rank, which tell each other their rank. Given (a
+    re-planned launch, runtime/regroup.py), processes may outnumber the ranks: those without a
+    rank (`spec_rank` None) create the groups with the others and get None."""
+    if proc_of is None:
+        if dist.get_world_size() != spec.world_size:
+            raise PlanError(f"{dist.get_world_size()} processes started, the spec needs {spec.world_size}",
+                            "world_size")
+        proc_of = _map_ranks(spec, spec_rank, device)
+    everyone = len(proc_of) == dist.get_world_size()
+    group = None if everyone else dist.new_group(sorted(proc_of))
     groups: dict[str, Any] = {}
     # Every process creates every group, in spec order (torch.distributed requires it); rank
     # order is kept so that group rank == TP rank inside TP groups.
@@ -200,11 +212,14 @@ def setup_world(spec: LaunchSpec, spec_rank: int, device: torch.device) -> World
         handle = dist.new_group([proc_of[r] for r in g.ranks], sort_ranks=False)
         if spec_rank in g.ranks:
             groups[g.name] = handle
+    if spec_rank is None:
+        return None
+    me = spec.ranks[spec_rank]
     tp = TPContext(me.tp_size, me.tp_rank, groups.get(f"tp.s{me.stage}.r{me.replica}"))
     if tp.active and dist.get_rank(tp.group) != me.tp_rank:
         raise PlanError(f"rank {spec_rank}: TP group rank {dist.get_rank(tp.group)} != tp_rank {me.tp_rank}",
                         "process_groups")
-    return World(spec, me, proc_of, groups, tp, device)
+    return World(spec, me, proc_of, groups, tp, device, group)
 
 
 # ---- the pipeline -----------------------------------------------------------------------------
@@ -352,6 +367,9 @@ class Trainer:
         self.probe = (StepProbe(world.device, [p for _, p in self.params], self.optimizer) if opts.measure
                       else NULL_PROBE)
         self.pipeline = Pipeline(world, self.module, data, self.cfg, dtype, self.probe)
+        # spec rank -> its place in world.group, whose ranks follow the sorted process ranks
+        slot = {p: i for i, p in enumerate(sorted(world.proc_of))}
+        self.slot_of_rank = [slot[p] for p in world.proc_of]
         self.start_iteration = 0
         t0 = time.perf_counter()
         if opts.load_checkpoint:
@@ -381,9 +399,10 @@ class Trainer:
     def _gather_stats(self, values: list[float]) -> list[list[float]]:
         """`step`'s values of every spec rank (all ranks send the same number)."""
         mine = torch.tensor(values, dtype=torch.float64, device=self.world.device)
-        allv = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(allv, mine)
-        return [allv[self.world.proc_of[r]].tolist() for r in range(self.world.spec.world_size)]
+        group = self.world.group
+        allv = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(allv, mine, group=group)
+        return [allv[slot].tolist() for slot in self.slot_of_rank]
 
     def train(self) -> dict[str, Any]:
         spec, opts = self.world.spec, self.opts
@@ -452,7 +471,7 @@ class Trainer:
         t0 = time.perf_counter()
         if me.replica == 0:
             checkpoint.save_rank(root, me.layer_start, me.layer_end, self.world.tp, self.params, self.optimizer)
-        dist.barrier()
+        dist.barrier(group=self.world.group)
         if self.world.is_reporter:
             tp_of_unit: dict[int, int] = {}
             for s in range(self.world.spec.num_stages):
@@ -462,7 +481,7 @@ class Trainer:
                                   save_s=time.perf_counter() - t0)
             if self.opts.checkpoint_every:
                 checkpoint.prune(root.parent, keep=2)
-        dist.barrier()
+        dist.barrier(group=self.world.group)
 
 
 def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = None, init_method: str | None = None,
@@ -484,6 +503,8 @@ def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = No
         start_heartbeat(opts.progress_dir, spec_rank, opts.heartbeat_s)  # alive from before the rendezvous
     dist.init_process_group(backend, **kwargs)
     try:
+        if opts.replan_file:
+            return _run_regrouped(spec, opts, device)
         rank = identify(spec, single_host) if spec_rank is None else spec_rank
         if opts.heartbeat_s > 0 and opts.progress_dir and spec_rank is None:
             start_heartbeat(opts.progress_dir, rank, opts.heartbeat_s)
@@ -491,6 +512,26 @@ def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = No
         return Trainer(world, opts).train()
     finally:
         dist.destroy_process_group()
+
+
+# A process the re-planned launch leaves idle waits in a barrier for the others to finish
+# training; its group's timeout must outlast the run (gloo: barrier has no timeout of its own).
+IDLE_WAIT = timedelta(days=30)
+
+
+def _run_regrouped(spec: LaunchSpec, opts: RunOptions, device: torch.device) -> dict[str, Any]:
+    """A launch compiled with --min-nodes: re-plan for the nodes present (runtime/regroup.py)."""
+    from hetplan.runtime import regroup
+
+    arr = regroup.arrange(spec, opts.replan_file, opts.model, opts.replan_time_limit_s)
+    if arr.note and dist.get_rank() == 0 and not opts.quiet:
+        print(f"[hetplan] {arr.note}", flush=True)
+    waiter = dist.new_group(backend="gloo", timeout=IDLE_WAIT) if arr.has_idle else None
+    world = setup_world(arr.spec, arr.spec_rank, device, arr.proc_of)
+    log = Trainer(world, opts).train() if world is not None else {}
+    if waiter is not None:
+        dist.barrier(group=waiter)
+    return log
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -527,6 +568,9 @@ def _parser() -> argparse.ArgumentParser:
                                           "iteration N (written by a supervisor)")
     p.add_argument("--heartbeat", type=float, default=0.0,
                    help="seconds between touches of <progress-dir>/rank<r>.hb (0: none)")
+    p.add_argument("--replan-file", help="replan.json written by `hetplan compile --min-nodes`: when nodes of the "
+                                         "spec are missing from the rendezvous, re-plan for those present")
+    p.add_argument("--replan-time-limit", type=float, default=1.0, help="seconds for that re-plan's planner")
     p.add_argument("--measure", action="store_true",
                    help="log per rank and step the forward/backward/p2p/sync/update times and peak memory")
     return p
@@ -562,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(**run, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                       seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
                       timeout_s=args.timeout, progress_dir=args.progress_dir, measure=args.measure,
-                      control_path=args.control_file, heartbeat_s=args.heartbeat)
+                      control_path=args.control_file, heartbeat_s=args.heartbeat,
+                      replan_file=args.replan_file, replan_time_limit_s=args.replan_time_limit)
     try:
         run_worker(load_spec(args.spec), opts, single_host=args.single_host)
     except HetplanError as exc:

@@ -22,6 +22,7 @@ still maps processes to spec ranks by node id and local rank, so c10d rendezvous
 from __future__ import annotations
 
 import ipaddress
+import json
 import lzma
 import re
 from pathlib import Path
@@ -29,9 +30,9 @@ from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hetplan.errors import PlanError
-from hetplan.instance import Instance, format_validation_error
-from hetplan.plan import Plan, sample_ranges, validate_plan, workers
+from hetplan.errors import InstanceError, PlanError
+from hetplan.instance import Instance, format_validation_error, instance_from_dict
+from hetplan.plan import Plan, plan_from_dict, sample_ranges, validate_plan, workers
 
 SPEC_FORMAT_VERSION = 1
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -637,3 +638,21 @@ def _check_transfers(spec: LaunchSpec) -> None:
         if covered != [1] * g:
             raise PlanError(f"transfers after stage {s} must move every sequence of the global microbatch exactly "
                             f"once (counts {covered})", "transfers")
+
+
+# ---- re-planning launches (runtime/regroup.py) ----------------------------------------------
+def replan_document(instance: Instance, plan: Plan) -> str:
+    """The contents of replan.json: the instance without its events (the executor re-plans for
+    the nodes that are there, not for a trace) and the plan the launch was compiled from."""
+    inst = instance.model_dump(mode="json")
+    inst.pop("events", None)
+    return json.dumps({"instance": inst, "plan": plan.model_dump(mode="json")}, indent=1) + "\n"
+
+
+def read_replan_file(path: str | Path) -> tuple[Instance, Plan]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        return instance_from_dict(data["instance"], base_dir=str(path.parent)), plan_from_dict(data["plan"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InstanceError(f"cannot read the re-plan file {path}: {exc}", "--replan-file") from None

@@ -14,6 +14,7 @@ import lzma
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import PurePosixPath as Path
 from typing import NamedTuple
 
 import yaml
@@ -22,6 +23,7 @@ from hetplan.errors import RefusedError
 from hetplan.runtime.spec import LaunchSpec, NodeSpec, dns_label
 
 SPEC_FILE = "launch_spec.json"
+REPLAN_FILE = "replan.json"  # runtime/regroup.py: the instance and plan, for re-planning on the nodes left
 README_FILE = "README.md"
 EXECUTOR_MODULE = "hetplan.runtime.execute"
 K8S_GPU_LABEL = "hetplan.io/gpu-type"  # node label the cluster admin sets to the GPU type name
@@ -59,11 +61,22 @@ class Resilience:
     """A launch that survives worker failures: torchrun restarts every worker of the job up to
     `max_restarts` times (torch.distributed.elastic), and the executor resumes from the newest
     layer-wise checkpoint in `checkpoint_dir`, written every `checkpoint_every` steps. The
-    folder must be shared by all nodes (NFS, a mounted bucket) and be the same path on each."""
+    folder must be shared by all nodes (NFS, a mounted bucket) and be the same path on each.
+
+    `min_nodes` K below the plan's N nodes also survives a node that does not come back: torchrun
+    runs `--nnodes=K:N` with c10d rendezvous and one process per GPU of each node, and the
+    executor re-plans for the nodes that rendezvous (runtime/regroup.py, `--replan-file`).
+    `node_gpus` (node id -> GPUs on it) is filled in by `compile_plan` from the instance."""
 
     checkpoint_dir: str
     checkpoint_every: int = 1
     max_restarts: int = 3
+    min_nodes: int | None = None
+    node_gpus: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def regroups(self) -> bool:
+        return self.min_nodes is not None
 
 
 # torchrun shares its rendezvous TCPStore with the workers' init_process_group by default; after
@@ -80,16 +93,40 @@ def _restart_flags(res: Resilience | None) -> list[str]:
     return [f"--max-restarts={res.max_restarts}"] if res else []
 
 
-def _resume_flags(res: Resilience | None) -> list[str]:
-    return ["--resume", res.checkpoint_dir, "--checkpoint-every", str(res.checkpoint_every)] if res else []
+def _resume_flags(res: Resilience | None, replan_path: str) -> list[str]:
+    if not res:
+        return []
+    return (["--resume", res.checkpoint_dir, "--checkpoint-every", str(res.checkpoint_every)]
+            + (["--replan-file", replan_path] if res.regroups else []))
+
+
+def _nnodes(spec: LaunchSpec, res: Resilience | None) -> str:
+    n = spec.rendezvous.nnodes
+    return f"{res.min_nodes}:{n}" if res and res.regroups else str(n)
+
+
+def node_gpus(node: NodeSpec, res: Resilience | None) -> tuple[int, ...]:
+    """The node's GPUs that get a process: the plan's, or with re-planning every GPU of the node
+    (LOCAL_RANK = GPU index, so a new plan can use any of them)."""
+    if res and res.regroups:
+        return tuple(range(dict(res.node_gpus)[node.node]))
+    return node.gpus
 
 
 def torchrun_argv(spec: LaunchSpec, node: NodeSpec, spec_path: str, master_addr: str | None = None,
-                  resilience: Resilience | None = None) -> list[str]:
-    return (["torchrun", f"--nnodes={spec.rendezvous.nnodes}", f"--nproc-per-node={node.nproc}"]
+                  resilience: Resilience | None = None, replan_path: str | None = None) -> list[str]:
+    """`replan_path` defaults to replan.json beside `spec_path`."""
+    replan_path = replan_path or str(Path(spec_path).parent / REPLAN_FILE)
+    return (["torchrun", f"--nnodes={_nnodes(spec, resilience)}",
+             f"--nproc-per-node={len(node_gpus(node, resilience))}"]
             + _restart_flags(resilience)
             + _rendezvous_flags(spec, node, master_addr or spec.rendezvous.master_addr)
-            + ["-m", EXECUTOR_MODULE, "--spec", spec_path] + _resume_flags(resilience))
+            + ["-m", EXECUTOR_MODULE, "--spec", spec_path] + _resume_flags(resilience, replan_path))
+
+
+def _shell_words(words: list[str]) -> str:
+    """' w1 w2 ...', each quoted unless it is a double-quoted shell expansion of ours."""
+    return "".join(" " + (w if w.startswith('"$') else _q(w)) for w in words)
 
 
 def _multiline(argv: list[str]) -> str:
@@ -105,8 +142,8 @@ def _multiline(argv: list[str]) -> str:
     return " \\\n  ".join(lines)
 
 
-def node_env(node: NodeSpec) -> dict[str, str]:
-    return {"HETPLAN_NODE_ID": node.node, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in node.gpus)}
+def node_env(node: NodeSpec, res: Resilience | None = None) -> dict[str, str]:
+    return {"HETPLAN_NODE_ID": node.node, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in node_gpus(node, res))}
 
 
 # ---- notes and README -------------------------------------------------------------------------
@@ -156,7 +193,7 @@ def render_torchrun(spec: LaunchSpec, resilience: Resilience | None = None) -> d
              f"{len(spec.nodes)} nodes; one line per node (environment + command). Run each line from this "
              f"directory (torchrun/): the spec is ../{SPEC_FILE}"]
     for node in spec.nodes:
-        env = node_env(node) | _restart_env(resilience)
+        env = node_env(node, resilience) | _restart_env(resilience)
         argv = torchrun_argv(spec, node, f"../{SPEC_FILE}", resilience=resilience)
         lines.append(" ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + shlex.join(argv))
         ranks = f"{node.ranks[0]}-{node.ranks[-1]}" if node.nproc > 1 else str(node.ranks[0])
@@ -171,7 +208,8 @@ def render_torchrun(spec: LaunchSpec, resilience: Resilience | None = None) -> d
         ]
         body += [f"export {k}={_q(v)}" for k, v in env.items()]
         spec_arg = '"${HETPLAN_SPEC:-$here/../' + SPEC_FILE + '}"'
-        argv = torchrun_argv(spec, node, spec_arg, '"${MASTER_ADDR:-' + master + '}"', resilience)
+        argv = torchrun_argv(spec, node, spec_arg, '"${MASTER_ADDR:-' + master + '}"', resilience,
+                             '"$here/../' + REPLAN_FILE + '"')
         body.append("exec " + _multiline(argv) + ' "$@"')
         files[f"torchrun/{_node_file(node)}"] = "\n".join(body) + "\n"
     files["torchrun/commands.txt"] = "\n".join(lines) + "\n"
@@ -183,10 +221,15 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
     """`pin_hosts`: hostnames were given, so ask Slurm for exactly those nodes."""
     n = len(spec.nodes)
     port = spec.rendezvous.master_port
-    cases = [f"  {_q(node.hostname)}) NODE_ID={_q(node.node)}; NPROC={node.nproc}; "
-             f"GPUS={','.join(map(str, node.gpus))} ;;" for node in spec.nodes]
-    fallback = [f"      {node.node_rank}) NODE_ID={_q(node.node)}; NPROC={node.nproc}; "
-                f"GPUS={','.join(map(str, node.gpus))} ;;" for node in spec.nodes]
+    regroups = bool(resilience and resilience.regroups)
+    replan_path = '"$SLURM_SUBMIT_DIR/' + REPLAN_FILE + '"'
+
+    def task(node: NodeSpec) -> str:
+        gpus = node_gpus(node, resilience)
+        return f"NODE_ID={_q(node.node)}; NPROC={len(gpus)}; GPUS={','.join(map(str, gpus))} ;;"
+
+    cases = [f"  {_q(node.hostname)}) {task(node)}" for node in spec.nodes]
+    fallback = [f"      {node.node_rank}) {task(node)}" for node in spec.nodes]
     types = ", ".join(f"{node.hostname}: {node.nproc} x {node.gpu_type}" for node in spec.nodes)
     job_name = "hetplan-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", spec.plan_name)  # one word in #SBATCH
     lines = [
@@ -197,6 +240,8 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --nodelist={','.join(node.hostname for node in spec.nodes)}"] if pin_hosts else []),
         "#SBATCH --exclusive",
+        # a node that fails does not end the job: the others re-plan without it (runtime/regroup.py)
+        *(["#SBATCH --no-kill"] if regroups else []),
         f"# hetplan plan {spec.plan_name} on {spec.instance_name}: {spec.world_size} ranks ({types}).",
         "# One torchrun per node; c10d rendezvous on the first allocated host, so node ranks may come",
         "# in any order: every task names its plan node (HETPLAN_NODE_ID) and the executor maps ranks.",
@@ -219,11 +264,13 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
         "esac",
         'export HETPLAN_NODE_ID="$NODE_ID" CUDA_VISIBLE_DEVICES="$GPUS"',
         *[f"export {k}={v}" for k, v in _restart_env(resilience).items()],
-        f'exec torchrun --nnodes={n} --nproc-per-node="$NPROC" {"".join(f + " " for f in _restart_flags(resilience))}'
+        f'exec torchrun --nnodes={_nnodes(spec, resilience)} --nproc-per-node="$NPROC" '
+        f'{"".join(f + " " for f in _restart_flags(resilience))}'
         f'--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="hetplan-$SLURM_JOB_ID" '
-        f'-m {EXECUTOR_MODULE} --spec "$HETPLAN_SPEC"{"".join(" " + _q(a) for a in _resume_flags(resilience))}',
+        f'-m {EXECUTOR_MODULE} --spec "$HETPLAN_SPEC"'
+        f'{_shell_words(_resume_flags(resilience, replan_path))}',
         "EOF",
-        f'srun --nodes={n} --ntasks={n} --ntasks-per-node=1 bash -c "$TASK"',
+        f'srun --nodes={n} --ntasks={n} --ntasks-per-node=1{" --no-kill" if regroups else ""} bash -c "$TASK"',
     ]
     return {"hetplan.sbatch": "\n".join(lines) + "\n"}
 
@@ -266,7 +313,7 @@ def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames, resilie
            f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} "
            f"{''.join(f + ' ' for f in _restart_flags(resilience))}--node-rank=$RANK "
            f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {EXECUTOR_MODULE} "
-           f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience))}")
+           f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience, ''))}")
     return {"replicas": None, "restartPolicy": "OnFailure", "template": {"spec": {
         "nodeSelector": {K8S_GPU_LABEL: node.gpu_type, K8S_ZONE_LABEL: node.zone},
         "containers": [{
