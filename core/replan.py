@@ -53,11 +53,16 @@ Speed (benchmarks/replan.py: Sailor's traces, 160-640 GPUs, every re-plan within
   does not rebuild, and adds the repair's candidates (with one core: the repair first, for a share);
 * the repair fills shares a level per class of replicas, keys its memos by small ids, keeps each
   stage's figures until the stage changes, and the placement looks up once per replica which GPUs
-  hold each rank's state; all give the results the direct computations give.
+  hold each rank's state; all give the results the direct computations give;
+* what exists when a re-plan starts (the session's tables and memos) sits in the garbage
+  collector's permanent generation until it ends (`_frozen`): a full collection over them took
+  0.09-0.15 s on 640 GPUs, in about one re-plan of three.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import heapq
 import itertools
 import multiprocessing
@@ -435,6 +440,28 @@ def replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterSta
     the planner's tables from one re-plan to the next; without one, a `planner_cache` holds one
     under the key "session", so a replay gets it too."""
     opts = options or ReplanOptions()
+    with _frozen():
+        return _replan(instance, previous_plan, new_state, opts, lost_gpus, estimators, planner_cache, session)
+
+
+@contextlib.contextmanager
+def _frozen():
+    """Objects that exist now go to the collector's permanent generation until the block ends, so
+    no collection inside it walks them (unless the caller froze objects already: unfreezing would
+    release theirs too). Those made inside are collected as usual."""
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if froze:
+            gc.unfreeze()
+
+
+def _replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterState, opts: ReplanOptions,
+            lost_gpus: Iterable[tuple[str, int]], estimators: EstimatorSet | None, planner_cache: dict | None,
+            session: ReplanSession | None) -> ReplanResult:
     t0 = time.perf_counter()
     if new_state.instance is not instance and new_state.instance.name != instance.name:
         raise PlanError(f"state belongs to instance {new_state.instance.name!r}, not {instance.name!r}", "new_state")
