@@ -90,8 +90,8 @@ def replan_for(spec: LaunchSpec, members: list[Member], instance: Instance, plan
     if res.plan is None:
         raise PlanError(f"no plan fits the nodes present ({sorted(present)}): {'; '.join(res.notes)}", "nodes")
     lost = sorted({r.node for r in spec.ranks} - present)
-    new_plan = res.plan.model_copy(update={"name": f"{spec.plan_name}-without-{'-'.join(lost)}" if lost
-                                           else f"{spec.plan_name}-regrouped"})
+    tag = (f"without-{lost[0]}" if len(lost) == 1 else f"without-{len(lost)}-nodes") if lost else "regrouped"
+    new_plan = res.plan.model_copy(update={"name": f"{spec.plan_name}-{tag}"})
     hosts = {n.node: n.hostname for n in spec.nodes}
     used = {rep.node for st in new_plan.stages for rep in st.replicas if rep.node}
     new = build_spec(instance, new_plan, hosts={k: v for k, v in hosts.items() if k in used},
@@ -101,8 +101,14 @@ def replan_for(spec: LaunchSpec, members: list[Member], instance: Instance, plan
     if missing:
         raise PlanError(f"the re-plan uses GPUs that run no process: {missing[:4]}; start one process per GPU on "
                         f"each node (the launch scripts of `hetplan compile --min-nodes` do)", "nodes")
-    return new, (f"nodes present {sorted(present)}, lost {lost}: re-planned in {time.perf_counter() - t0:.2f} s "
-                 f"to {new.world_size} ranks in {new.num_stages} stages (plan {new.plan_name})")
+    return new, (f"nodes present {_few(sorted(present))}, lost {_few(lost)}: re-planned in "
+                 f"{time.perf_counter() - t0:.2f} s to {new.world_size} ranks in {new.num_stages} stages "
+                 f"(plan {new.plan_name})")
+
+
+def _few(names: list[str], k: int = 4) -> str:
+    """A list for a log line: the first `k` names, then how many more."""
+    return str(names) if len(names) <= k else f"{names[:k]} and {len(names) - k} more"
 
 
 @dataclass(frozen=True)
