@@ -18,6 +18,10 @@ spec's process groups, builds the layer units of its stage for its TP rank and t
   p2p-wait, sync and update times and its peak memory (runtime/probe.py), and each log row gets
   them per rank under "ranks" (runtime/measure.py compares them with the simulator).
 
+With `--replan-file` (launches compiled with --min-nodes) one process runs per GPU, and when
+nodes of the spec are missing the spec is re-planned for those present (runtime/regroup.py); a
+process whose GPU the plan leaves idle waits for the others to finish.
+
 gloo on CPU, NCCL when CUDA is present (device cuda:LOCAL_RANK).
 """
 from __future__ import annotations
