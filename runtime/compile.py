@@ -68,7 +68,7 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     if reason:
         raise RefusedError(f"plan {spec.plan_name!r} cannot be launched with {target}: {reason}", "target")
     files = {targets.SPEC_FILE: spec.to_json() + "\n",
-             targets.README_FILE: targets.render_readme(spec, target, targets.notes(spec, target))}
+             targets.README_FILE: targets.render_readme(spec, target, targets.notes(spec, target), res)}
     if target == "torchrun":
         files |= targets.render_torchrun(spec, options.resilience)
     elif target == "slurm":

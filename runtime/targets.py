@@ -172,11 +172,20 @@ _HOW_TO_RUN = {
 }
 
 
-def render_readme(spec: LaunchSpec, target: str, lines: list[str]) -> str:
+def render_readme(spec: LaunchSpec, target: str, lines: list[str], resilience: Resilience | None = None) -> str:
     nodes = ", ".join(f"{n.node} ({n.nproc} x {n.gpu_type}, {n.zone})" for n in spec.nodes)
     out = [f"# hetplan launch: plan {spec.plan_name} on {spec.instance_name}, target {target}", "",
            f"{spec.world_size} ranks on {len(spec.nodes)} nodes: {nodes}. `{SPEC_FILE}` is the launch spec "
            f"(rank table, process groups, schedule).", "", _HOW_TO_RUN[target]]
+    if resilience is not None:
+        out += ["", f"Workers checkpoint to `{resilience.checkpoint_dir}` every {resilience.checkpoint_every} steps "
+                f"and torchrun restarts them up to {resilience.max_restarts} times; they resume from the newest "
+                f"checkpoint (the folder must be shared by every node)."]
+    if resilience is not None and resilience.regroups:
+        out.append(f"Each node runs one process per GPU and the job goes on with as few as {resilience.min_nodes} "
+                   f"nodes: when nodes are missing from the rendezvous, the executor re-plans for those present "
+                   f"from `{REPLAN_FILE}` (the instance and this plan) and resumes there. The node holding the "
+                   f"rendezvous (node rank 0) must stay.")
     if lines:
         out += ["", "## Notes", "", *[f"- {line}" for line in lines]]
     return "\n".join(out) + "\n"
