@@ -178,12 +178,13 @@ def render_readme(spec: LaunchSpec, target: str, lines: list[str], resilience: R
            f"{spec.world_size} ranks on {len(spec.nodes)} nodes: {nodes}. `{SPEC_FILE}` is the launch spec "
            f"(rank table, process groups, schedule).", "", _HOW_TO_RUN[target]]
     if resilience is not None:
-        out += ["", f"Workers checkpoint to `{resilience.checkpoint_dir}` every {resilience.checkpoint_every} steps "
+        every = "every step" if resilience.checkpoint_every == 1 else f"every {resilience.checkpoint_every} steps"
+        out += ["", f"Workers checkpoint to `{resilience.checkpoint_dir}` {every} "
                 f"and torchrun restarts them up to {resilience.max_restarts} times; they resume from the newest "
                 f"checkpoint (the folder must be shared by every node)."]
     if resilience is not None and resilience.regroups:
-        out.append(f"Each node runs one process per GPU and the job goes on with as few as {resilience.min_nodes} "
-                   f"nodes: when nodes are missing from the rendezvous, the executor re-plans for those present "
+        out.append(f"Each node runs one process per GPU and the job goes on with as few as "
+                   f"{resilience.min_nodes} node{'s' if resilience.min_nodes > 1 else ''}: when nodes are missing from the rendezvous, the executor re-plans for those present "
                    f"from `{REPLAN_FILE}` (the instance and this plan) and resumes there. The node holding the "
                    f"rendezvous (node rank 0) must stay.")
     if lines:

@@ -48,7 +48,7 @@ def test_torchrun_lines_rendezvous_elastically_with_a_process_per_gpu(tmp_path):
     inst, plan = start()
     launch = compile_plan(inst, plan, "torchrun", regrouping())
     assert launch.spec.rendezvous.backend == "c10d"  # a static rendezvous cannot shrink
-    assert "as few as 1 nodes" in launch.files["README.md"] and "`replan.json`" in launch.files["README.md"]
+    assert "as few as 1 node:" in launch.files["README.md"] and "`replan.json`" in launch.files["README.md"]
     for line in launch.files["torchrun/commands.txt"].splitlines()[1:]:
         words = shlex.split(line)
         env = dict(w.split("=", 1) for w in words[:words.index("torchrun")])
