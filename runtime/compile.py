@@ -70,11 +70,11 @@ def render(spec: LaunchSpec, target: str, options: CompileOptions | None = None)
     files = {targets.SPEC_FILE: spec.to_json() + "\n",
              targets.README_FILE: targets.render_readme(spec, target, targets.notes(spec, target), res)}
     if target == "torchrun":
-        files |= targets.render_torchrun(spec, options.resilience)
+        files |= targets.render_torchrun(spec, res)
     elif target == "slurm":
-        files |= targets.render_slurm(spec, pin_hosts=bool(options.hosts), resilience=options.resilience)
+        files |= targets.render_slurm(spec, pin_hosts=bool(options.hosts), resilience=res)
     elif target == "kubernetes":
-        files |= targets.render_kubernetes(spec, options.image, options.resilience)
+        files |= targets.render_kubernetes(spec, options.image, res)
     elif target == "megatron":
         files |= targets.render_megatron(spec)
     else:

@@ -582,7 +582,8 @@ def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
         plan = res.plan
     plan = validate_plan(instance, plan)
     state.check_plan(plan)
-    opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=runnable_tp(instance, opts.model, opts.replan.tp_choices)),
+    tp_choices = runnable_tp(instance, opts.model, opts.replan.tp_choices)
+    opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=tp_choices),
                    checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
     sup = _Supervisor(instance, plan, state, opts, log or (lambda _msg: None))
     try:

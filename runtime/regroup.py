@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -149,4 +149,4 @@ def arrange(spec: LaunchSpec, replan_file: str | Path, model: dict[str, Any],
     if "error" in payload[0]:
         raise PlanError(f"cannot go on with the nodes present: {payload[0]['error']}", "nodes")
     new = LaunchSpec.model_validate_json(payload[0]["spec"])
-    return Arrangement(**{**assign(new, members, dist.get_rank()).__dict__, "note": payload[0]["note"]})
+    return replace(assign(new, members, dist.get_rank()), note=payload[0]["note"])

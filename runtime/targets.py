@@ -13,8 +13,9 @@ import json
 import lzma
 import re
 import shlex
+import posixpath
 from dataclasses import dataclass
-from pathlib import PurePosixPath as Path
+from functools import cached_property
 from typing import NamedTuple
 
 import yaml
@@ -78,6 +79,11 @@ class Resilience:
     def regroups(self) -> bool:
         return self.min_nodes is not None
 
+    @cached_property
+    def gpus_of(self) -> dict[str, int]:
+        """`node_gpus` as a mapping (read once per node by every renderer)."""
+        return dict(self.node_gpus)
+
 
 # torchrun shares its rendezvous TCPStore with the workers' init_process_group by default; after
 # a restart the workers can then read the previous attempt's peer addresses and fail to connect
@@ -93,7 +99,8 @@ def _restart_flags(res: Resilience | None) -> list[str]:
     return [f"--max-restarts={res.max_restarts}"] if res else []
 
 
-def _resume_flags(res: Resilience | None, replan_path: str) -> list[str]:
+def _resume_flags(res: Resilience | None, replan_path: str | None = None) -> list[str]:
+    """`replan_path`: where the executor finds replan.json (only with re-planning)."""
     if not res:
         return []
     return (["--resume", res.checkpoint_dir, "--checkpoint-every", str(res.checkpoint_every)]
@@ -109,14 +116,14 @@ def node_gpus(node: NodeSpec, res: Resilience | None) -> tuple[int, ...]:
     """The node's GPUs that get a process: the plan's, or with re-planning every GPU of the node
     (LOCAL_RANK = GPU index, so a new plan can use any of them)."""
     if res and res.regroups:
-        return tuple(range(dict(res.node_gpus)[node.node]))
+        return tuple(range(res.gpus_of[node.node]))
     return node.gpus
 
 
 def torchrun_argv(spec: LaunchSpec, node: NodeSpec, spec_path: str, master_addr: str | None = None,
                   resilience: Resilience | None = None, replan_path: str | None = None) -> list[str]:
     """`replan_path` defaults to replan.json beside `spec_path`."""
-    replan_path = replan_path or str(Path(spec_path).parent / REPLAN_FILE)
+    replan_path = replan_path or posixpath.join(posixpath.dirname(spec_path), REPLAN_FILE)
     return (["torchrun", f"--nnodes={_nnodes(spec, resilience)}",
              f"--nproc-per-node={len(node_gpus(node, resilience))}"]
             + _restart_flags(resilience)
@@ -183,9 +190,9 @@ def render_readme(spec: LaunchSpec, target: str, lines: list[str], resilience: R
                 f"and torchrun restarts them up to {resilience.max_restarts} times; they resume from the newest "
                 f"checkpoint (the folder must be shared by every node)."]
     if resilience is not None and resilience.regroups:
-        out.append(f"Each node runs one process per GPU and the job goes on with as few as "
-                   f"{resilience.min_nodes} node{'s' if resilience.min_nodes > 1 else ''}: when nodes are missing from the rendezvous, the executor re-plans for those present "
-                   f"from `{REPLAN_FILE}` (the instance and this plan) and resumes there. The node holding the "
+        nodes = f"{resilience.min_nodes} node{'s' if resilience.min_nodes > 1 else ''}"
+        out.append(f"Each node runs one process per GPU and the job goes on with as few as {nodes}: when nodes "
+                   f"are missing from the rendezvous, the executor re-plans for those present from `{REPLAN_FILE}` (the instance and this plan) and resumes there. The node holding the "
                    f"rendezvous (node rank 0) must stay.")
     if lines:
         out += ["", "## Notes", "", *[f"- {line}" for line in lines]]
@@ -323,7 +330,7 @@ def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames, resilie
            f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} "
            f"{''.join(f + ' ' for f in _restart_flags(resilience))}--node-rank=$RANK "
            f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {EXECUTOR_MODULE} "
-           f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience, ''))}")
+           f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience))}")
     return {"replicas": None, "restartPolicy": "OnFailure", "template": {"spec": {
         "nodeSelector": {K8S_GPU_LABEL: node.gpu_type, K8S_ZONE_LABEL: node.zone},
         "containers": [{

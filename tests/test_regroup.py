@@ -59,7 +59,7 @@ def test_torchrun_lines_rendezvous_elastically_with_a_process_per_gpu(tmp_path):
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(node.num_gpus)))
         rest = args.training_script_args
         assert rest[rest.index("--replan-file") + 1] == "../replan.json"
-    again, plan_back = (lambda p: read_replan_file(p))(_written(tmp_path, launch.files))
+    again, plan_back = read_replan_file(_written(tmp_path, launch.files))
     assert again.cluster == inst.cluster and again.workload == inst.workload and plan_back == plan
     sbatch = compile_plan(inst, plan, "slurm", regrouping()).files["hetplan.sbatch"]
     assert "#SBATCH --no-kill" in sbatch and " --no-kill bash -c" in sbatch
