@@ -383,7 +383,10 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     A stage holding a replica of pool k all-reduces at least factor x bytes / t_k per member (its
     least TP is at most t_k) over D members placed on one node of k's type or on two or more nodes
     of its zone (region, spanning); the estimator's floor over those placements
-    (`_Tables.floor_s`) holds whatever the first-fit placement and the stage's other pools."""
+    (`_Tables.floor_s`) holds whatever the first-fit placement and the stage's other pools. An
+    entry is inf where no such placement exists (D replicas do not fit in the zone; a region of
+    one zone has no spanning stage): the bounds then rule the pair out, and the MILP reads 0
+    there (`joint.model_coef`), since its quota and region rows already do."""
     if inp.sync_table is not None or not joint.blocks_identical(inp):
         return inp
     # choices with the same D, pools and P share the tables (b changes neither the bytes of a
@@ -399,10 +402,10 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
             sizes = [factor * n / pool.tp for n in nbytes.values()]
             one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
             many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes, min_nodes=2)
-            table.update(((k, pos, n), _finite(min(a, b))) for (pos, n), a, b in zip(nbytes, one, many))
+            table.update(((k, pos, n), min(a, b)) for (pos, n), a, b in zip(nbytes, one, many))
             if len(inp.zones) > 1:
                 far = tables.floor_s(tables.nodes(inp.pools, region=pool.region), inp.D, sizes, spans="zone")
-                span.update(((k, pos, n), _finite(v)) for (pos, n), v in zip(nbytes, far))
+                span.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, far))
         tabs = tables.sync_tables[key] = (table, span or None)  # only once complete: a deadline may stop the loop
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
 

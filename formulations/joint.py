@@ -132,6 +132,14 @@ COST_SCALE = 1e6  # objective and budget rows in micro-dollars
 TIME_UNITS_PER_S = 1e3  # the model's time variables are in milliseconds (`in_model_units`)
 
 
+def model_coef(floor_s: float) -> float:
+    """An all-reduce table entry as the MILP (and `evaluate`, its evaluation) reads it. The tables
+    hold inf where no placement of that kind exists (`planner.with_sync_table`): the bounds rule
+    such (stage, pool) pairs out, while the MILP needs finite coefficients and its quota and region
+    rows already forbid them, so it reads 0 there (a relaxation: never above the true floor)."""
+    return floor_s if floor_s < math.inf else 0.0
+
+
 # ---- deadlines --------------------------------------------------------------------------------------
 class DeadlineExceeded(Exception):
     """A bound or heuristic stopped at the deadline of the search it serves. What it had computed
@@ -303,7 +311,7 @@ def time_upper_bound_s(inp: JointInputs) -> float:
     worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
     tables = [inp.sync_table or {}, inp.span_sync_table or {}]
     worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
-    worst_sync = max([v for tab in tables for v in tab.values()] + [0.0]) + worst_tied
+    worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + worst_tied
     worst_c = max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
     worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U))
     return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
@@ -648,7 +656,7 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     Unlike the Hall count of `blocks_coverable`, this sees that GPUs a stage takes are gone for the
     others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject).
     With `extra_cap_s`, a class may serve a stage only if its all-reduce + update there
-    (`_class_extras`) is within the cap (used by `sync_aware_time_bound_s`)."""
+    (`_ClassTables.extra_in_s`, `extra_span_s`) is within the cap (used by `sync_aware_time_bound_s`)."""
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
     need = _gpus_per_replica(inp, theta_s, types, extra_cap_s)
@@ -664,7 +672,7 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str],
     """g -> (M,) fewest GPUs per replica of type g at every (stage i, n blocks) pair of
     `_pair_layout` within theta_s and with its all-reduce + update within extra_cap_s (inf when
     none); None when some stage has no feasible block count at all. Under a cap, a class may serve a
-    stage by its in-zone value (`_class_extras`) only if some zone has GPUs for D replicas of such
+    stage by its in-zone value (`_ClassTables.extra_in_s`) only if some zone has GPUs for D replicas of such
     classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
     value (`_ClassTables.extra_span_s`)."""
     tab, lay = _class_tables(inp), _pair_layout(inp)
@@ -889,7 +897,7 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
 
 def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float | None = None,
                             grid: int = 8, strongest: bool = False) -> float:
-    """T >= sum tau + (P - 1) c_node + (m - 1) theta + s (sum tau >= `sum_tau_lower_bound_s`), where s = the largest `_class_extras` value of
+    """T >= sum tau + (P - 1) c_node + (m - 1) theta + s (sum tau >= `sum_tau_lower_bound_s`), where s = the largest extra value (`_ClassTables`) of
     the plan's (stage, class) pairs (<= sigma + mu) and theta its slowest stage: the DP
     (`stages_fit_dp`) must fit the blocks with both caps. This sees what the separate terms of
     `time_lower_bound_tight_s` miss: a cheap all-reduce needs a high TP, and D replicas at a high
@@ -910,7 +918,8 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     sum_tau = sum_tau_lower_bound_s(inp)
     links = (inp.P - 1) * _c_node_s(inp)
     base = sum_tau + links
-    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()])).tolist()
+    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
+    caps = caps[np.isfinite(caps)].tolist()  # inf: a placement that does not exist
     thetas = np.unique(tab.time_s)
     thetas = thetas[thetas >= theta_lo_s].tolist()
     s_first = extra_lower_bound_s(inp)
@@ -987,7 +996,7 @@ def extra_lower_bound_s(inp: JointInputs) -> float:
     """A lower bound on sigma + mu that sees the GPU quotas (blocks form), without a DP. Stage i
     with n blocks needs D replicas of classes whose extra value is at most s: s_need(i, n) is the
     least s for which the GPUs allow that (each type at its smallest such TP), either in one zone
-    with the in-zone values (`_class_extras`) or over all zones with the spanning values
+    with the in-zone values (`_ClassTables.extra_in_s`) or over all zones with the spanning values
     (`_ClassTables.extra_span_s`). Every stage holds some count and some stage holds >= ceil(L / P)
     blocks, so sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
     return _cached_for(inp, "extra_lb", _make_extra_lower_bound)
@@ -1044,8 +1053,8 @@ def sum_tau_lower_bound_s(inp: JointInputs) -> float:
 class _ClassArrays:
     """Per (stage, block count, class) figures as arrays, for the sum-of-stage-times DPs."""
     time_s: np.ndarray  # (P, N, C) stage seconds, inf where the class does not fit or n is not allowed
-    extra_s: np.ndarray  # (P, N, C) the least of `_class_extras` and `_ClassTables.extra_span_s`
-    extra_hi_s: np.ndarray  # (P, N, C) the larger of the two
+    extra_s: np.ndarray  # (P, N, C) the least of `_ClassTables.extra_in_s` and `_ClassTables.extra_span_s`
+    extra_hi_s: np.ndarray  # (P, N, C) the larger of the two that a placement exists for
     tp: np.ndarray  # (C,)
     gpu_of: np.ndarray  # (C,) index into types
     types: list[str]
@@ -1069,7 +1078,8 @@ def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
 
     total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
     return _ClassArrays(spread(tab.time_s, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
-                        spread(np.maximum(tab.extra_in_s, tab.extra_span_s), -np.inf),
+                        spread(np.maximum(*(np.where(np.isfinite(e), e, -np.inf)  # inf: no such placement
+                                            for e in (tab.extra_in_s, tab.extra_span_s))), -np.inf),
                         np.array([c[1] for c in tab.classes], dtype=float),
                         np.array([types.index(c[0]) for c in tab.classes]), types,
                         np.array([gpus[g] for g in types] + [total], dtype=float))
@@ -1163,7 +1173,7 @@ def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
 def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
                      strong: bool = False) -> float:
     """A lower bound on sum_i tau_i over the plans whose stages all run within theta_cap_s and whose
-    (stage, class) extras (`_class_extras`, or `_ClassTables.extra_span_s` where smaller) are within
+    (stage, class) extras (`_ClassTables.extra_in_s`, or `_ClassTables.extra_span_s` where smaller) are within
     extra_cap_s (blocks form). A DP over (blocks placed, GPUs used in units of D) keeps the GPU
     total exact: a stage whose straggler is class r holds D replicas of classes no slower than r,
     so at least D x (the least TP among them) GPUs, a whole number of units, and the units of all
@@ -1669,7 +1679,10 @@ class _ClassTables:
     fits: np.ndarray
     sync_s: np.ndarray
     upd_s: np.ndarray
-    extra_in_s: np.ndarray  # `_class_extras`
+    # a lower bound on sync[i] + update of stage i holding n blocks when class r serves it and the
+    # stage sits in one zone, so sigma + mu >= max over the plan's (stage, class) pairs (sigma >=
+    # sync[i], mu >= the update of every class on every stage); inf where no zone holds D replicas
+    extra_in_s: np.ndarray
     # the same for a stage that spans zones: its all-reduce is also at least the ring over the
     # inter-zone link (the model's sync_zone row), and an end stage that spans puts the tied
     # embedding across zones (ez >= span); equal to extra_in_s with one zone
@@ -1755,13 +1768,20 @@ def _make_sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.nd
 
 
 def _class_extras(inp: JointInputs) -> dict:
-    """extra[(r, i, n)]: a lower bound on sync[i] + update of stage i holding n blocks when class r
-    serves it and the stage sits in one zone, so sigma + mu >= max over the plan's (stage, class)
-    pairs of extra (sigma >= sync[i], mu >= the update of every class on every stage). sync: the
-    least of the class's pools in the all-reduce table (the ring over the inter-node link without
-    one) plus, on the first and last stage, the least tied-embedding all-reduce the GPUs allow
-    (`_ends_tied_s`); update: the class's optimizer step of those units."""
-    return _cached_for(inp, "extras", lambda inp: _class_tables(inp).as_dicts("extra_in_s")[0])
+    """extra[(r, i, n)] for the heuristics: sync[i] + update of stage i holding n blocks when class
+    r serves it, in one zone (`_ClassTables.extra_in_s`), or spanning zones where no zone holds D
+    replicas of it (`extra_span_s`). sync: the least of the class's pools in the all-reduce table
+    (the ring over the inter-node link without one) plus, on the first and last stage, the least
+    tied-embedding all-reduce the GPUs allow (`_ends_tied_s`); update: the class's optimizer step
+    of those units."""
+    return _cached_for(inp, "extras", _make_class_extras)
+
+
+def _make_class_extras(inp: JointInputs) -> dict:
+    # a class no zone holds D replicas of (inf in one zone) can only serve a stage spanning zones
+    tab = _class_tables(inp)
+    extra = np.where(np.isfinite(tab.extra_in_s), tab.extra_in_s, tab.extra_span_s)
+    return dict(zip(tab.keys, extra.ravel().tolist()))
 
 
 def _ends_tied_s(inp: JointInputs) -> tuple[float, float]:
@@ -1944,10 +1964,11 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         _mean_sync_update_rows(m, inp, tied)
     if inp.sync_table is None or m.layers != "blocks":
         return  # layer units that differ: no all-reduce floor but the tied embedding's
-    big = max(list(inp.sync_table.values()) + list((inp.span_sync_table or {}).values()) + [0.0])
+    big = max([model_coef(v) for tab in (inp.sync_table, inp.span_sync_table or {}) for v in tab.values()] + [0.0])
 
     def own(i, k, table):
-        return sum(table[k, position(inp, i), n] * m.nb[i, n] for n in block_counts(inp, i) if (i, n) in m.nb)
+        return sum(model_coef(table[k, position(inp, i), n]) * m.nb[i, n] for n in block_counts(inp, i)
+                   if (i, n) in m.nb)
 
     # a stage in one zone (span 0) reads `sync_table`, one spanning zones `span_sync_table`
     m.sync_node = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= own(i, k, inp.sync_table)
@@ -1969,7 +1990,7 @@ def _mean_sync_update_rows(m: pyo.ConcreteModel, inp: JointInputs, tied: dict) -
         i, _, n = m.choices[j]
         at[i].append((j, tuple(c), n))
     m.sync_mean = pyo.Constraint(m.I, rule=lambda m, i: m.sync[i] >= sum(
-        sync_c[c, i, n] / inp.D * m.xc[j, c] for j, c, n in at[i]) + tied[i])
+        model_coef(sync_c[c, i, n]) / inp.D * m.xc[j, c] for j, c, n in at[i]) + tied[i])
     m.update_mean = pyo.Constraint(m.I, rule=lambda m, i: m.mu >= sum(
         upd_c[c, i, n] / inp.D * m.xc[j, c] for j, c, n in at[i]))
 
@@ -2259,7 +2280,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
         table = inp.span_sync_table if span[i] else inp.sync_table
         own = [0.0]  # the staircase form (layer units that differ) has no all-reduce floor
         if counts is not None and table is not None:
-            own += [table[k, position(inp, i), counts[i]] for k in range(inp.K) if used[i][k]]
+            own += [model_coef(table[k, position(inp, i), counts[i]]) for k in range(inp.K) if used[i][k]]
         sync.append(max(own) + tied.get(i, 0.0))
     mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) for i in range(inp.P) for k in range(inp.K) if used[i][k])
     T = sum(tau) + sum(c) + (inp.m - 1) * theta + max(sync) + mu

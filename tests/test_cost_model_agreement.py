@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -618,3 +618,37 @@ def test_planner_reports_the_simulated_objective_above_its_bound(objective: str)
     assert res.model_objective == pytest.approx(got, rel=1e-12)
     assert res.bound <= got * (1 + BOUND_TOL)
     assert res.gap == pytest.approx((got - res.bound) / got, rel=1e-9, abs=1e-12)
+
+
+# ---- (e) the bounds of one outer choice, plan by plan ---------------------------------------------------
+# A region with one zone has no stage spanning zones, so the spanning all-reduce table has no value
+# for its pools. It held 0 there (the MILP's coefficient), and the bounds read it as "a free
+# all-reduce": on Sailor's 5 zones in 2 regions (4 + 1), P5 b2 D32, the time bound was 3.082 s for
+# a choice whose optimum is 3.18 s. The tables now hold inf where no placement exists.
+def test_choice_bounds_below_every_plan_with_a_one_zone_region() -> None:
+    inst = tiny([group("a", A100, 2, zone="r1-a"), group("b", A100, 2, zone="r1-b"),
+                 group("c", V100, 2, zone="r2-a")], layers=3, batch=4)
+    view = ModelView(inst)
+    best: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for s in score_space(inst, max_stages=max_stages(inst)):
+        t, c = best.get((s.P, s.b, s.D), (math.inf, math.inf))
+        best[s.P, s.b, s.D] = (min(t, s.iteration_time_s), min(c, s.cost_usd))
+    assert len(best) >= 10
+    spanning_inf, stronger = 0, 0
+    for (P, b, D), (t_opt, c_opt) in best.items():
+        inp = view.inputs_for(P, b, D)
+        # the same choice with the MILP's coefficients in the tables (0 where no placement exists)
+        coef = lambda tab: None if tab is None else {key: joint.model_coef(v) for key, v in tab.items()}  # noqa: E731
+        as_model = replace(inp, sync_table=coef(inp.sync_table), span_sync_table=coef(inp.span_sync_table), shared={})
+        stronger += joint.time_lower_bound_tight_s(inp, True) > joint.time_lower_bound_tight_s(as_model, True)
+        far = [k for k, p in enumerate(inp.pools) if p.region == "r2"]
+        if inp.span_sync_table is not None and D > 1:
+            assert all(math.isinf(v) for (k, _, _), v in inp.span_sync_table.items() if k in far)
+            spanning_inf += 1
+        for exact in (False, True):
+            t_lb = joint.time_lower_bound_tight_s(inp, exact)
+            assert t_lb <= t_opt * (1 + BOUND_TOL), f"P{P} b{b} D{D} exact={exact}: {t_lb} > {t_opt}"
+            assert joint.cost_lower_bound_usd(inp, exact, t_lb if t_lb < math.inf else None) <= c_opt * (1 + BOUND_TOL)
+        assert joint.extra_lower_bound_s(inp) <= t_opt
+    assert spanning_inf > 0
+    assert stronger > 0  # measured: P1 b1 D4, 0.0690 s against 0.0556 s
