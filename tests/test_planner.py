@@ -515,3 +515,34 @@ def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
                 tighter += dp > simple * (1 + 1e-6)
                 checked += 1
     assert checked >= 12 and tighter >= 3, (checked, tighter)
+
+
+def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_best() -> None:
+    """`_dive` (after a MILP stopped at its limit with no plan): the heuristics on the `count`
+    queued choices of least bound, each scored by the simulator; the search's plan becomes the best
+    of them, which an independent run of the same heuristics on the same choices confirms."""
+    from hetplan.bundled import bundled_instance_path
+    from hetplan.instance import load_instance
+    from hetplan.planner import _best_heuristic, _dive, _Outcome, _prepare_one, _Scorer, with_sync_table
+    from hetplan.simulator import simulate
+
+    inst = load_instance(bundled_instance_path("geo_2region_egress"))
+    est = build_estimators(inst)
+    opts = PlannerOptions()
+    tables, quotas = _Tables(inst, est), _quotas(inst, opts)
+    queue = [item for combo in enumerate_combos(inst, quotas, opts)
+             if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
+                                                opts.tp_choices), tuple)]
+    out, greedies = _Outcome([], _Scorer(inst, est, "max_throughput", None, None)), {}
+    _dive(queue, tables, "max_throughput", None, None, greedies, 3, out, 60.0)
+    first = [item[5] for item in sorted(queue, key=lambda item: item[:5])[:3]]
+    assert sorted(greedies, key=first.index) == first and all(dp for _, dp in greedies.values())
+    best = None
+    for item in sorted(queue, key=lambda item: item[:5])[:3]:
+        inp = with_sync_table(item[6], tables)
+        found = _best_heuristic(inp, "max_throughput", None, None)
+        if found is not None:
+            t = simulate(inst, joint.to_plan(found[1], inp)).iteration_time_s
+            best = t if best is None else min(best, t)
+    assert best is not None and out.best is not None
+    assert out.best[0] == pytest.approx(best, rel=1e-12)
