@@ -1726,12 +1726,15 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
         span_s = np.stack([grid[ks].min(axis=0) for ks in members])
     sync_s = np.minimum(in_zone_s, span_s)  # a floor wherever the stage sits
     ends = (lay.stage == 0) | (lay.stage == inp.P - 1)
-    tied_in, tied_span = _ends_tied_s(inp)
-    extra_in = in_zone_s + upd_s + np.where(ends, tied_in, 0.0)
+    # an end stage pays the tied embedding's all-reduce at least at the floor of every pool serving it
+    # (the MILP's tied_pool rows): per class, the least over its pools
+    tied = np.array([[min(_ends_tied_s(inp, inp.tied_pool_s[k] if inp.tied_pool_s else None)[j] for k in ks)
+                      for j in (0, 1)] for ks in members]).reshape(len(classes), 2)
+    extra_in = in_zone_s + upd_s + np.where(ends, tied[:, :1], 0.0)
     if len(inp.zones) == 1:
         extra_span = extra_in
     else:
-        extra_span = span_s + upd_s + np.where(ends, tied_span, 0.0)
+        extra_span = span_s + upd_s + np.where(ends, tied[:, 1:], 0.0)
     return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
 
 
@@ -1772,8 +1775,8 @@ def _class_extras(inp: JointInputs) -> dict:
     r serves it, in one zone (`_ClassTables.extra_in_s`), or spanning zones where no zone holds D
     replicas of it (`extra_span_s`). sync: the least of the class's pools in the all-reduce table
     (the ring over the inter-node link without one) plus, on the first and last stage, the least
-    tied-embedding all-reduce the GPUs allow (`_ends_tied_s`); update: the class's optimizer step
-    of those units."""
+    tied-embedding all-reduce floor of the class's pools the GPUs allow (`_ends_tied_s`); update:
+    the class's optimizer step of those units."""
     return _cached_for(inp, "extras", _make_class_extras)
 
 
@@ -1784,14 +1787,15 @@ def _make_class_extras(inp: JointInputs) -> dict:
     return dict(zip(tab.keys, extra.ravel().tolist()))
 
 
-def _ends_tied_s(inp: JointInputs) -> tuple[float, float]:
+def _ends_tied_s(inp: JointInputs, floors: tuple[float, float, float] | None = None) -> tuple[float, float]:
     """(least tied-embedding all-reduce of the first and last stage when both sit in one zone each,
     the same when one of them spans zones). Both ends in one zone need 2 D replicas there, both in
     one region 2 D replicas there; when no zone (region) has GPUs for that, the all-reduce crosses
-    zones (regions) in every plan (ez = 1, er = 1 in the model: `ends_forced`)."""
-    if inp.P <= 1:
+    zones (regions) in every plan (ez = 1, er = 1 in the model: `ends_forced`). `floors`: one
+    pool's (node, zone, region) floors (`tied_pool_s`) instead of the least over pools."""
+    if inp.P <= 1 or (floors is None and not inp.tied_pool_s):
         return 0.0, 0.0
-    t_node, t_zone, t_region = inp.tied_s
+    t_node, t_zone, t_region = inp.tied_s if floors is None else floors
     ez, er = ends_forced(inp)
     far = t_region if er else t_zone
     return (far if ez else min(t_node, far)), far
