@@ -198,3 +198,34 @@ def test_polish_keeps_plans_valid_and_only_improves():
                 improved += obj < start[0] * (1 - 1e-9)
                 checked += 1
     assert checked >= 10 and improved >= 1, (checked, improved)
+
+
+@pytest.mark.slow
+def test_dp_heuristic_lightens_the_heaviest_stage_at_a_slower_cap():
+    """GPT-Neo-2.7B on 128 A100 + 384 V100 (Sailor's profiles), P4 b1 D64: the fastest stages put
+    A100 TP1 on the last stage, whose all-reduce (1.00 s) dominates T (7.37 s); lowering its cap a
+    step at a time at the same stage-time cap finds no plan. The jump of `_less_sync` (every extra
+    within the plan's second largest, at the least stage-time cap that allows it) reaches the
+    MILP's optimum (7.07 s: V100 TP2 on the last stage)."""
+    from conftest import shared_dir
+    from hetplan.estimators import build_estimators
+    from hetplan.importers.sailor import sailor_instance_dict
+    from hetplan.instance import instance_from_dict
+    from hetplan.planner import Combo, PlannerOptions, _quotas, _Tables, joint_inputs, with_sync_table
+    from hetplan.solvers import SolveOptions, solve
+
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    counts = {("A100-40", "us-central1-a"): 128, ("V100-16", "us-central1-a"): 384}
+    inst = instance_from_dict(sailor_instance_dict(ref, "GPT-Neo-2.7", gpu_counts=counts, global_batch_size=2048))
+    tables = _Tables(inst, build_estimators(inst))
+    opts = PlannerOptions()
+    inp = with_sync_table(joint_inputs(inst, tables, _quotas(inst, opts), Combo(4, 1, 64), "max_throughput", None,
+                                       None, opts.tp_choices), tables)
+    found = H.dp_heuristic(inp, "max_throughput", None, None, joint.bottleneck_lower_bound_s(inp))
+    model = joint.build(inp)
+    res = solve(model, backend="highs", options=SolveOptions(time_limit_s=120, rel_gap=1e-6))
+    assert res.status.value == "optimal"
+    optimum = joint.evaluate(inp, joint.decode(model, inp))["T"]
+    assert found is not None and found[0] <= optimum * (1 + 1e-6), (found and found[0], optimum)
