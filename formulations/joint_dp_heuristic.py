@@ -274,7 +274,7 @@ def _sweep(inp: joint.JointInputs, thetas: list[float], objective: str, max_cost
             stages = solve(thetas[j], value)
             if value == "time" and stages is not None:
                 got = _less_sync(inp, stages, lambda cap: solve(thetas[j], "time", cap), score, extras, descent,
-                                 lambda cap, j=j: capped(j, cap))
+                                 (lambda cap, j=j: capped(j, cap)) if j == caps[0] else None)  # one jump: it searches the caps above
             else:
                 got = score(stages)
             if got is None:
