@@ -951,21 +951,18 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
                     continue
                 found, with_dp = greedies.get(combo, (None, False))
                 if not with_dp:
-                    found = _best_heuristic(inp, objective, max_cost, min_its)
-                    greedies[combo] = (found, True)
-                    if found is not None:
-                        lead = out.incumbent
-                        out.found((*found, inp), heuristic=True)
-                        if out.incumbent != lead:  # a better incumbent: the check above first, then maybe the MILP
-                            heapq.heappush(queue, entry)
-                            follow()
-                            continue
+                    lead = out.incumbent
+                    found = _heuristics_on(combo, inp, greedies, out, objective, max_cost, min_its)
+                    if out.incumbent != lead:  # a better incumbent: the check above first, then maybe the MILP
+                        heapq.heappush(queue, entry)
+                        follow()
+                        continue
             except joint.DeadlineExceeded:  # a bound or heuristic of this choice reached the deadline
                 out.skip_rest(entry, queue)
                 break
             rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
             out.records.append(rec)
-            if found is not None:
+            if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
                 out.found((*found, inp), heuristic=True)
             item = _solve_choice(rec, inp, found, out.lead, objective, milp, opts.combo_time_limit_s, deadline)
             out.solved += 1
@@ -1148,16 +1145,24 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
             for item in sorted(queue, key=lambda item: item[:5]):
                 if count <= 0 or (out.lead is not None and item[0] >= out.incumbent):
                     break
-                combo, inp = item[5], with_sync_table(item[6], tables)
+                combo = item[5]
                 if greedies.get(combo, (None, False))[1]:
                     continue
-                found = _best_heuristic(inp, objective, max_cost, min_its)
-                greedies[combo] = (found, True)
+                _heuristics_on(combo, with_sync_table(item[6], tables), greedies, out, objective, max_cost, min_its)
                 count -= 1
-                if found is not None:
-                    out.found((*found, inp), heuristic=True)
         except joint.DeadlineExceeded:  # the dive's limit or the search's: the search's loop sees the latter
             pass
+
+
+def _heuristics_on(combo: Combo, inp: joint.JointInputs, greedies: dict, out: "_Outcome", objective: str,
+                   max_cost: float | None, min_its: float | None) -> tuple | None:
+    """`_best_heuristic` on one choice, recorded in `greedies` (with the stage DP) and its plan
+    offered to the search (`out.found`); the plan (objective, solution) or None."""
+    found = _best_heuristic(inp, objective, max_cost, min_its)
+    greedies[combo] = (found, True)
+    if found is not None:
+        out.found((*found, inp), heuristic=True)
+    return found
 
 
 def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:

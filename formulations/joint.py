@@ -1734,8 +1734,8 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     ends = (lay.stage == 0) | (lay.stage == inp.P - 1)
     # an end stage pays the tied embedding's all-reduce at least at the floor of every pool serving it
     # (the MILP's tied_pool rows): per class, the least over its pools
-    tied = np.array([[min(_ends_tied_s(inp, inp.tied_pool_s[k] if inp.tied_pool_s else None)[j] for k in ks)
-                      for j in (0, 1)] for ks in members]).reshape(len(classes), 2)
+    ends_tied = [_ends_tied_s(inp, floors) for floors in inp.tied_pool_s] or [(0.0, 0.0)] * inp.K
+    tied = np.array([[min(ends_tied[k][j] for k in ks) for j in (0, 1)] for ks in members])
     extra_in = in_zone_s + upd_s + np.where(ends, tied[:, :1], 0.0)
     if len(inp.zones) == 1:
         extra_span = extra_in
@@ -1793,15 +1793,15 @@ def _make_class_extras(inp: JointInputs) -> dict:
     return dict(zip(tab.keys, extra.ravel().tolist()))
 
 
-def _ends_tied_s(inp: JointInputs, floors: tuple[float, float, float] | None = None) -> tuple[float, float]:
+def _ends_tied_s(inp: JointInputs, floors: tuple[float, float, float]) -> tuple[float, float]:
     """(least tied-embedding all-reduce of the first and last stage when both sit in one zone each,
-    the same when one of them spans zones). Both ends in one zone need 2 D replicas there, both in
-    one region 2 D replicas there; when no zone (region) has GPUs for that, the all-reduce crosses
-    zones (regions) in every plan (ez = 1, er = 1 in the model: `ends_forced`). `floors`: one
-    pool's (node, zone, region) floors (`tied_pool_s`) instead of the least over pools."""
-    if inp.P <= 1 or (floors is None and not inp.tied_pool_s):
+    the same when one of them spans zones) for a pool with these (node, zone, region) floors
+    (`tied_pool_s`). Both ends in one zone need 2 D replicas there, both in one region 2 D
+    replicas there; when no zone (region) has GPUs for that, the all-reduce crosses zones
+    (regions) in every plan (ez = 1, er = 1 in the model: `ends_forced`)."""
+    if inp.P <= 1:
         return 0.0, 0.0
-    t_node, t_zone, t_region = inp.tied_s if floors is None else floors
+    t_node, t_zone, t_region = floors
     ez, er = ends_forced(inp)
     far = t_region if er else t_zone
     return (far if ez else min(t_node, far)), far

@@ -266,7 +266,7 @@ def _sweep(inp: joint.JointInputs, thetas: list[float], objective: str, max_cost
         has = lambda jj: solve(thetas[jj], "time", cap) is not None  # noqa: E731
         if not has(len(thetas) - 1):
             return None
-        return solve(thetas[joint._first_true_from(has, list(range(len(thetas))), j)], "time", cap)
+        return solve(thetas[_first_feasible(has, len(thetas), j)], "time", cap)
 
     for j in caps:
         found = False
@@ -299,7 +299,7 @@ def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extra
     7.37 s, A100 TP1 on the last stage with a 1.00 s all-reduce; after the jump 7.07 s, the MILP's
     optimum, V100 TP2 there)."""
     best = score(stages)
-    values = sorted({extras[c, i, n] for i, (c, _, n) in enumerate(stages)})
+    extra_values = sorted({extras[c, i, n] for i, (c, _, n) in enumerate(stages)}) if solve_slower else []
     for _ in range(steps):
         worst = max(extras[c, i, n] for i, (c, _, n) in enumerate(stages))
         stages = solve(float(np.nextafter(worst, -np.inf)))
@@ -307,17 +307,17 @@ def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extra
         if got is None or (best is not None and got[0] >= best[0]):
             break  # T rose (or no plan): lower caps only trade more stage time for less all-reduce
         best = got
-    if solve_slower is not None and len(values) > 1:
-        jump = solve_slower(values[-2])
+    if len(extra_values) > 1:
+        jump = solve_slower(extra_values[-2])
         best = joint.better(best, score(jump) if jump is not None else None)
     return best
 
 
-def _first_feasible(feasible, count: int) -> int:
-    """The least index in [0, count) where the monotone `feasible` holds (it holds at count - 1):
+def _first_feasible(feasible, count: int, lo: int = 0) -> int:
+    """The least index in [lo, count) where the monotone `feasible` holds (it holds at count - 1):
     the least feasible cap is usually a few caps above the bound the search starts from, and
     every feasible probe costs a full DP (`joint._first_true_from`)."""
-    return joint._first_true_from(feasible, range(count), 0)
+    return joint._first_true_from(feasible, range(count), lo)
 
 
 def _caps_to_try(first: int, count: int, objective: str, sweep: int) -> list[int]:
