@@ -185,9 +185,10 @@ def memoised(est: EstimatorSet) -> EstimatorSet:
     replay asks again at every event. Use one per network state (comm figures depend on it)."""
     if isinstance(est.time, _Memo):
         return est
-    return EstimatorSet(time=_Memo(est.time, ("layer_time", "update_time_s")),
-                        memory=_Memo(est.memory, ("worker_memory",)), comm=est.comm, cost=est.cost,
-                        notes=est.notes)
+    # `replace` keeps every other field: the iteration model above all (sailor plans were scored
+    # with the hetplan composition while it was dropped here)
+    return dataclasses.replace(est, time=_Memo(est.time, ("layer_time", "update_time_s")),
+                               memory=_Memo(est.memory, ("worker_memory",)))
 
 
 # ---- options and results --------------------------------------------------------------------------
