@@ -166,8 +166,8 @@ class RealSailor:
 def meets(sc: Scenario, s: dict[str, float]) -> bool:
     """The limit as Sailor's evaluation checks it (simulator.py evaluate_trace_with_mem)."""
     if sc.objective == "max_throughput":
-        return sc.max_cost_usd is None or s["cost_usd"] <= sc.max_cost_usd
-    return sc.min_iters_per_s is None or s["iters_per_s"] >= sc.min_iters_per_s
+        return sc.max_cost_usd is None or bool(s["cost_usd"] <= sc.max_cost_usd)  # Sailor's figures are numpy's
+    return sc.min_iters_per_s is None or bool(s["iters_per_s"] >= sc.min_iters_per_s)
 
 
 # ---- one scenario ---------------------------------------------------------------------------------------

@@ -40,6 +40,12 @@ tenths of a percent to ~2 % above the model's) closed fewer choices by their bou
 MILPs slower: 2-5x longer searches on opt350-geo-5zones-32/-80, neo27-types-3 and
 opt350-het-80+240 (benchmarks/planner.py).
 
+With `estimators: {preset: sailor}` the model is Sailor's composition (formulations/joint.py,
+"Sailor's composition"), every plan is scored by `simulate_sailor`, and a stage spread over zones
+or GPU types gets the replica order whose slowest neighbour pair is fastest
+(`simulator_sailor.ring_ordered`; Sailor's all-reduce reads the pairs in replica order), kept when
+the simulation says it is better; the plan returned carries that order.
+
 Two cores: with `workers=2` (the default) a forked helper process takes refinement steps ahead
 of the search: the medium bounds of the queued choices while the main process runs the first
 incumbent's heuristics, then the later steps of the choices under the target, in queue order. A
@@ -77,6 +83,7 @@ import heapq
 import math
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import time
@@ -96,6 +103,7 @@ from hetplan.instance import Instance, relaxed_limits
 from hetplan.plan import Plan, tp_indivisible
 from hetplan.formulations.stage_cost import StageCosts, node_endpoint
 from hetplan.simulator import SimulationReport, simulate
+from hetplan.simulator_sailor import ring_ordered
 
 TP_CHOICES = (1, 2, 4, 8)
 HELPER_WAIT_S = 60.0  # the longest a refinement step may take in the helper before the main process takes over
@@ -179,6 +187,9 @@ class _Tables:
     def __init__(self, instance: Instance, est: EstimatorSet):
         self.inst, self.est = instance, est
         self.costs = StageCosts(instance, est)  # the simulator's stage evaluation: the rows below read it
+        # Sailor's composition (core/simulator_sailor.py) reads llm_info's sizes, not the architecture's
+        self.sailor = est.iteration == "sailor"
+        self.info = est.memory.info if self.sailor else None
         self.arch = instance.model_arch
         self.U = self.arch.num_units
         self._step: dict = {}
@@ -188,6 +199,7 @@ class _Tables:
         self._node_sets: dict = {}
         self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
         self._links: dict = {}
+        self._sends: dict = {}  # send_floor_s: (gpu type, zone, tp, b) -> seconds
         self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
         self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
         self._grad: tuple[float, ...] | None = None
@@ -197,19 +209,39 @@ class _Tables:
     def grad_bytes(self) -> tuple[float, ...]:
         """Gradient bytes of every layer unit (all TP shards)."""
         if self._grad is None:
-            prec = self.inst.workload.precision
-            self._grad = tuple(gradient_bytes(self.arch, range(l, l + 1), prec) for l in range(self.U))
+            if self.sailor:  # Sailor all-reduces and prices the full parameter bytes
+                self._grad = tuple(self.info.param_bytes(range(l, l + 1)) for l in range(self.U))
+            else:
+                prec = self.inst.workload.precision
+                self._grad = tuple(gradient_bytes(self.arch, range(l, l + 1), prec) for l in range(self.U))
         return self._grad
 
+    @property
+    def sync_factor(self) -> float:
+        """All-reduce bytes per gradient byte (ZeRO-3: 1.5); Sailor's composition counts 1."""
+        return 1.0 if self.sailor else sync_volume_factor(self.inst.workload.zero_stage)
+
+    @property
+    def tied_bytes(self) -> float:
+        """Bytes of the tied embedding's all-reduce; Sailor's composition has none."""
+        return 0.0 if self.sailor else self.costs.tied_bytes
+
+    def boundary_bytes(self, b: int) -> float:
+        """The activation bytes of one microbatch over a boundary; for Sailor's composition the least a
+        stage can send (llm_info's unit outputs; a stage ends on a block or the embedding)."""
+        if self.sailor:
+            return min(self.info.output_bytes(u, b) for u in range(self.U - 1))
+        return boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
+
     def pool_rows(self, quotas: dict, tp_choices: tuple[int, ...], b: int, D: int) -> tuple | None:
-        """(pools, step, upd, stat, act, cap, shared cache) of the outer choices with microbatch b and D replicas
-        per stage (P changes none of them: the choices of every depth share these tuples); None when
-        no pool can hold even one unit. A pool that cannot hold its lightest unit on the last stage
-        (1 microbatch in flight) is useless and left out."""
+        """(pools, step, upd, stat, act, cap, fixed update, send floor, shared cache) of the outer choices with
+        microbatch b and D replicas per stage (P changes none of them: the choices of every depth share
+        these tuples); None when no pool can hold even one unit. A pool that cannot hold its lightest
+        unit on the last stage (1 microbatch in flight) is useless and left out."""
         ordered = tuple(sorted(quotas.items()))
         key = (b, D, tuple(tp_choices), ordered)
         if key not in self._rows:
-            rows: tuple[list, ...] = ([], [], [], [], [], [])
+            rows: tuple[list, ...] = ([], [], [], [], [], [], [], [])
             for (g, z), (avail, per_node, price, region) in ordered:
                 for t in tp_choices:
                     if not self.usable(g, t, b, per_node, avail):
@@ -217,9 +249,16 @@ class _Tables:
                     s_b, a_b, c_b = self.mem(g, t, b, D)
                     if min(s + a for s, a in zip(s_b, a_b)) > c_b:
                         continue
+                    upd, fixed, send = self.upd(g, t, D), 0.0, 0.0
+                    if self.sailor:  # the profile's whole-model step, taken by every stage as is
+                        upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
+                        send = self.send_floor_s(g, z, t, b)
                     for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
-                                                 self.upd(g, t, D), s_b, a_b, c_b)):
+                                                 upd, s_b, a_b, c_b, fixed, send)):
                         row.append(value)
+            if not self.sailor:
+                rows[6].clear()  # JointInputs.upd_fixed_s and send_floor_s stay empty
+                rows[7].clear()
             # the last entry: `JointInputs.shared`, one cache for every choice built from these rows
             self._rows[key] = (*(tuple(row) for row in rows), {}) if rows[0] else None
         return self._rows[key]
@@ -298,7 +337,11 @@ class _Tables:
         reads: `JointInputs.p2p_s`); None when the cluster has no such pair."""
         key = (kind, b)
         if key not in self._links:
-            nbytes = boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
+            nbytes = self.boundary_bytes(b)
+            # Sailor's composition sends any unit output (the head's logits back, too) between TP
+            # groups whose sizes pick the bandwidth fit: the least over those sizes and groups
+            sizes = sorted({self.info.output_bytes(u, b) for u in range(self.U)}) if self.sailor else [nbytes]
+            counts = sorted(set(TP_CHOICES)) if self.sailor else [None]
             best = None
             groups: dict[tuple[str, str], list] = {}  # nodes per (GPU type, zone)
             for n in self.inst.nodes:
@@ -312,10 +355,36 @@ class _Tables:
                         others.append(a)  # first fit may put both stages on one node: its own link
                     for c in others:
                         if spans_pair(kind, a, c):
-                            t = self.est.comm.p2p_time_s(node_endpoint(a), node_endpoint(c), nbytes)
-                            best = t if best is None else min(best, t)
+                            t = min(self._p2p_s(a, c, size, ga, gc) for size in sizes for ga in counts
+                                    for gc in counts if (ga or 1) <= a.num_gpus and (gc or 1) <= c.num_gpus)
+                            if t < math.inf:
+                                best = t if best is None else min(best, t)
             self._links[key] = None if not best else joint.LinkCost(nbytes / best, 0.0)
         return self._links[key]
+
+    def send_floor_s(self, g: str, z: str, t: int, b: int) -> float:
+        """(Sailor's composition) The least time of one send from a TP-t replica of g in zone z to any
+        node (its own included) at any TP group size, of any unit output at microbatch b: a floor
+        on every send a stage holding such a replica makes (`JointInputs.send_floor_s`)."""
+        key = (g, z, t, b)
+        if key not in self._sends:
+            src = next(n for n in self.inst.nodes if (n.gpu_type, n.zone) == (g, z))
+            firsts = {}
+            for n in self.inst.nodes:
+                firsts.setdefault((n.gpu_type, n.zone), n)
+            sizes = {self.info.output_bytes(u, b) for u in range(self.U)}
+            self._sends[key] = min(self._p2p_s(src, dst, size, t, count) for dst in [src, *firsts.values()]
+                                   for count in TP_CHOICES if count <= dst.num_gpus for size in sizes)
+        return self._sends[key]
+
+    def _p2p_s(self, a, c, nbytes: float, gpus_a: int | None, gpus_c: int | None) -> float:
+        """The estimator's transfer between nodes a and c at TP groups of these sizes (None: not said);
+        inf where its table has no such pair."""
+        try:
+            return self.est.comm.p2p_time_s(replace(node_endpoint(a), gpus=gpus_a),
+                                            replace(node_endpoint(c), gpus=gpus_c), nbytes)
+        except EstimatorError:
+            return math.inf
 
     def mem(self, g: str, t: int, b: int, D: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
         key = (g, t, b, D)
@@ -325,7 +394,10 @@ class _Tables:
                 mb = self.est.memory.worker_memory(g, range(l, l + 1), t, b, D, 1)
                 stat.append(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes)
                 act.append(mb.activations_bytes)
-                over, cap = mb.overhead_bytes, mb.capacity_bytes
+                # what the simulator's out-of-memory rule counts besides these (MemoryBreakdown.oom:
+                # Sailor's check_config_fits adds 2-3 GB, not its footprint's 5.06 GB)
+                counted = mb.total_bytes if mb.fit_bytes is None else mb.fit_bytes
+                over, cap = counted - stat[-1] - act[-1], mb.capacity_bytes
             self._mem[key] = (tuple(stat), tuple(act), cap - over)
         return self._mem[key]
 
@@ -350,14 +422,14 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
 def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
                  max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> joint.JointInputs | None:
     """Fill the MILP's numbers for one outer choice; None when no pool can hold even one unit."""
-    wl, net, arch = instance.workload, instance.cluster.network, tables.arch
+    wl, net = instance.workload, instance.cluster.network
     B = wl.global_batch_size
     m = B // (combo.D * combo.b)
     rows = tables.pool_rows(quotas, tp_choices, combo.b, combo.D)
     if rows is None:
         return None
-    pools, step, upd, stat, act, cap, shared = rows
-    tied = tables.costs.tied_bytes if combo.P > 1 else 0.0
+    pools, step, upd, stat, act, cap, fixed, send, shared = rows
+    tied = tables.tied_bytes if combo.P > 1 else 0.0
 
     def link(spec) -> joint.LinkCost:
         return joint.LinkCost(spec.bandwidth_GBps * 1e9, spec.latency_s)
@@ -367,13 +439,14 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     inp = joint.JointInputs(
         P=combo.P, D=combo.D, b=combo.b, m=m, pools=pools, step_s=step, upd_s=upd,
         stat_bytes=stat, act_bytes=act, cap_bytes=cap, grad_bytes=tables.grad_bytes,
-        tied_grad_bytes=tied, boundary_bytes=boundary_activation_bytes(arch, combo.b, wl.precision),
+        tied_grad_bytes=tied, boundary_bytes=tables.boundary_bytes(combo.b),
         node=node_link, zone=zone_link, region=region_link,
         egress_zone_usd_per_GB=net.egress.inter_zone_usd_per_GB,
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
-        sync_factor=sync_volume_factor(wl.zero_stage), objective=objective, max_cost_usd=max_cost,
+        sync_factor=tables.sync_factor, objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
-        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs)
+        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
+        composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send)
     return inp
 
 
@@ -395,7 +468,7 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     tabs = tables.sync_tables.get(key)
     if tabs is None:
         nbytes = tables.stage_grad_bytes(inp)
-        factor = sync_volume_factor(tables.inst.workload.zero_stage)
+        factor = tables.sync_factor
         table, span = {}, {}
         for k, pool in enumerate(inp.pools):
             joint.check_deadline()
@@ -670,8 +743,10 @@ class _Scorer:
         rep = self.report(sol, inp)
         if rep is None:
             return None
-        obj = rep.cost_per_iteration_usd if self.objective == "min_cost" else rep.iteration_time_s
-        return (obj, sol, inp)
+        return (self._objective(rep), sol, inp)
+
+    def _objective(self, rep: SimulationReport) -> float:
+        return rep.cost_per_iteration_usd if self.objective == "min_cost" else rep.iteration_time_s
 
     def report(self, sol: joint.JointSolution, inp: joint.JointInputs, named: Plan | None = None
                ) -> SimulationReport | None:
@@ -691,6 +766,11 @@ class _Scorer:
             rep = simulate(self.instance, joint.to_plan(sol, inp), self.est)
         except PlanError:  # first fit found no node for some replica (TP degrees mixed on a node group)
             return None
+        except EstimatorError:  # e.g. Sailor's bandwidth fit is negative at some message size
+            return None
+        if self.est.iteration == "sailor":  # Sailor's all-reduce reads the replica order: try the best one
+            ordered = simulate(self.instance, ring_ordered(self.instance, rep.plan, self.est), self.est)
+            rep = ordered if self._objective(ordered) < self._objective(rep) else rep
         if rep.oom_ranks or (self.max_cost is not None and rep.cost_per_iteration_usd > self.max_cost) or (
                 self.min_its is not None and rep.iters_per_s < self.min_its):
             return None
@@ -775,9 +855,6 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
     instance and estimators) carries figures over from earlier calls; the search is the same."""
     if tables is not None and (tables.inst is not instance or estimators is None or tables.est is not estimators):
         raise PlanError("tables were made for another instance or other estimators", "tables")
-    if (estimators.iteration if estimators is not None else instance.estimators.iteration) != "hetplan":
-        raise EstimatorError("the joint planner's model relaxes the hetplan iteration model; plans scored with "
-                             "estimators preset sailor can be simulated (hetplan simulate) but not planned yet")
     opts = _splittable_tps(instance, opts or PlannerOptions())
     t_start = time.perf_counter()
     deadline = joint.Deadline.after(opts.time_limit_s)
@@ -1043,6 +1120,8 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
                              "status": status, "P": inp.P, "D": inp.D, "b": inp.b}})
     # every kept plan was simulated when it was scored (and found in memory, not OOM, placeable)
     report_sim = out.score.report(sol, inp, plan_out)
+    if out.score.est.iteration == "sailor":  # the replica order is part of a Sailor plan (`ring_ordered`)
+        plan_out = report_sim.plan
     greedy, greedy_report = out.greedy_best, None
     if greedy is out.best:  # the heuristic's plan won: the same plan
         greedy_report = report_sim
@@ -1451,8 +1530,35 @@ def _helper_main(parent: int, conn, *args) -> None:
     _helper_loop(conn, *args)
 
 
+class _Sender:
+    """The helper's messages, sent by a thread of their own in order, so that the helper keeps
+    reading meanwhile. Sent inline, a large reply (bound caches) going out while the main process
+    was itself sending a large message (`_Helper.add`) blocked both processes on full socket
+    buffers, for good: GPT-Neo on 5 zones x 32 A100 with Sailor's composition hung there."""
+
+    def __init__(self, conn):
+        self.conn, self.broken = conn, False
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def send(self, msg) -> None:
+        if self.broken:
+            raise OSError("the main process closed the pipe")
+        self.queue.put(msg)
+
+    def _run(self) -> None:
+        while True:
+            msg = self.queue.get()
+            try:
+                self.conn.send(msg)
+            except OSError:
+                self.broken = True
+                return
+
+
 def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
                  min_its: float | None, deadline: joint.Deadline) -> None:
+    sender = _Sender(conn)
     refined: dict = {}  # the inputs this process refined, with their caches
     caches: dict = {}  # choice -> bound caches the main process sent, not yet taken into its inputs
     todo: list = []  # heap of (queue key, step)
@@ -1483,7 +1589,7 @@ def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: 
             continue
         finished.add(step)
         try:
-            conn.send((step, None, None))  # started: the main process waits for it rather than redo it
+            sender.send((step, None, None))  # started: the main process waits for it rather than redo it
             with joint.deadline_scope(deadline):  # past it, the failure makes the main process stop too
                 inp = refined[step.combo] = with_sync_table(refined.get(step.combo, inputs[step.combo]), tables)
                 for cache in caches.pop(step.combo, []):
@@ -1495,7 +1601,7 @@ def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: 
         except Exception as exc:  # noqa: BLE001  the main process computes the step itself
             reply = (step, False, repr(exc))
         try:
-            conn.send(reply)
+            sender.send(reply)
         except OSError:
             return
 
@@ -1508,21 +1614,32 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds). The
     `heuristic_choices` choices with the least cheap bound get the greedy and the stage DP
     (`joint_dp_heuristic`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
-    and only until some plan is found. At the search's deadline it returns the best plan found so
-    far (the search then stops). `tick(what, best)` after each choice: progress."""
+    and only until some plan is found. Under a budget (maximum throughput) every single-stage choice
+    gets both: the fastest choices are then the dearest, and a plan within the budget may lie far
+    down the order (Sailor's A100 x 128 under 0.3 USD: the best plan, P1 b8 D16, ranks past 200
+    choices and needs the stage DP; the greedy misses it). At the search's deadline it
+    returns the best plan found so far (the search then stops). `tick(what, best)` after each
+    choice: progress."""
     best = None
     tick = tick or (lambda what, best: None)
+    every = objective != "min_cost" and max_cost is not None
     try:
         order = sorted(range(len(queue)), key=lambda idx: queue[idx][:4])
         for rank, idx in enumerate(order):
-            if rank >= heuristic_choices and best is not None:
+            single = every and queue[idx][5].P == 1
+            if rank >= heuristic_choices and best is not None and not single:
+                if every:
+                    continue
                 break
             joint.check_deadline()  # the preparation may have used the time up
             item = queue[idx]
             combo, inp = item[5], with_sync_table(item[6], tables)
             queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
-            found = _best_heuristic(inp, objective, max_cost, min_its, dp=rank < heuristic_choices)
-            greedies[combo] = (found, rank < heuristic_choices)
+            # under a budget a single stage (no bubble) is often the fastest plan within it, and its
+            # stage DP is quick (~2 ms)
+            dp = rank < heuristic_choices or single
+            found = _best_heuristic(inp, objective, max_cost, min_its, dp=dp)
+            greedies[combo] = (found, dp)
             if found is not None:
                 best = joint.better(best, (*found, inp))
             tick(f"heuristics P={combo.P} b={combo.b} D={combo.D}", best)

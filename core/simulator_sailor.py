@@ -25,23 +25,31 @@ stage `p2p_s` = p2p_i, `fwd_s` / `bwd_s` of the slowest replica, `send_fwd_s` = 
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from hetplan.errors import EstimatorError, PlanError
 from hetplan.estimators import Endpoint, EstimatorSet
-from hetplan.estimators.sailor import SailorMemory, SailorTime
+from hetplan.estimators.sailor import SailorComm, SailorMemory, SailorModelInfo, SailorTime, bucketed_allreduce_s
 from hetplan.instance import Instance
-from hetplan.plan import Plan, Replica
+from hetplan.plan import Plan, Replica, Stage
 from hetplan.formulations.stage_cost import endpoint
 from hetplan.simulator import RankMemory, SimulationReport, StageReport, build_report
 
 
 def simulate_sailor(instance: Instance, plan: Plan, est: EstimatorSet) -> SimulationReport:
     """Score a placed, validated plan with the sailor iteration model (module docstring)."""
-    if not isinstance(est.memory, SailorMemory) or not isinstance(est.time, SailorTime):
+    if not all(isinstance(getattr(e, "_inner", e), kind) for e, kind in ((est.memory, SailorMemory),
+                                                                          (est.time, SailorTime))):
         raise EstimatorError("the sailor iteration model needs the sailor time and memory estimators "
                              "(estimators: {preset: sailor})")
     return _SailorIteration(instance, plan, est).run()
+
+
+def sync_bytes(info: SailorModelInfo, stage: Stage) -> float:
+    """What a stage's data-parallel all-reduce carries: its full parameter bytes divided by
+    min(4, its least TP degree)."""
+    return info.param_bytes(range(stage.layer_start, stage.layer_end)) / min([4] + [r.tp for r in stage.replicas])
 
 
 class _SailorIteration:
@@ -92,10 +100,8 @@ class _SailorIteration:
         return (act if self.P <= 3 else 2 * act), act, grad
 
     def _sync(self, s: int) -> float:
-        stage, reps = self.plan.stages[s], self._reps(s)
-        tp_min = min([4] + [r.tp for r in reps])
-        nbytes = self.info.param_bytes(range(stage.layer_start, stage.layer_end)) / tp_min
-        return self.est.comm.allreduce_time_s([self._ep(r, 1) for r in reps], nbytes)
+        nbytes = sync_bytes(self.info, self.plan.stages[s])
+        return self.est.comm.allreduce_time_s([self._ep(r, 1) for r in self._reps(s)], nbytes)
 
     def _egress(self, a: Endpoint, b: Endpoint, nbytes: float) -> None:
         self.egress_usd += self.est.cost.egress_usd(a, b, nbytes)
@@ -152,3 +158,34 @@ class _SailorIteration:
                          f"per iteration, {trained - batch} over the global batch {batch} (Sailor's ceil rounding)")
         return build_report(self.inst, self.plan, self.est, t_iter, pipeline_s, sync_s, update_s, stages,
                             self._ranks(), self.egress_usd, self.egress_bytes, iteration_model="sailor", notes=notes)
+
+
+# ---- replica order -------------------------------------------------------------------------------
+MAX_ORDERED_GROUPS = 7  # every order of up to 7! = 5,040 group sequences is tried; more keep theirs
+
+
+def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet) -> Plan:
+    """A placed plan with each stage's replicas grouped by (zone, GPU type) and the groups in the
+    order whose slowest neighbour pair is fastest. Sailor's all-reduce time is that of the slowest
+    pair (j, j + 1) in the stage's replica order (`_sync`), so the order is part of a Sailor plan;
+    replicas of one group are interchangeable (one bandwidth fit). Stages with more than
+    MAX_ORDERED_GROUPS groups keep their order, and so does every stage when the communication
+    estimator is not Sailor's. The pipeline pairs j -> j mod D change with it: the caller compares
+    the simulations."""
+    if not isinstance(est.comm, SailorComm):
+        return plan
+    stages = []
+    for stage in plan.stages:
+        groups: dict[tuple[str, str], list[Replica]] = {}
+        for rep in stage.replicas:
+            groups.setdefault((endpoint(instance, rep).zone, rep.gpu_type), []).append(rep)
+        if not 1 < len(groups) <= MAX_ORDERED_GROUPS:
+            stages.append(stage)
+            continue
+        nbytes = sync_bytes(est.memory.info, stage)
+        ends = {key: replace(endpoint(instance, reps[0]), gpus=1) for key, reps in groups.items()}
+        cross = {(x, y): bucketed_allreduce_s(nbytes, len(stage.replicas), est.comm.fit(ends[x], ends[y]),
+                                              est.comm.bucket_bytes) for x in groups for y in groups if x != y}
+        best = min(itertools.permutations(groups), key=lambda order: max(cross[pair] for pair in zip(order, order[1:])))
+        stages.append(stage.model_copy(update={"replicas": tuple(r for key in best for r in groups[key])}))
+    return plan.model_copy(update={"stages": tuple(stages)})

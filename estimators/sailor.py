@@ -259,8 +259,13 @@ class SailorComm:
                 if (a is not b or sa >= 2) and (a.zone == b.zone if spans == "node" else spans_pair(spans, a, b))}
         if not fits:
             return [math.inf] * len(sizes)
-        return [min(bucketed_allreduce_s(n, members, self.zone_fits[k], self.bucket_bytes) for k in fits)
-                for n in sizes]
+        return [self._least_allreduce_s(n, members, fits) for n in sizes]
+
+    def _least_allreduce_s(self, nbytes: float, members: int, fits: set) -> float:
+        try:
+            return min(bucketed_allreduce_s(nbytes, members, self.zone_fits[k], self.bucket_bytes) for k in fits)
+        except EstimatorError:  # some fit gives no bandwidth at a bucket's size (the rest of a few bytes)
+            return 0.0  # no floor: a valid one, and such a plan cannot be simulated anyway
 
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         d = len(members)

@@ -107,6 +107,25 @@ Relaxed, because the model does not place replicas on nodes (first fit does, in 
   - a boundary next to a stage spanning zones crosses zones only where the rows above force it, and
     its egress is charged only where every pair crosses.
 Every replica takes b sequences (uneven shares are not modelled here).
+
+Sailor's composition (`composition="sailor"`, the instance's `estimators: {preset: sailor}`): the
+rows above with the figures of core/simulator_sailor.py, where the pipeline pays each stage's
+transfers in its step. With a[i] = g[i] = c[i] / 2 (the activation forward and the gradient back
+over boundary i),
+  p2p:         p[0] = a[0] (P <= 3) or 2 a[0];  p[i] = a[i] + g[i-1] (middle);  p[P-1] = 2 g[P-2]
+  bottleneck:  theta >= tau[i] + p[i]            (replaces theta >= tau[i] and theta >= c[i] / 2)
+  time:        T = sum_i tau[i] + sum_i p[i] + (m - 1) theta + sigma + mu
+  update:      mu >= upd_fixed[k] u[i,k]: the profile's whole-model step of pool k, whatever units
+  memory:      P - i microbatches in flight (not capped by m); capacity less Sailor's 2 / 3 GB
+and no tied-embedding all-reduce (Sailor has none), the all-reduce of llm_info's full parameter
+bytes / t_k, boundary bytes the least unit output llm_info gives. Relaxed as above: c_node, c_zone,
+c_region are the least transfer over every pair of nodes of the kind, every TP group size and every
+unit output (Sailor sends the head's logits back from a last stage that holds the head alone), so
+p[i] is at most Sailor's slowest send of the stage; the ring floors are the least neighbour pair.
+Every bound below stays valid: Sailor's theta is at least max_i tau_i and c_i / 2 (p[i] >= a[i] and
+p[i+1] >= g[i]), and sum_i p[i] >= sum_i c[i] (tests/test_sailor_planning.py checks the figures
+and every bound against `simulate` on random plans). They ignore the transfers in theta, so they
+are weaker for deep pipelines than for the hetplan composition.
 """
 from __future__ import annotations
 
@@ -251,6 +270,16 @@ class JointInputs:
     # one zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`);
     # empty: no tied embedding
     tied_pool_s: tuple[tuple[float, float, float], ...] = ()
+    # "hetplan": the composition of core/simulator.py (rows above); "sailor": Sailor's simulator
+    # composition (core/simulator_sailor.py, module docstring "Sailor's composition")
+    composition: str = "hetplan"
+    # [k] an optimizer step every stage served by pool k takes whatever units it holds (Sailor's
+    # whole-model step from the profile); empty: none (the update is upd_s's per-unit sums alone)
+    upd_fixed_s: tuple[float, ...] = ()
+    # [k] (Sailor's composition) the least time of any one send of a replica of pool k to a replica
+    # of the next or previous stage, whatever its place, size or receiver: Sailor's bandwidth fits
+    # depend on the sender's TP group (a TP 1 sender is ~4x slower than a TP 4 one); empty: none
+    send_floor_s: tuple[float, ...] = ()
     # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a
     # decoded plan placed as the simulator places it (`evaluate_placed`); None for hand-made inputs
     costs: StageCosts | None = field(default=None, repr=False, compare=False)
@@ -279,7 +308,15 @@ class JointInputs:
         return len(self.pools)
 
     def in_flight(self, i: int) -> int:
-        return min(self.P - i, self.m)
+        """Microbatches stage i keeps activations of (1F1B); Sailor's memory rule does not cap P - i by m."""
+        return self.P - i if self.sailor else min(self.P - i, self.m)
+
+    @property
+    def sailor(self) -> bool:
+        return self.composition == "sailor"
+
+    def upd_fixed(self, k: int) -> float:
+        return self.upd_fixed_s[k] if self.upd_fixed_s else 0.0
 
     def p2p_s(self, link: LinkCost) -> float:
         """Forward activation + backward gradient of one microbatch over one boundary."""
@@ -312,8 +349,9 @@ def time_upper_bound_s(inp: JointInputs) -> float:
     tables = [inp.sync_table or {}, inp.span_sync_table or {}]
     worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
     worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + worst_tied
-    worst_c = max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
-    worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    worst_c = (max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
+               + 2 * max(inp.send_floor_s, default=0.0) * inp.P)  # Sailor's sends: each <= c / 2 + floor
+    worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U)) + max(inp.upd_fixed_s, default=0.0)
     return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
 
 
@@ -321,8 +359,30 @@ def time_lower_bound_s(inp: JointInputs) -> float:
     """T >= sum_i tau_i + (m-1) theta with sum_i tau_i >= F = sum_l min_k step[k,l] and
     theta >= max(F / P, D W / N): a stage with G_i GPUs has tau_i G_i >= sum_k x[i,k] t_k step_i(k)
     >= D W_i, where W_i = sum_{l in i} min_k step[k,l] t_k (GPU-seconds of the cheapest way to run a
-    unit), so max_i tau_i >= D sum_i W_i / sum_i G_i >= D W / N with N the GPUs available."""
+    unit), so max_i tau_i >= D sum_i W_i / sum_i G_i >= D W / N with N the GPUs available.
+    With Sailor's composition plus `sailor_transfer_floor_s`."""
+    return _work_bound_s(inp) + sailor_transfer_floor_s(inp)
+
+
+def _work_bound_s(inp: JointInputs) -> float:
     return _fastest_work_s(inp) + (inp.m - 1) * _theta_work_bound_s(inp)
+
+
+def sailor_transfer_floor_s(inp: JointInputs) -> float:
+    """What Sailor's composition adds to the hetplan composition's T on the same inputs, at least
+    (0 for the hetplan composition or one stage). Every send A_i, G_i (`sailor_p2p`) is at least
+    the half of its boundary h = c / 2 and at least e = max(c_min / 2, the least send floor), c_min
+    the least boundary time. For every plan:
+      theta_sailor >= theta + e: where theta = tau_j, p_j >= a send of j >= e; where theta = h_i,
+        stage i + 1 sends G >= h_i and another send >= e (a middle stage), or G twice (the last);
+      sum_i p_i >= sum_i c_i + G_{P-1} (P <= 3), + A_0 + G_{P-1} (P > 3).
+    So every bound on the hetplan composition's T plus (m - 1) e + (e or 2 e) bounds Sailor's
+    (the bounds' targets are taken back by as much: `time_lower_bound_tight_s`)."""
+    if not inp.sailor or inp.P == 1:
+        return 0.0
+    half = max(min(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) / 2,
+               min(inp.send_floor_s, default=0.0))  # every send is at least both
+    return (inp.m - 1) * half + (2 if inp.P > 3 else 1) * half
 
 
 def _fastest_work_s(inp: JointInputs) -> float:
@@ -818,12 +878,16 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     result is then a valid bound that is >= target_s whenever the DP can prove it.
     With several regions, `exact` also splits the plans by the regions they use
     (`region_split_time_bound_s`). `strongest` (with `exact` and a target) adds the replica-level
-    DPs on the sum of stage times (`capped_sum_tau_s`) where a cell falls short of the target."""
+    DPs on the sum of stage times (`capped_sum_tau_s`) where a cell falls short of the target.
+    With Sailor's composition plus `sailor_transfer_floor_s`."""
     strongest = strongest and target_s is not None  # without a target it would lift every cell
+    shift = sailor_transfer_floor_s(inp)  # the bounds below are the hetplan composition's
+    if target_s is not None:
+        target_s -= shift
     out = _time_lower_bound_merged_s(inp, exact, target_s, strongest)
     if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
         out = max(out, region_split_time_bound_s(inp, out, target_s, strongest))
-    return out
+    return out + shift
 
 
 def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None,
@@ -872,6 +936,8 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
     def table(tab: dict | None) -> dict | None:
         return None if tab is None else {(new_index[k], pos, n): v for (k, pos, n), v in tab.items() if k in new_index}
     return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
+                   upd_fixed_s=pick(inp.upd_fixed_s) if inp.upd_fixed_s else (),
+                   send_floor_s=pick(inp.send_floor_s) if inp.send_floor_s else (),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
                    sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table))
 
@@ -881,7 +947,7 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
     if not inp.pools:
         return math.inf
     if inp.U < 4:
-        return time_lower_bound_s(inp)
+        return _work_bound_s(inp)
     # the bottleneck first, with F for the sum of stage times: with a target it alone rules out
     # most choices (measured: 60 of the 67 that reached the strong bound on GPT-Neo, 32 A100 + 96
     # V100), and the Lagrangian sum-tau bound costs five times as much; a hint from the smaller F
@@ -1332,9 +1398,11 @@ def _sigma_lower_bound_s(inp: JointInputs) -> float:
 
 
 def _mu_lower_bound_s(inp: JointInputs) -> float:
-    """mu >= 1/P of the cheapest update (some stage holds >= 1/P of the units' update work)."""
-    return _shared_for(inp, "least_update", lambda inp: sum(min(inp.upd_s[k][l] for k in range(inp.K))
-                                                            for l in range(inp.U))) / inp.P
+    """mu >= 1/P of the cheapest update (some stage holds >= 1/P of the units' update work), plus
+    the least fixed step (`upd_fixed_s`): the pools serving that stage take theirs too."""
+    per_unit = _shared_for(inp, "least_update", lambda inp: sum(min(inp.upd_s[k][l] for k in range(inp.K))
+                                                                for l in range(inp.U))) / inp.P
+    return per_unit + min(inp.upd_fixed_s, default=0.0)  # every stage's pools take their fixed step
 
 
 def stage_time_cap_s(inp: JointInputs, t_max_s: float) -> float:
@@ -1501,7 +1569,9 @@ def in_model_units(inp: JointInputs) -> JointInputs:
 
     return replace(
         inp, step_s=tuple(tuple(v * ms for v in row) for row in inp.step_s),
-        upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), node=link(inp.node), zone=link(inp.zone),
+        upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), upd_fixed_s=tuple(v * ms for v in inp.upd_fixed_s),
+        send_floor_s=tuple(v * ms for v in inp.send_floor_s),
+        node=link(inp.node), zone=link(inp.zone),
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
@@ -1719,10 +1789,10 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
         return pre[:, lay.hi] - pre[:, lay.lo]
 
     time_s = over_pairs(inp.step_s)
-    nf = np.minimum(inp.P - lay.stage, inp.m)
+    nf = inp.P - lay.stage if inp.sailor else np.minimum(inp.P - lay.stage, inp.m)  # JointInputs.in_flight
     cap = np.array([inp.cap_bytes[k] for k in rep])[:, None]
     fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= cap
-    upd_s = over_pairs(inp.upd_s)
+    upd_s = over_pairs(inp.upd_s) + np.array([inp.upd_fixed(k) for k in rep])[:, None]
     in_zone_s = span_s = np.zeros_like(time_s)  # without the tables (layer units that differ): no floor
     if inp.sync_table is not None:
         grid = _sync_by_pool(inp, lay, inp.sync_table)
@@ -1939,16 +2009,59 @@ def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     B = range(inp.P - 1)
     m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == c_node + (c_zone - c_node) * m.dz[i]
                                 + (c_region - c_zone) * m.dr[i])
-    m.bottleneck = pyo.Constraint(m.I, rule=lambda m, i: m.theta >= m.tau[i])
-    m.bottleneck_link = pyo.Constraint(B, rule=lambda m, i: m.theta >= m.c[i] / 2)
+    if inp.sailor:
+        p2p = _sailor_send_rows(m, inp)
+        m.bottleneck = pyo.Constraint(m.I, rule=lambda m, i: m.theta >= m.tau[i] + p2p[i])
+        pipeline = sum(p2p)
+    else:
+        m.bottleneck = pyo.Constraint(m.I, rule=lambda m, i: m.theta >= m.tau[i])
+        m.bottleneck_link = pyo.Constraint(B, rule=lambda m, i: m.theta >= m.c[i] / 2)
+        pipeline = sum(m.c[i] for i in B)
     m.bottleneck_mean = pyo.Constraint(expr=inp.P * m.theta >= sum(m.tau[i] for i in m.I))  # valid cut
     _sync_constraints(m, inp)
     m.sync_max = pyo.Constraint(m.I, rule=lambda m, i: m.sigma >= m.sync[i])
-    big_upd = [sum(inp.upd_s[k]) for k in m.K]
+    big_upd = [sum(inp.upd_s[k]) + inp.upd_fixed(k) for k in m.K]
     m.update = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.mu >= stage_sum(
-        m, inp, i, inp.upd_s[k]) - big_upd[k] * (1 - m.u[i, k]))
-    m.iteration = pyo.Constraint(expr=m.T == sum(m.tau[i] for i in m.I) + sum(m.c[i] for i in B)
+        m, inp, i, inp.upd_s[k]) + inp.upd_fixed(k) - big_upd[k] * (1 - m.u[i, k]))
+    m.iteration = pyo.Constraint(expr=m.T == sum(m.tau[i] for i in m.I) + pipeline
                                  + (inp.m - 1) * m.theta + m.sigma + m.mu)
+
+
+def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
+    """Stage i's sends (Sailor's composition): A[i] its activation to stage i + 1, G[i] its gradient
+    to stage i - 1, each at least half its boundary's time c / 2 and at least the send floor of every
+    pool it uses (`JointInputs.send_floor_s`); returns Sailor's p[i] (`sailor_p2p`)."""
+    if inp.P == 1:
+        return [0.0]
+    floor = [inp.send_floor_s[k] if inp.send_floor_s else 0.0 for k in m.K]
+    m.send = pyo.Var(m.I, domain=pyo.NonNegativeReals)
+    m.send_pool = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.send[i] >= floor[k] * m.u[i, k])
+    m.A = pyo.Var(range(inp.P - 1), domain=pyo.NonNegativeReals)
+    m.G = pyo.Var(range(1, inp.P), domain=pyo.NonNegativeReals)
+    m.A_link = pyo.Constraint(m.A.index_set(), rule=lambda m, i: m.A[i] >= m.c[i] / 2)
+    m.A_send = pyo.Constraint(m.A.index_set(), rule=lambda m, i: m.A[i] >= m.send[i])
+    m.G_link = pyo.Constraint(m.G.index_set(), rule=lambda m, i: m.G[i] >= m.c[i - 1] / 2)
+    m.G_send = pyo.Constraint(m.G.index_set(), rule=lambda m, i: m.G[i] >= m.send[i])
+    return sailor_p2p([m.A[i] for i in range(inp.P - 1)], [m.G[i] for i in range(1, inp.P)])
+
+
+def sailor_p2p(A: list, G: list) -> list:
+    """Sailor's per-stage transfer time (`estimate_p2p_pipeline_times`, core/simulator_sailor.py) from
+    the sends A[i] (stage i's activation to stage i + 1, i < P - 1) and G[j] (stage j + 1's gradient
+    back, j < P - 1): a middle stage sends its activation on and its gradient back, the first its
+    activation (counted twice when P > 3), the last its gradient twice. Numbers or expressions."""
+    P = len(A) + 1
+    if P == 1:
+        return [0.0]
+    return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
+
+
+def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]]) -> tuple[list[float], list[float]]:
+    """(A, G) of a fixed assignment, as `_sailor_send_rows` computes them (G indexed from stage 1)."""
+    send = [max([inp.send_floor_s[k] for k in range(inp.K) if used[i][k]] + [0.0]) if inp.send_floor_s else 0.0
+            for i in range(inp.P)]
+    return ([max(c[i] / 2, send[i]) for i in range(inp.P - 1)],
+            [max(c[i - 1] / 2, send[i]) for i in range(1, inp.P)])
 
 
 def _tied_at(floors: tuple[float, float, float], ez, er):
@@ -2273,7 +2386,8 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
               for i in range(inp.P - 1)]
     c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
     c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
-    theta = max(tau + [ci / 2 for ci in c])
+    p2p = sailor_p2p(*sailor_sends(inp, c, used)) if inp.sailor else [0.0] * inp.P
+    theta = max([t + p for t, p in zip(tau, p2p)] + ([] if inp.sailor else [ci / 2 for ci in c]))
     last = inp.P - 1
     ez = 1 if (span[0] or span[last] or zones[0] != zones[last]) else 0
     er = 1 if regions[0] != regions[last] else 0
@@ -2292,8 +2406,9 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
         if counts is not None and table is not None:
             own += [model_coef(table[k, position(inp, i), counts[i]]) for k in range(inp.K) if used[i][k]]
         sync.append(max(own) + tied.get(i, 0.0))
-    mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) for i in range(inp.P) for k in range(inp.K) if used[i][k])
-    T = sum(tau) + sum(c) + (inp.m - 1) * theta + max(sync) + mu
+    mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) + inp.upd_fixed(k)
+             for i in range(inp.P) for k in range(inp.K) if used[i][k])
+    T = sum(tau) + (sum(p2p) if inp.sailor else sum(c)) + (inp.m - 1) * theta + max(sync) + mu
     rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * sol.replicas[i][k] / 3600
                for i in range(inp.P) for k in range(inp.K))
     pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
@@ -2303,7 +2418,8 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
                   for i in range(inp.P) if span[i])
     if inp.P > 1:
         egress += 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes * (pz * ez + (pr - pz) * er)
-    return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c, "theta": theta,
+    return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c,
+            "p2p": p2p, "theta": theta,
             "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
 
@@ -2316,6 +2432,9 @@ def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     costs = inp.costs
     if costs is None:
         raise ValueError("evaluate_placed needs JointInputs.costs (planner.joint_inputs sets it)")
+    if inp.sailor:
+        raise ValueError("evaluate_placed composes the hetplan iteration; the sailor composition's plans are "
+                         "scored by simulate")
     it = costs.iteration(validate_plan(costs.inst, to_plan(sol, inp)))
     rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * n / 3600
                for row in sol.replicas for k, n in enumerate(row))

@@ -546,3 +546,26 @@ def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_bes
             best = t if best is None else min(best, t)
     assert best is not None and out.best is not None
     assert out.best[0] == pytest.approx(best, rel=1e-12)
+
+
+def test_helper_reads_while_its_reply_goes_out() -> None:
+    """The helper's replies leave through `_Sender`'s thread: with both sides sending more than a
+    socket buffer holds at once, the helper still reads the main process's message (sent inline,
+    both sends blocked for good: a search hung with Sailor's composition on GPT-Neo, 5 zones)."""
+    import multiprocessing
+    import threading
+
+    from hetplan.planner import _Sender
+
+    main, helper = multiprocessing.Pipe()
+    big = b"x" * 8_000_000
+    replying = threading.Thread(target=_Sender(helper).send, args=(("reply", big),), daemon=True)
+    replying.start()
+    replying.join(5)
+    assert not replying.is_alive()  # queued, not blocked on the full pipe
+    adding = threading.Thread(target=main.send, args=(("add", big),), daemon=True)
+    adding.start()
+    assert helper.recv() == ("add", big)
+    assert main.recv() == ("reply", big)
+    adding.join(5)
+    assert not adding.is_alive()

@@ -287,8 +287,15 @@ def test_cli_import_simulate_export(tmp_path) -> None:
     assert out["iteration_model"] == "sailor" and "over the global batch" in out["notes"][0]
     back = hetplan_cli("export-plan", "inst.yaml", "sailor_plan.json", "--to", "sailor", cwd=tmp_path)
     assert back.returncode == 0 and json.loads(back.stdout) == rec["plan"]
-    planned = hetplan_cli("solve", "inst.yaml", "--time-limit", "5", cwd=tmp_path)
-    assert planned.returncode == 1 and "not planned yet" in planned.stderr
+    # the planner searches Sailor's composition: its plan, simulated again, gives the figure it reported
+    planned = hetplan_cli("solve", "inst.yaml", "--time-limit", "20", "--json", "-o", "planned.json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    solved = json.loads(planned.stdout)
+    again = json.loads(hetplan_cli("simulate", "inst.yaml", "planned.json", "--json", cwd=tmp_path).stdout)
+    assert again["iteration_model"] == "sailor"
+    assert math.isclose(again["iteration_time_s"], solved["simulated"]["iteration_time_s"], rel_tol=1e-12)
+    assert solved["bound"] <= again["iteration_time_s"]
+    assert hetplan_cli("export-plan", "inst.yaml", "planned.json", "--to", "sailor", cwd=tmp_path).returncode == 0
 
 
 def test_cli_import_refuses_a_bad_cluster(tmp_path) -> None:

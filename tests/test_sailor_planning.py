@@ -1,0 +1,125 @@
+"""The joint planner with Sailor's composition (`estimators: {preset: sailor}`): its model is a
+relaxation of `simulate_sailor`, its bounds are below what that simulator says of every plan, and
+the planner's plan and figures are Sailor's simulator's.
+
+Instances: Sailor's measured OPT-350 profiles, llm_info and bandwidth fits (../shared; skipped
+without), A100-40 and V100-16 in 4-GPU VMs, 8 of each per zone, in one zone, two zones of a region
+or two regions (as tests/test_cost_model_agreement.py's `sailor_profiled`), global batch 32.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from conftest import shared_dir
+from hetplan.estimators import build_estimators
+from hetplan.formulations import joint
+from hetplan.importers.sailor import sailor_instance_dict
+from hetplan.instance import Instance, instance_from_dict
+from hetplan.plan import Plan, Replica, Stage
+from hetplan.planner import PlannerOptions, _tight_bound, plan
+from hetplan.replan import memoised
+from hetplan.simulator import simulate
+from hetplan.simulator_sailor import ring_ordered
+from test_cost_model_agreement import SAILOR_ZONES, ModelView, random_plans
+
+REL = 1e-9
+A100, V100 = "A100-40", "V100-16"
+
+
+def sailor_instance(layout: str, zones: tuple[str, ...] | None = None, types: tuple[str, ...] = (A100, V100),
+                    **extra) -> Instance:
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    counts = {(g, z): 8 for z in zones or SAILOR_ZONES[layout] for g in types}
+    return instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
+                                                   preset="sailor", **extra))
+
+
+def below(model: float, sim: float) -> bool:
+    return model <= sim * (1 + REL) + 1e-15
+
+
+@pytest.mark.parametrize("layout", sorted(SAILOR_ZONES))
+def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -> None:
+    """On random plans of the modelled space: every figure of the MILP (`joint.evaluate`) is at most
+    what Sailor's simulator says of the placed plan, part by part, the stage compute times are
+    equal, and the plan's outer choice has every lower bound of the search below its simulation."""
+    inst = sailor_instance(layout)
+    assert build_estimators(inst).iteration == "sailor"
+    view, plans = ModelView(inst), random_plans(inst, 40, seed=len(layout))
+    assert len(plans) >= 30
+    findings, depths, shifted, floored = [], set(), 0, 0
+    for p, rep in plans:
+        assert rep.iteration_model == "sailor"
+        P, b, D = len(p.stages), p.share(0, 0), len(p.stages[0].replicas)
+        depths.add(P)
+        shifted += joint.sailor_transfer_floor_s(view.inputs_for(P, b, D)) > 0
+        inp, ev = view.inputs_for(P, b, D), view.evaluate(p)
+        A, _ = joint.sailor_sends(inp, ev["c"], [[n > 0 for n in row] for row in view.solution(p).replicas])
+        floored += any(a > c / 2 for a, c in zip(A, ev["c"]))  # a pool's send floor above its boundary's half
+        sim = {"T": rep.iteration_time_s, "cost": rep.cost_per_iteration_usd, "egress": rep.egress_cost_usd,
+               "mu": rep.update_s, "sigma": rep.sync_s, "p2p": [s.p2p_s for s in rep.stages],
+               "sync": [s.sync_s for s in rep.stages]}
+        for key, want in sim.items():
+            pairs = zip(ev[key], want) if isinstance(want, list) else [(ev[key], want)]
+            findings += [f"P{P} b{b} D{D} {key}[{j}]: model {m:.9g} > simulated {w:.9g}"
+                         for j, (m, w) in enumerate(pairs) if not below(m, w)]
+        for j, (tau, st) in enumerate(zip(ev["tau"], rep.stages)):
+            if not math.isclose(tau, st.fwd_s + st.bwd_s, rel_tol=REL):
+                findings.append(f"P{P} b{b} D{D} tau[{j}] {tau} != {st.fwd_s + st.bwd_s}")
+        T, cost = rep.iteration_time_s, rep.cost_per_iteration_usd
+        bounds = {"cheap": joint.time_lower_bound_s(inp), "extra": joint.extra_lower_bound_s(inp),
+                  "medium": joint.time_lower_bound_tight_s(inp, False), "strong": joint.time_lower_bound_tight_s(inp, True),
+                  "strongest": _tight_bound(inp, "max_throughput", None, T * 1.5, strongest=True)}
+        findings += [f"P{P} b{b} D{D}: {name} bound {v:.9g} > simulated T {T:.9g}"
+                     for name, v in bounds.items() if not below(v, T)]
+        c_lb = joint.cost_lower_bound_usd(inp, True, bounds["strong"])
+        if not below(c_lb, cost) or not below(joint.cost_lower_bound_dp_usd(inp), cost):
+            findings.append(f"P{P} b{b} D{D}: cost bound above the simulated {cost:.9g}")
+    assert not findings, "\n".join(findings[:10])
+    assert len(depths) >= 3 and max(depths) >= 4 and shifted > 0  # both forms of the transfer floor
+    assert floored > 0
+
+
+def test_planner_plans_with_sailors_composition_and_bounds_every_plan() -> None:
+    """The plan returned is scored by Sailor's simulator (its report is `simulate` of that very plan),
+    and the reported bound is below the simulated objective of every random plan of the space."""
+    inst = sailor_instance("two_zones")
+    res = plan(inst, PlannerOptions(time_limit_s=30), build_estimators(inst))
+    again = simulate(inst, res.plan)
+    assert res.report.iteration_model == again.iteration_model == "sailor"
+    assert math.isclose(res.report.iteration_time_s, again.iteration_time_s, rel_tol=1e-12)
+    assert not again.oom_ranks
+    assert res.bound <= res.report.iteration_time_s
+    plans = random_plans(inst, 40, seed=3)
+    assert min(rep.iteration_time_s for _, rep in plans) >= res.bound * (1 - REL)
+    assert res.report.iteration_time_s <= min(rep.iteration_time_s for _, rep in plans) * (1 + REL)
+
+
+def test_memoised_estimators_keep_sailors_composition() -> None:
+    inst = sailor_instance("one_zone")
+    est = build_estimators(inst)
+    p = random_plans(inst, 1, seed=0)[0][0]
+    assert memoised(est).iteration == "sailor"
+    assert simulate(inst, p, memoised(est)).iteration_time_s == simulate(inst, p, est).iteration_time_s
+
+
+def test_ring_order_is_the_best_order_of_zone_groups() -> None:
+    """A stage spread over four zones (Sailor's us-central1 a, b, c, f, whose fits differ by
+    direction): `ring_ordered` gives the least all-reduce of every order of its zone groups, each
+    order simulated in full."""
+    zones = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
+    inst = sailor_instance("", zones=zones, types=(A100,))
+    reps = tuple(Replica(gpu_type=A100, tp=4, zone=z) for z in zones for _ in range(2))
+    p = simulate(inst, Plan(num_microbatches=1, micro_batch_size=4, stages=(
+        Stage(layer_start=0, layer_end=inst.model_arch.num_units, replicas=reps),))).plan
+    groups = [p.stages[0].replicas[j:j + 2] for j in range(0, 8, 2)]
+    every = [simulate(inst, p.model_copy(update={"stages": (p.stages[0].model_copy(update={
+        "replicas": tuple(r for grp in order for r in grp)}),)})).sync_s for order in itertools.permutations(groups)]
+    got = simulate(inst, ring_ordered(inst, p, build_estimators(inst))).sync_s
+    assert math.isclose(got, min(every), rel_tol=1e-12)
+    assert max(every) > min(every)  # the order matters here
