@@ -89,7 +89,7 @@ def test_planner_plans_with_sailors_composition_and_bounds_every_plan() -> None:
     """The plan returned is scored by Sailor's simulator (its report is `simulate` of that very plan),
     and the reported bound is below the simulated objective of every random plan of the space."""
     inst = sailor_instance("two_zones")
-    res = plan(inst, PlannerOptions(time_limit_s=30), build_estimators(inst))
+    res = plan(inst, PlannerOptions(time_limit_s=8), build_estimators(inst))  # a limit: the bound holds anyway
     again = simulate(inst, res.plan)
     assert res.report.iteration_model == again.iteration_model == "sailor"
     assert math.isclose(res.report.iteration_time_s, again.iteration_time_s, rel_tol=1e-12)
