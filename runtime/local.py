@@ -84,13 +84,15 @@ def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_pa
 
 def steps_done(out_dir: Path, world_size: int) -> int:
     """Steps every rank has completed, from the ranks' progress files (0 before the first)."""
-    done = []
-    for r in range(world_size):
-        try:
-            done.append(int(progress_path(out_dir, r).read_text()))
-        except (OSError, ValueError):  # not written yet, or caught between truncate and write
-            done.append(0)
-    return min(done, default=0)
+    return min((rank_steps_done(out_dir, r) for r in range(world_size)), default=0)
+
+
+def rank_steps_done(out_dir: Path, rank: int) -> int:
+    """Steps one rank has completed, from its progress file (0 before the first)."""
+    try:
+        return int(progress_path(out_dir, rank).read_text())
+    except (OSError, ValueError):  # not written yet, or caught (or killed) between truncate and write
+        return 0
 
 
 class LocalWorkers:
@@ -209,8 +211,7 @@ def _death_message(spec: LaunchSpec, opts: RunOptions, rank: int, code: int, pro
             how = f"was killed by signal {-code}"
     else:
         how = f"exited with code {code} without a Python error"
-    path = progress_path(progress_dir, rank)
-    done = int(path.read_text()) if path.exists() else 0
+    done = rank_steps_done(progress_dir, rank)  # a rank killed while writing leaves its file empty
     when = (f"during step {done + 1} of {opts.steps}" if done < opts.steps
             else f"after its last step ({opts.steps} of {opts.steps}), while finishing")
     return f"rank {rank} (node {row.node}, stage {row.stage}) {how} {when}; the other ranks were stopped"

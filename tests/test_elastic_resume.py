@@ -125,3 +125,18 @@ def test_kill_a_worker_replan_and_resume_from_the_layerwise_checkpoint(tmp_path)
         for holder, value in params[key].items():
             err = (value - full).abs().max().item()
             assert err < 1e-5, f"{key} on stage/replica {holder}: max |resumed - reference| = {err:.3g}"
+
+
+def test_death_message_of_a_rank_killed_while_writing_its_progress(tmp_path):
+    """A rank killed between truncating and writing its progress file leaves it empty: the
+    launcher's message then counts 0 steps (it raised ValueError, and the run's LaunchError was
+    lost: seen once in CI on the test above)."""
+    from hetplan.runtime.compile import compile_plan
+    from hetplan.runtime.execute import RunOptions, progress_path
+    from hetplan.runtime.local import _death_message
+
+    inst = instance()
+    spec = compile_plan(inst, validate_plan(inst, first_plan())).spec
+    progress_path(tmp_path, 3).write_text("")
+    msg = _death_message(spec, RunOptions(steps=5), 3, -signal.SIGKILL, tmp_path)
+    assert "was killed by signal SIGKILL" in msg and "during step 1 of 5" in msg
