@@ -2056,11 +2056,13 @@ def sailor_p2p(A: list, G: list) -> list:
     return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
 
 
-def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]]) -> tuple[list[float], list[float]]:
-    """(A, G) of a fixed assignment, as `_sailor_send_rows` computes them (G indexed from stage 1)."""
+def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]]
+                 ) -> tuple[list[float], list[float], list[float]]:
+    """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
+    floor, A for stages 0..P-2, G for stages 1..P-1."""
     send = [max([inp.send_floor_s[k] for k in range(inp.K) if used[i][k]] + [0.0]) if inp.send_floor_s else 0.0
             for i in range(inp.P)]
-    return ([max(c[i] / 2, send[i]) for i in range(inp.P - 1)],
+    return (send, [max(c[i] / 2, send[i]) for i in range(inp.P - 1)],
             [max(c[i - 1] / 2, send[i]) for i in range(1, inp.P)])
 
 
@@ -2386,7 +2388,8 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
               for i in range(inp.P - 1)]
     c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
     c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
-    p2p = sailor_p2p(*sailor_sends(inp, c, used)) if inp.sailor else [0.0] * inp.P
+    send, A, G = sailor_sends(inp, c, used) if inp.sailor else ([], [], [])
+    p2p = sailor_p2p(A, G) if inp.sailor else [0.0] * inp.P
     theta = max([t + p for t, p in zip(tau, p2p)] + ([] if inp.sailor else [ci / 2 for ci in c]))
     last = inp.P - 1
     ez = 1 if (span[0] or span[last] or zones[0] != zones[last]) else 0
@@ -2419,7 +2422,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     if inp.P > 1:
         egress += 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes * (pz * ez + (pr - pz) * er)
     return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c,
-            "p2p": p2p, "theta": theta,
+            "p2p": p2p, "send": send, "A": A, "G": G, "theta": theta,
             "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
 
@@ -2532,6 +2535,11 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
         start[m.dz_all[i]] = ev["dz_all"][i]
+    if hasattr(m, "send"):  # Sailor's composition with P > 1
+        for i in range(inp.P):
+            start[m.send[i]] = ev["send"][i]
+        for i in range(inp.P - 1):
+            start[m.A[i]], start[m.G[i + 1]] = ev["A"][i], ev["G"][i]
     start[m.theta], start[m.sigma], start[m.mu], start[m.T] = ev["theta"], ev["sigma"], ev["mu"], ev["T"]
     start[m.egress] = ev["egress"]
     start[m.ez], start[m.er] = ev["ez"], ev["er"]

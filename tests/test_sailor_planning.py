@@ -59,8 +59,7 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
         depths.add(P)
         shifted += joint.sailor_transfer_floor_s(view.inputs_for(P, b, D)) > 0
         inp, ev = view.inputs_for(P, b, D), view.evaluate(p)
-        A, _ = joint.sailor_sends(inp, ev["c"], [[n > 0 for n in row] for row in view.solution(p).replicas])
-        floored += any(a > c / 2 for a, c in zip(A, ev["c"]))  # a pool's send floor above its boundary's half
+        floored += any(a > c / 2 for a, c in zip(ev["A"], ev["c"]))  # a pool's send floor above c / 2
         sim = {"T": rep.iteration_time_s, "cost": rep.cost_per_iteration_usd, "egress": rep.egress_cost_usd,
                "mu": rep.update_s, "sigma": rep.sync_s, "p2p": [s.p2p_s for s in rep.stages],
                "sync": [s.sync_s for s in rep.stages]}
@@ -123,3 +122,18 @@ def test_ring_order_is_the_best_order_of_zone_groups() -> None:
     got = simulate(inst, ring_ordered(inst, p, build_estimators(inst))).sync_s
     assert math.isclose(got, min(every), rel_tol=1e-12)
     assert max(every) > min(every)  # the order matters here
+
+
+def test_warm_start_sets_every_variable_of_sailors_model() -> None:
+    """`joint.warm_start` is a complete assignment in Sailor's composition too (its send rows)."""
+    import pyomo.environ as pyo
+
+    inst = sailor_instance("one_zone")
+    view = ModelView(inst)
+    p = next(p for p, _ in random_plans(inst, 20, seed=5) if len(p.stages) >= 3)
+    inp = view.inputs_for(len(p.stages), p.share(0, 0), len(p.stages[0].replicas))
+    m = joint.build(joint.in_model_units(inp))
+    start = joint.warm_start(m, inp, view.solution(p))
+    assert hasattr(m, "A") and start is not None
+    missing = [v.name for v in m.component_data_objects(pyo.Var) if v not in start]
+    assert not missing, missing[:5]
