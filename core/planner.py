@@ -1616,8 +1616,8 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     (`joint_dp_heuristic`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
     and only until some plan is found. Under a budget (maximum throughput) every single-stage choice
     gets both: the fastest choices are then the dearest, and a plan within the budget may lie far
-    down the order (Sailor's A100 x 128 under 0.3 USD: the best plan, P1 b8 D16, ranks past 200
-    choices and needs the stage DP; the greedy misses it). At the search's deadline it
+    down the order (Sailor's A100 x 128 under 0.3 USD: the best plan, P1 b8 D16, ranks 165th of
+    316 choices and needs the stage DP; the greedy misses it). At the search's deadline it
     returns the best plan found so far (the search then stops). `tick(what, best)` after each
     choice: progress."""
     best = None
