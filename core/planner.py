@@ -200,6 +200,7 @@ class _Tables:
         self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
         self._links: dict = {}
         self._sends: dict = {}  # send_floor_s: (gpu type, zone, tp, b) -> seconds
+        self._groups: dict | None = None  # _node_groups
         self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
         self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
         self._grad: tuple[float, ...] | None = None
@@ -337,29 +338,10 @@ class _Tables:
         reads: `JointInputs.p2p_s`); None when the cluster has no such pair."""
         key = (kind, b)
         if key not in self._links:
-            nbytes = self.boundary_bytes(b)
-            # Sailor's composition sends any unit output (the head's logits back, too) between TP
-            # groups whose sizes pick the bandwidth fit: the least over those sizes and groups
-            sizes = sorted({self.info.output_bytes(u, b) for u in range(self.U)}) if self.sailor else [nbytes]
-            counts = sorted(set(TP_CHOICES)) if self.sailor else [None]
-            best = None
-            groups: dict[tuple[str, str], list] = {}  # nodes per (GPU type, zone)
-            for n in self.inst.nodes:
-                groups.setdefault((n.gpu_type, n.zone), []).append(n)
-            for src_nodes in groups.values():
-                a = src_nodes[0]
-                for dst_nodes in groups.values():
-                    other = next((n for n in dst_nodes if n.node_id != a.node_id), None)
-                    others = [] if other is None else [other]
-                    if kind == "node" and dst_nodes is src_nodes and a.num_gpus >= 2:
-                        others.append(a)  # first fit may put both stages on one node: its own link
-                    for c in others:
-                        if spans_pair(kind, a, c):
-                            t = min(self._p2p_s(a, c, size, ga, gc) for size in sizes for ga in counts
-                                    for gc in counts if (ga or 1) <= a.num_gpus and (gc or 1) <= c.num_gpus)
-                            if t < math.inf:
-                                best = t if best is None else min(best, t)
-            self._links[key] = None if not best else joint.LinkCost(nbytes / best, 0.0)
+            times = [self._least_send_s(a, c, b) for a in self._group_firsts() for c in self._receivers(a)
+                     if spans_pair(kind, a, c)]
+            best = min([t for t in times if t < math.inf], default=None)
+            self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
         return self._links[key]
 
     def send_floor_s(self, g: str, z: str, t: int, b: int) -> float:
@@ -368,14 +350,38 @@ class _Tables:
         on every send a stage holding such a replica makes (`JointInputs.send_floor_s`)."""
         key = (g, z, t, b)
         if key not in self._sends:
-            src = next(n for n in self.inst.nodes if (n.gpu_type, n.zone) == (g, z))
-            firsts = {}
-            for n in self.inst.nodes:
-                firsts.setdefault((n.gpu_type, n.zone), n)
-            sizes = {self.info.output_bytes(u, b) for u in range(self.U)}
-            self._sends[key] = min(self._p2p_s(src, dst, size, t, count) for dst in [src, *firsts.values()]
-                                   for count in TP_CHOICES if count <= dst.num_gpus for size in sizes)
+            src = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
+            self._sends[key] = min(self._least_send_s(src, c, b, (t,)) for c in self._receivers(src))
         return self._sends[key]
+
+    def _node_groups(self) -> dict[tuple[str, str], list]:
+        """Nodes per (GPU type, zone): a group's nodes are alike to the estimator but for their id."""
+        if self._groups is None:
+            self._groups = {}
+            for n in self.inst.nodes:
+                self._groups.setdefault((n.gpu_type, n.zone), []).append(n)
+        return self._groups
+
+    def _group_firsts(self) -> list:
+        return [nodes[0] for nodes in self._node_groups().values()]
+
+    def _receivers(self, a) -> list:
+        """The nodes a boundary's transfer from node a may reach, one of each kind: another node of
+        every group, and node a itself (first fit may put both stages there) when it has 2 GPUs."""
+        out = [next((n for n in nodes if n.node_id != a.node_id), None) for nodes in self._node_groups().values()]
+        return [c for c in out if c is not None] + ([a] if a.num_gpus >= 2 else [])
+
+    def _least_send_s(self, a, c, b: int, src_tps: tuple[int, ...] | None = None) -> float:
+        """The least transfer the estimator gives from node a to node c at microbatch b (inf where its
+        table has no such pair). The hetplan composition sends the boundary bytes between endpoints
+        of no stated size; Sailor's sends any unit output (the head's logits back, too) between TP
+        groups whose sizes pick the bandwidth fit: the least over those sizes, over `src_tps` (every
+        TP degree when None) at a and every TP degree at c."""
+        if not self.sailor:
+            return self._p2p_s(a, c, self.boundary_bytes(b), None, None)
+        sizes = {self.info.output_bytes(u, b) for u in range(self.U)}
+        return min((self._p2p_s(a, c, size, ga, gc) for size in sizes for ga in src_tps or TP_CHOICES
+                    for gc in TP_CHOICES if ga <= a.num_gpus and gc <= c.num_gpus), default=math.inf)
 
     def _p2p_s(self, a, c, nbytes: float, gpus_a: int | None, gpus_c: int | None) -> float:
         """The estimator's transfer between nodes a and c at TP groups of these sizes (None: not said);
@@ -769,8 +775,10 @@ class _Scorer:
         except EstimatorError:  # e.g. Sailor's bandwidth fit is negative at some message size
             return None
         if self.est.iteration == "sailor":  # Sailor's all-reduce reads the replica order: try the best one
-            ordered = simulate(self.instance, ring_ordered(self.instance, rep.plan, self.est), self.est)
-            rep = ordered if self._objective(ordered) < self._objective(rep) else rep
+            ordered = ring_ordered(self.instance, rep.plan, self.est)
+            if ordered is not rep.plan:
+                again = simulate(self.instance, ordered, self.est)
+                rep = again if self._objective(again) < self._objective(rep) else rep
         if rep.oom_ranks or (self.max_cost is not None and rep.cost_per_iteration_usd > self.max_cost) or (
                 self.min_its is not None and rep.iters_per_s < self.min_its):
             return None

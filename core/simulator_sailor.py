@@ -171,7 +171,7 @@ def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet) -> Plan:
     replicas of one group are interchangeable (one bandwidth fit). Stages with more than
     MAX_ORDERED_GROUPS groups keep their order, and so does every stage when the communication
     estimator is not Sailor's. The pipeline pairs j -> j mod D change with it: the caller compares
-    the simulations."""
+    the simulations. `plan` itself when no stage's order changes."""
     if not isinstance(est.comm, SailorComm):
         return plan
     stages = []
@@ -187,5 +187,8 @@ def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet) -> Plan:
         cross = {(x, y): bucketed_allreduce_s(nbytes, len(stage.replicas), est.comm.fit(ends[x], ends[y]),
                                               est.comm.bucket_bytes) for x in groups for y in groups if x != y}
         best = min(itertools.permutations(groups), key=lambda order: max(cross[pair] for pair in zip(order, order[1:])))
-        stages.append(stage.model_copy(update={"replicas": tuple(r for key in best for r in groups[key])}))
+        replicas = tuple(r for key in best for r in groups[key])
+        stages.append(stage if replicas == stage.replicas else stage.model_copy(update={"replicas": replicas}))
+    if all(new is old for new, old in zip(stages, plan.stages)):
+        return plan
     return plan.model_copy(update={"stages": tuple(stages)})

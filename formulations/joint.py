@@ -318,6 +318,9 @@ class JointInputs:
     def upd_fixed(self, k: int) -> float:
         return self.upd_fixed_s[k] if self.upd_fixed_s else 0.0
 
+    def send_floor(self, k: int) -> float:
+        return self.send_floor_s[k] if self.send_floor_s else 0.0
+
     def p2p_s(self, link: LinkCost) -> float:
         """Forward activation + backward gradient of one microbatch over one boundary."""
         return 2 * (link.latency_s + self.boundary_bytes / link.bandwidth_Bps)
@@ -1789,7 +1792,7 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
         return pre[:, lay.hi] - pre[:, lay.lo]
 
     time_s = over_pairs(inp.step_s)
-    nf = inp.P - lay.stage if inp.sailor else np.minimum(inp.P - lay.stage, inp.m)  # JointInputs.in_flight
+    nf = np.array([inp.in_flight(i) for i in range(inp.P)])[lay.stage]
     cap = np.array([inp.cap_bytes[k] for k in rep])[:, None]
     fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= cap
     upd_s = over_pairs(inp.upd_s) + np.array([inp.upd_fixed(k) for k in rep])[:, None]
@@ -2033,9 +2036,8 @@ def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
     pool it uses (`JointInputs.send_floor_s`); returns Sailor's p[i] (`sailor_p2p`)."""
     if inp.P == 1:
         return [0.0]
-    floor = [inp.send_floor_s[k] if inp.send_floor_s else 0.0 for k in m.K]
     m.send = pyo.Var(m.I, domain=pyo.NonNegativeReals)
-    m.send_pool = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.send[i] >= floor[k] * m.u[i, k])
+    m.send_pool = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.send[i] >= inp.send_floor(k) * m.u[i, k])
     m.A = pyo.Var(range(inp.P - 1), domain=pyo.NonNegativeReals)
     m.G = pyo.Var(range(1, inp.P), domain=pyo.NonNegativeReals)
     m.A_link = pyo.Constraint(m.A.index_set(), rule=lambda m, i: m.A[i] >= m.c[i] / 2)
@@ -2060,8 +2062,7 @@ def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]]
                  ) -> tuple[list[float], list[float], list[float]]:
     """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
     floor, A for stages 0..P-2, G for stages 1..P-1."""
-    send = [max([inp.send_floor_s[k] for k in range(inp.K) if used[i][k]] + [0.0]) if inp.send_floor_s else 0.0
-            for i in range(inp.P)]
+    send = [max([inp.send_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
     return (send, [max(c[i] / 2, send[i]) for i in range(inp.P - 1)],
             [max(c[i - 1] / 2, send[i]) for i in range(1, inp.P)])
 
