@@ -235,14 +235,14 @@ class _Tables:
         return boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
 
     def pool_rows(self, quotas: dict, tp_choices: tuple[int, ...], b: int, D: int) -> tuple | None:
-        """(pools, step, upd, stat, act, cap, fixed update, send floor, shared cache) of the outer choices with
-        microbatch b and D replicas per stage (P changes none of them: the choices of every depth share
-        these tuples); None when no pool can hold even one unit. A pool that cannot hold its lightest
+        """(pools, step, upd, stat, act, cap, fixed update, send floor, send floors away, shared cache) of
+        the outer choices with microbatch b and D replicas per stage (P changes none of them: the
+        choices of every depth share these tuples); None when no pool can hold even one unit. A pool that cannot hold its lightest
         unit on the last stage (1 microbatch in flight) is useless and left out."""
         ordered = tuple(sorted(quotas.items()))
         key = (b, D, tuple(tp_choices), ordered)
         if key not in self._rows:
-            rows: tuple[list, ...] = ([], [], [], [], [], [], [], [])
+            rows: tuple[list, ...] = ([], [], [], [], [], [], [], [], [])
             for (g, z), (avail, per_node, price, region) in ordered:
                 for t in tp_choices:
                     if not self.usable(g, t, b, per_node, avail):
@@ -250,16 +250,17 @@ class _Tables:
                     s_b, a_b, c_b = self.mem(g, t, b, D)
                     if min(s + a for s, a in zip(s_b, a_b)) > c_b:
                         continue
-                    upd, fixed, send = self.upd(g, t, D), 0.0, 0.0
+                    upd, fixed, send, away = self.upd(g, t, D), 0.0, 0.0, (0.0, 0.0)
                     if self.sailor:  # the profile's whole-model step, taken by every stage as is
                         upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
                         send = self.send_floor_s(g, z, t, b)
+                        away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
                     for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
-                                                 upd, s_b, a_b, c_b, fixed, send)):
+                                                 upd, s_b, a_b, c_b, fixed, send, away)):
                         row.append(value)
-            if not self.sailor:
-                rows[6].clear()  # JointInputs.upd_fixed_s and send_floor_s stay empty
-                rows[7].clear()
+            if not self.sailor:  # JointInputs.upd_fixed_s, send_floor_s and send_away_s stay empty
+                for row in rows[6:]:
+                    row.clear()
             # the last entry: `JointInputs.shared`, one cache for every choice built from these rows
             self._rows[key] = (*(tuple(row) for row in rows), {}) if rows[0] else None
         return self._rows[key]
@@ -344,14 +345,19 @@ class _Tables:
             self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
         return self._links[key]
 
-    def send_floor_s(self, g: str, z: str, t: int, b: int) -> float:
+    def send_floor_s(self, g: str, z: str, t: int, b: int, away: str | None = None) -> float:
         """(Sailor's composition) The least time of one send from a TP-t replica of g in zone z to any
         node (its own included) at any TP group size, of any unit output at microbatch b: a floor
-        on every send a stage holding such a replica makes (`JointInputs.send_floor_s`)."""
-        key = (g, z, t, b)
+        on every send a stage holding such a replica makes (`JointInputs.send_floor_s`). With `away`
+        "zone" / "region", to nodes of another zone / region only (`JointInputs.send_away_s`; inf
+        where there is none)."""
+        key = (g, z, t, b, away)
         if key not in self._sends:
             src = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
-            self._sends[key] = min(self._least_send_s(src, c, b, (t,)) for c in self._receivers(src))
+            far = {None: lambda c: True, "zone": lambda c: c.zone != src.zone,
+                   "region": lambda c: c.region != src.region}[away]
+            self._sends[key] = min((self._least_send_s(src, c, b, (t,)) for c in self._receivers(src) if far(c)),
+                                   default=math.inf)
         return self._sends[key]
 
     def _node_groups(self) -> dict[tuple[str, str], list]:
@@ -434,7 +440,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     rows = tables.pool_rows(quotas, tp_choices, combo.b, combo.D)
     if rows is None:
         return None
-    pools, step, upd, stat, act, cap, fixed, send, shared = rows
+    pools, step, upd, stat, act, cap, fixed, send, away, shared = rows
     tied = tables.tied_bytes if combo.P > 1 else 0.0
 
     def link(spec) -> joint.LinkCost:
@@ -452,7 +458,8 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         sync_factor=tables.sync_factor, objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
         tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
-        composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send)
+        composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send,
+        send_away_s=away)
     return inp
 
 

@@ -110,8 +110,11 @@ Every replica takes b sequences (uneven shares are not modelled here).
 
 Sailor's composition (`composition="sailor"`, the instance's `estimators: {preset: sailor}`): the
 rows above with the figures of core/simulator_sailor.py, where the pipeline pays each stage's
-transfers in its step. With a[i] = g[i] = c[i] / 2 (the activation forward and the gradient back
-over boundary i),
+transfers in its step. Stage i's sends A[i] (forward) and G[i] (back) are each at least c / 2 of
+their boundary, at least the send floor of every pool k the stage uses (`send_floor_s`: Sailor's
+bandwidth fits depend on the sender's TP group), and at least pool k's floor to another zone /
+region where the neighbour stage uses no pool of z_k (v = 0) / sits in another region (rho = 0)
+(`send_away_s`, `_sailor_send_rows`). With a[i] = A[i], g[i] = G[i + 1],
   p2p:         p[0] = a[0] (P <= 3) or 2 a[0];  p[i] = a[i] + g[i-1] (middle);  p[P-1] = 2 g[P-2]
   bottleneck:  theta >= tau[i] + p[i]            (replaces theta >= tau[i] and theta >= c[i] / 2)
   time:        T = sum_i tau[i] + sum_i p[i] + (m - 1) theta + sigma + mu
@@ -280,6 +283,10 @@ class JointInputs:
     # of the next or previous stage, whatever its place, size or receiver: Sailor's bandwidth fits
     # depend on the sender's TP group (a TP 1 sender is ~4x slower than a TP 4 one); empty: none
     send_floor_s: tuple[float, ...] = ()
+    # [k] (Sailor's composition) the same floors on a send from a replica of pool k to a node of another
+    # zone / another region (`planner._Tables.send_floor_s`): a TP 1 sender over zones is far slower than
+    # the least send between zones over every TP group size (c_zone); empty: none
+    send_away_s: tuple[tuple[float, float], ...] = ()
     # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a
     # decoded plan placed as the simulator places it (`evaluate_placed`); None for hand-made inputs
     costs: StageCosts | None = field(default=None, repr=False, compare=False)
@@ -321,6 +328,10 @@ class JointInputs:
     def send_floor(self, k: int) -> float:
         return self.send_floor_s[k] if self.send_floor_s else 0.0
 
+    def send_away(self, k: int) -> tuple[float, float]:
+        """(another zone, another region) send floors of pool k (`send_away_s`)."""
+        return self.send_away_s[k] if self.send_away_s else (0.0, 0.0)
+
     def p2p_s(self, link: LinkCost) -> float:
         """Forward activation + backward gradient of one microbatch over one boundary."""
         return 2 * (link.latency_s + self.boundary_bytes / link.bandwidth_Bps)
@@ -353,7 +364,8 @@ def time_upper_bound_s(inp: JointInputs) -> float:
     worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
     worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + worst_tied
     worst_c = (max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
-               + 2 * max(inp.send_floor_s, default=0.0) * inp.P)  # Sailor's sends: each <= c / 2 + floor
+               + 2 * max([*inp.send_floor_s, *(v for row in inp.send_away_s for v in row)], default=0.0)
+               * inp.P)  # Sailor's sends: each <= c / 2 + its largest floor
     worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U)) + max(inp.upd_fixed_s, default=0.0)
     return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
 
@@ -941,6 +953,7 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
     return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
                    upd_fixed_s=pick(inp.upd_fixed_s) if inp.upd_fixed_s else (),
                    send_floor_s=pick(inp.send_floor_s) if inp.send_floor_s else (),
+                   send_away_s=pick(inp.send_away_s) if inp.send_away_s else (),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
                    sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table))
 
@@ -1574,6 +1587,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         inp, step_s=tuple(tuple(v * ms for v in row) for row in inp.step_s),
         upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), upd_fixed_s=tuple(v * ms for v in inp.upd_fixed_s),
         send_floor_s=tuple(v * ms for v in inp.send_floor_s),
+        send_away_s=tuple(tuple(v * ms for v in row) for row in inp.send_away_s),
         node=link(inp.node), zone=link(inp.zone),
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
@@ -2033,7 +2047,12 @@ def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
 def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
     """Stage i's sends (Sailor's composition): A[i] its activation to stage i + 1, G[i] its gradient
     to stage i - 1, each at least half its boundary's time c / 2 and at least the send floor of every
-    pool it uses (`JointInputs.send_floor_s`); returns Sailor's p[i] (`sailor_p2p`)."""
+    pool it uses (`JointInputs.send_floor_s`); returns Sailor's p[i] (`sailor_p2p`). A replica of pool
+    k sends to a replica of the neighbour stage j; where j uses no pool of zone z_k (v[j, z_k] = 0),
+    that receiver is in another zone, where j sits in another region (rho[j, r_k] = 0), in another
+    region: then the send is at least pool k's floor away (`JointInputs.send_away_s`):
+      A[i] >= away_zone[k] (u[i,k] - v[i+1, z_k]),  A[i] >= away_region[k] (u[i,k] - rho[i+1, r_k]),
+    and G[i] likewise with stage i - 1."""
     if inp.P == 1:
         return [0.0]
     m.send = pyo.Var(m.I, domain=pyo.NonNegativeReals)
@@ -2044,6 +2063,14 @@ def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
     m.A_send = pyo.Constraint(m.A.index_set(), rule=lambda m, i: m.A[i] >= m.send[i])
     m.G_link = pyo.Constraint(m.G.index_set(), rule=lambda m, i: m.G[i] >= m.c[i - 1] / 2)
     m.G_send = pyo.Constraint(m.G.index_set(), rule=lambda m, i: m.G[i] >= m.send[i])
+    if inp.send_away_s:
+        def away(var, i, j, k, w):  # stage i's send to stage j from pool k, w = 0: zone, 1: region
+            floor, pool = inp.send_away(k)[w], inp.pools[k]
+            other = m.v[j, pool.zone] if w == 0 else m.rho[j, pool.region]
+            return var >= floor * (m.u[i, k] - other) if floor > 0 else pyo.Constraint.Skip
+        W = [0, 1]
+        m.A_away = pyo.Constraint(m.A.index_set(), m.K, W, rule=lambda m, i, k, w: away(m.A[i], i, i + 1, k, w))
+        m.G_away = pyo.Constraint(m.G.index_set(), m.K, W, rule=lambda m, i, k, w: away(m.G[i], i, i - 1, k, w))
     return sailor_p2p([m.A[i] for i in range(inp.P - 1)], [m.G[i] for i in range(1, inp.P)])
 
 
@@ -2063,8 +2090,15 @@ def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]]
     """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
     floor, A for stages 0..P-2, G for stages 1..P-1."""
     send = [max([inp.send_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
-    return (send, [max(c[i] / 2, send[i]) for i in range(inp.P - 1)],
-            [max(c[i - 1] / 2, send[i]) for i in range(1, inp.P)])
+    zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+    regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+
+    def away(i: int, j: int) -> float:  # stage i's send floor to stage j: its pools' floors away
+        return max([inp.send_away(k)[0] for k in range(inp.K) if used[i][k] and inp.pools[k].zone not in zones[j]]
+                   + [inp.send_away(k)[1] for k in range(inp.K) if used[i][k] and inp.pools[k].region not in regions[j]]
+                   + [0.0])
+    return (send, [max(c[i] / 2, send[i], away(i, i + 1)) for i in range(inp.P - 1)],
+            [max(c[i - 1] / 2, send[i], away(i, i - 1)) for i in range(1, inp.P)])
 
 
 def _tied_at(floors: tuple[float, float, float], ez, er):

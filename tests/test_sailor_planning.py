@@ -52,7 +52,7 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
     assert build_estimators(inst).iteration == "sailor"
     view, plans = ModelView(inst), random_plans(inst, 40, seed=len(layout))
     assert len(plans) >= 30
-    findings, depths, shifted, floored = [], set(), 0, 0
+    findings, depths, shifted, floored, away = [], set(), 0, 0, 0
     for p, rep in plans:
         assert rep.iteration_model == "sailor"
         P, b, D = len(p.stages), p.share(0, 0), len(p.stages[0].replicas)
@@ -60,6 +60,9 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
         shifted += joint.sailor_transfer_floor_s(view.inputs_for(P, b, D)) > 0
         inp, ev = view.inputs_for(P, b, D), view.evaluate(p)
         floored += any(a > c / 2 for a, c in zip(ev["A"], ev["c"]))  # a pool's send floor above c / 2
+        # a pool's floor to another zone / region above both (`JointInputs.send_away_s`)
+        away += any(a > max(c / 2, s) for a, c, s in zip(ev["A"], ev["c"], ev["send"]))
+        away += any(g > max(c / 2, s) for g, c, s in zip(ev["G"], ev["c"], ev["send"][1:]))
         sim = {"T": rep.iteration_time_s, "cost": rep.cost_per_iteration_usd, "egress": rep.egress_cost_usd,
                "mu": rep.update_s, "sigma": rep.sync_s, "p2p": [s.p2p_s for s in rep.stages],
                "sync": [s.sync_s for s in rep.stages]}
@@ -82,6 +85,7 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
     assert not findings, "\n".join(findings[:10])
     assert len(depths) >= 3 and max(depths) >= 4 and shifted > 0  # both forms of the transfer floor
     assert floored > 0
+    assert away > 0 or layout == "one_zone"
 
 
 def test_planner_plans_with_sailors_composition_and_bounds_every_plan() -> None:
