@@ -229,3 +229,41 @@ def test_dp_heuristic_lightens_the_heaviest_stage_at_a_slower_cap():
     assert res.status.value == "optimal"
     optimum = joint.evaluate(inp, joint.decode(model, inp))["T"]
     assert found is not None and found[0] <= optimum * (1 + 1e-6), (found and found[0], optimum)
+
+
+@pytest.mark.slow
+def test_dp_heuristic_keeps_a_pipeline_in_one_region_when_crossing_costs_every_step():
+    """GPT-Neo-2.7B on Sailor's 5 zones x 32 A100 (us-central1 a, b, c, f and us-west1-b), P4 b2 D16.
+    Sailor's composition pays a stage's own send to another region in every one of the m = 64
+    steps (a TP 2 sender: ~0.07 s, against the least cross-region transfer the DP prices), so
+    the DP over both regions (a TP 4 first stage over two zones, the last stage in us-west1-b:
+    18.0 s) loses to four TP 2 stages in the us-central1 zones, one zone each (hand-built below:
+    13.2 s). The heuristic also runs the DP on each region alone and must reach that plan."""
+    from conftest import shared_dir
+    from hetplan.estimators import build_estimators
+    from hetplan.importers.sailor import sailor_instance_dict
+    from hetplan.instance import instance_from_dict
+    from hetplan.planner import Combo, PlannerOptions, _quotas, _Tables, joint_inputs, with_sync_table
+
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    zones = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-west1-b")
+    counts = {("A100-40", z): 32 for z in zones}
+    inst = instance_from_dict(sailor_instance_dict(ref, "GPT-Neo-2.7", gpu_counts=counts, global_batch_size=2048,
+                                                   preset="sailor"))
+    tables = _Tables(inst, build_estimators(inst))
+    opts = PlannerOptions()
+    inp = with_sync_table(joint_inputs(inst, tables, _quotas(inst, opts), Combo(4, 2, 16), "max_throughput", None,
+                                       None, opts.tp_choices), tables)
+    hand = []
+    for z in zones[:4]:
+        k = next(k for k, p in enumerate(inp.pools) if p.zone == z and p.tp == 2)
+        hand.append(tuple(16 if j == k else 0 for j in range(inp.K)))
+    ranges = ((0, 9), (9, 17), (17, 25), (25, inp.U))
+    by_hand = joint.evaluate(inp, joint.JointSolution(ranges, tuple(hand), math.nan, math.nan))["T"]
+    found = H.dp_heuristic(inp, "max_throughput", None, None, joint.bottleneck_lower_bound_s(inp))
+    assert found is not None and found[0] <= by_hand * (1 + 1e-9), (found and found[0], by_hand)
+    assert {inp.pools[k].region for row in found[1].replicas for k, n in enumerate(row) if n} == {"us-central1"}
+    both = H._dp_heuristic(inp, "max_throughput", None, None, joint.bottleneck_lower_bound_s(inp), 4, 3)
+    assert both[0] > 1.2 * found[0]  # the DP over both regions alone is far off
