@@ -487,7 +487,7 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
             joint.check_deadline()
             sizes = [factor * n / pool.tp for n in nbytes.values()]
             one = [math.inf] * len(sizes)
-            if _one_node_fits(inp, pool, tables):
+            if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
                 one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
             many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes, min_nodes=2)
             table.update(((k, pos, n), min(a, b)) for (pos, n), a, b in zip(nbytes, one, many))
@@ -498,35 +498,43 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
 
 
-def _one_node_fits(inp: joint.JointInputs, pool: joint.Pool, tables: _Tables) -> bool:
-    """Whether a stage holding a replica of `pool` can have all its D replicas on one node of the
-    pool's type and zone: that replica takes t_k GPUs and each other one at least the least TP of
-    the type there, so it needs t_k + (D - 1) t_least GPUs on the node (measured: V100 TP 2 x 4 on
+def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None) -> bool:
+    """Whether a ring of `members` replicas, one of them of `pool`, can sit on one node of the pool's
+    type (in `zone`; None: any): that replica takes t_k GPUs and each other one at least the least
+    TP of the type, so the node needs t_k + (members - 1) t_least GPUs (measured: V100 TP 2 x 4 on
     4-GPU nodes was floored at one node's ring, 1.0 ms, where two nodes take 8.9 ms)."""
-    least = min(p.tp for p in inp.pools if p.quota_key == pool.quota_key)
-    most = max((n.num_gpus for n in tables.inst.nodes if (n.gpu_type, n.zone) == pool.quota_key), default=0)
-    return pool.tp + (inp.D - 1) * least <= most
+    here = lambda g, z: g == pool.gpu_type and zone in (None, z)  # noqa: E731
+    least = min(p.tp for p in pools if here(p.gpu_type, p.zone))
+    most = max((n.num_gpus for n in tables.inst.nodes if here(n.gpu_type, n.zone)), default=0)
+    return pool.tp + (members - 1) * least <= most
 
 
 def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
     """Per pool k: lower bounds on the tied-embedding all-reduce of the first and last stage (2 D
     members, factor x bytes / t_k each: the ring's least TP is at most t_k when pool k serves an
     end) when both ends sit in one zone, in zones of one region (ez = 1) or in two regions (er = 1):
-    the estimator's floor over every placement of that kind. Empty without a tied embedding."""
+    the estimator's floor over every placement of that kind. The ring fits on one node only where a
+    node of k's type holds t_k + (2 D - 1) t_least GPUs (t_least: the least TP of the type); else
+    it spans two nodes or more. Empty without a tied embedding."""
     if tied_bytes <= 0:
         return ()
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
     if key not in tables._tied:
-        per_tp = {t: _tied_floors_s(tables, pools, D, tied_bytes / t) for t in sorted({p.tp for p in pools})}
-        tables._tied[key] = tuple(per_tp[p.tp] for p in pools)
+        floors = {}
+        for p in pools:
+            key_p = (p.tp, _fits_one_node(tables, pools, p, 2 * D))
+            if key_p not in floors:
+                floors[key_p] = _tied_floors_s(tables, pools, D, tied_bytes / p.tp, 1 if key_p[1] else 2)
+        tables._tied[key] = tuple(floors[p.tp, _fits_one_node(tables, pools, p, 2 * D)] for p in pools)
     return tables._tied[key]
 
 
-def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float) -> tuple[float, float, float]:
+def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float,
+                   min_nodes: int) -> tuple[float, float, float]:
     size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
     zones = sorted({p.zone for p in pools})
     regions = sorted({p.region for p in pools})
-    node = min(tables.floor_s(tables.nodes(pools, zone=z), 2 * D, size)[0] for z in zones)
+    node = min(tables.floor_s(tables.nodes(pools, zone=z), 2 * D, size, min_nodes=min_nodes)[0] for z in zones)
     zone = min((tables.floor_s(tables.nodes(pools, region=r), 2 * D, size, spans="zone")[0] for r in regions
                 if len({p.zone for p in pools if p.region == r}) > 1), default=node)
     region = tables.floor_s(tables.nodes(pools), 2 * D, size, spans="region")[0] if len(regions) > 1 else zone
