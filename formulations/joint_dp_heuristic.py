@@ -97,47 +97,28 @@ def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
     if any(not row for row in options):
         return None
     regions = inp.regions
-    cross = inp.p2p_s(inp.region) - inp.p2p_s(inp.node)
-    may_cross = inp.p2p_s(inp.region) / 2 <= theta_s
+    step = inp.p2p_s(inp.region) - inp.p2p_s(inp.node) if value == "time" else 0.0
+    crossing = len(regions) > 1 and inp.p2p_s(inp.region) / 2 <= theta_s
     L = inp.U - 2
     shape = (len(regions), L + 1, *space.dims)
     best = np.full(shape, np.inf)
     best[(slice(None),) + (0,) * (len(shape) - 1)] = 0.0  # stage 0 may start in any region
-    picks = []
+    values = [best]  # after each stage: the plan is read back from these (`_read_back`)
     for i, row in enumerate(options):
         joint.check_deadline()
         # best over the previous stage's region, per target region: staying, or crossing at a price
-        entering = []
-        for r in range(len(regions)):
-            if may_cross and i > 0 and len(regions) > 1:
-                step = cross if value == "time" else 0.0
-                via = np.stack([best[rp] + (0.0 if rp == r else step) for rp in range(len(regions))])
-                entering.append((via.min(axis=0), via.argmin(axis=0)))
-            else:
-                entering.append((best[r], np.full(best[r].shape, r)))
+        entering = [_entering(best, r, step) if crossing and i > 0 else best[r] for r in range(len(regions))]
         new = np.full(shape, np.inf)
-        pick = np.full(shape, -1, dtype=np.int32)
-        came = np.zeros(shape, dtype=np.int32)
-        for code, ((c, region, n), val) in enumerate(row):
+        for (c, region, n), val in row:
             r = regions.index(region)
             axis, u = 1 + space.keys.index((c[0], region)), space.units(c[1])
             if u >= shape[axis + 1]:
                 continue
-            dst = [slice(None)] * (len(shape) - 1)
-            src = [slice(None)] * (len(shape) - 1)
-            dst[0], src[0] = slice(n, None), slice(0, L + 1 - n)
-            dst[axis], src[axis] = slice(u, None), slice(0, shape[axis + 1] - u)
-            dst, src = (r, *dst), tuple(src)
-            base, origin = entering[r]
-            cand = base[src] + val
-            target = new[dst]  # views: the updates below write through
-            better = cand < target
-            np.copyto(target, cand, where=better)
-            np.copyto(pick[dst], code, where=better)
-            if len(regions) > 1:  # with one region every plan comes from it (came stays 0)
-                np.copyto(came[dst], origin[src], where=better)
+            dst, src = _shifted(shape, n, axis, u)
+            target = new[(r, *dst)]  # a view: the minimum writes through
+            np.minimum(target, entering[r][src] + val, out=target)
         best = new
-        picks.append((pick, came))
+        values.append(best)
     final = best[:, L]
     if inp.max_gpus is not None:  # rounded-up usage: a state within the cap is a valid plan
         usage = sum(np.indices(space.dims)[a] * inp.D * space.q for a in range(len(space.dims)))
@@ -145,16 +126,50 @@ def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
     if not np.isfinite(final).any():
         return None
     r, *usage_at = np.unravel_index(int(np.argmin(final)), final.shape)
-    state = [L, *usage_at]
+    return _read_back(options, values, space, regions, (int(r), L, *map(int, usage_at)), step, crossing)
+
+
+def _entering(best: np.ndarray, r: int, step: float) -> np.ndarray:
+    """The least value of entering region r after a stage: staying in r, or coming from another
+    region at `step`."""
+    return np.min(np.stack([best[rp] + (0.0 if rp == r else step) for rp in range(best.shape[0])]), axis=0)
+
+
+def _shifted(shape: tuple, n: int, axis: int, u: int) -> tuple[tuple, tuple]:
+    """(destination, source) slices of a choice that adds n blocks and u usage units on `axis`."""
+    dst = [slice(None)] * (len(shape) - 1)
+    src = [slice(None)] * (len(shape) - 1)
+    dst[0], src[0] = slice(n, None), slice(0, shape[1] - n)
+    dst[axis], src[axis] = slice(u, None), slice(0, shape[axis + 1] - u)
+    return tuple(dst), tuple(src)
+
+
+def _read_back(options: list, values: list, space: _Space, regions: list[str], at: tuple, step: float,
+               crossing: bool) -> list[Choice]:
+    """The choices of the plan that ends in state `at` (region, blocks, usage...): at each stage
+    from the last, the first choice (in option order) and then the first previous region whose
+    value plus the choice's equals the state's value, the same float operations as the forward
+    pass, so the comparison is exact and the plan is the one a strict-improvement pass keeps."""
     stages = []
-    for i in range(inp.P - 1, -1, -1):
-        pick, came = picks[i]
-        at = (r, *state)
-        (c, region, n), _ = options[i][int(pick[at])]
-        stages.append((c, region, n))
-        r = int(came[at])
-        state[0] -= n
-        state[1 + space.keys.index((c[0], region))] -= space.units(c[1])
+    r, *state = at
+    for i in range(len(options) - 1, -1, -1):
+        want, prev = values[i + 1][(r, *state)], values[i]
+        for (c, region, n), val in options[i]:
+            axis, u = 1 + space.keys.index((c[0], region)), space.units(c[1])
+            if regions.index(region) != r or n > state[0] or u > state[axis]:
+                continue
+            before = list(state)
+            before[0] -= n
+            before[axis] -= u
+            froms = [(prev[(rp, *before)] + (0.0 if rp == r else step), rp)
+                     for rp in (range(len(regions)) if crossing and i > 0 else [r])]
+            low = min(v for v, _ in froms)
+            if low + val == want:
+                stages.append((c, region, n))
+                r, state = next(rp for v, rp in froms if v == low), before
+                break
+        else:  # unreachable: every finite value was reached by some choice
+            raise AssertionError("stage_dp: no choice reaches the state's value")
     return stages[::-1]
 
 
