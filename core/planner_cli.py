@@ -103,11 +103,12 @@ def _write_outputs(res, output: Optional[Path], plot: Optional[Path]) -> None:
 
 def _search_table(res) -> Table:
     unit = "s/iteration" if res.objective_kind == "max_throughput" else "USD/iteration"
-    table = Table(title=f"search (planner's model, {unit})")
-    for col in ("model estimate", "proven bound", "gap", "heuristic", "outer choices", "pruned by bound", "solved",
-                "build s", "solve s", "wall s", "solver"):
+    table = Table(title=f"search ({unit})")
+    for col in ("simulated", "model estimate", "proven bound", "gap", "heuristic", "outer choices", "pruned by bound",
+                "MILPs solved", "build s", "solve s", "wall s", "solver"):
         table.add_column(col)
-    table.add_row(f"{res.model_objective:.5g}", f"{res.bound:.5g}", f"{100 * res.gap:.2f} %",
+    estimate = f"{res.model_estimate:.5g}" if res.model_estimate is not None else "-"
+    table.add_row(f"{res.model_objective:.5g}", estimate, f"{res.bound:.5g}", f"{100 * res.gap:.2f} %",
                   f"{res.greedy_objective:.5g}" if res.greedy_objective is not None else "-",
                   str(res.combos_total), str(res.combos_pruned), str(res.combos_solved),
                   f"{res.build_s:.2f}", f"{res.solve_s:.2f}", f"{res.wall_s:.2f}", res.backend)
@@ -118,9 +119,13 @@ def _model_vs_simulation_note(res) -> str:
     simulated = (res.report.iteration_time_s if res.objective_kind == "max_throughput"
                  else res.report.cost_per_iteration_usd)
     what = "iteration time" if res.objective_kind == "max_throughput" else "cost per iteration"
-    return (f"The simulated {what} above ({simulated:.5g}) is the plan's figure. The model estimate "
-            f"({res.model_objective:.5g}) is the planner's own figure for the same plan, the one its bound and "
-            "gap refer to; the two differ where the planner's model simplifies the simulator.")
+    note = (f"The simulated {what} ({simulated:.5g}) is the plan's figure; the proven bound holds for the simulated "
+            f"{what} of every plan the planner searches, and the gap is measured from it. The model estimate is the "
+            "planner's MILP figure for the same plan, lower where the model relaxes the simulator.")
+    if res.combos_solved == 0:
+        note += (" No MILP was solved: the heuristics found the plan and the bounds proved it, so --solver did not "
+                 "change this result.")
+    return note
 
 
 def register(app: typer.Typer) -> None:
