@@ -123,8 +123,9 @@ def _model_vs_simulation_note(res) -> str:
             f"{what} of every plan the planner searches, and the gap is measured from it. The model estimate is the "
             "planner's MILP figure for the same plan, lower where the model relaxes the simulator.")
     if res.combos_solved == 0:
-        note += (" No MILP was solved: the heuristics found the plan and the bounds proved it, so --solver did not "
-                 "change this result.")
+        how = ("the heuristics found the plan and the bounds closed every other choice" if res.status == "complete"
+               else "the plan is the heuristics' best when the time limit stopped the search")
+        note += f" No MILP was solved: {how}, so --solver did not change this result."
     return note
 
 

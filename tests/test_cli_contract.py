@@ -233,3 +233,18 @@ def _table(exe: str) -> None:
 if __name__ == "__main__":
     exe_path = sys.argv[sys.argv.index("--exe") + 1] if "--exe" in sys.argv else shutil.which("hetplan") or "hetplan"
     _table(exe_path)
+
+
+def test_solve_says_which_figure_is_simulated_and_when_no_milp_ran(folder):
+    """a100_homogeneous closes every choice by its bounds (no MILP): the table shows the simulated
+    objective, the model's estimate (at most it) and says that --solver changed nothing; the JSON
+    carries both figures."""
+    proc = run(executable(), ["solve", "a100_homogeneous", "--time-limit", "20", "--solver", "scip"], folder)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # the note wraps at the terminal's width
+    assert "simulated" in text and "model estimate" in text
+    assert "No MILP was solved" in text and "--solver did not change this result" in text
+    data = json.loads(run(executable(), ["solve", "a100_homogeneous", "--time-limit", "20", "--json"], folder).stdout)
+    search = data.get("search", data)
+    assert search["combos_solved"] == 0
+    assert search["model_estimate"] <= search["model_objective"] * (1 + 1e-9)
