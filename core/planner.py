@@ -243,8 +243,9 @@ class _Tables:
     def pool_rows(self, quotas: dict, tp_choices: tuple[int, ...], b: int, D: int) -> tuple | None:
         """(pools, step, upd, stat, act, cap, fixed update, send floor, send floors away, shared cache) of
         the outer choices with microbatch b and D replicas per stage (P changes none of them: the
-        choices of every depth share these tuples); None when no pool can hold even one unit. A pool that cannot hold its lightest
-        unit on the last stage (1 microbatch in flight) is useless and left out."""
+        choices of every depth share these tuples); None when no pool can hold even one unit. A pool
+        that cannot hold its lightest unit on the last stage (1 microbatch in flight) is useless and
+        left out."""
         ordered = tuple(sorted(quotas.items()))
         key = (b, D, tuple(tp_choices), ordered)
         if key not in self._rows:
@@ -1174,7 +1175,8 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
         greedy_objective=greedy[0] if greedy else None, greedy_report=greedy_report, combos_total=total,
         combos_pruned=out.pruned, combos_solved=out.solved, build_s=sum(r.build_s for r in records),
         solve_s=sum(r.solve_s for r in records), wall_s=time.perf_counter() - report.t_start, backend=backend,
-        records=records, status=status, model_estimate=joint.evaluate(inp, sol)["cost" if objective == "min_cost" else "T"])
+        records=records, status=status,
+        model_estimate=joint.evaluate(inp, sol)["cost" if objective == "min_cost" else "T"])
     report(len(records), "done", obj, bound, force=True)
     return result
 
