@@ -127,7 +127,8 @@ class AlphaBetaComm:
             links = [self.link(a[0], b[-1]) for a in by_zone.values() for b in by_zone.values()
                      if (a is not b or len(a) >= 2) and spans_pair(spans, a[0], b[-1])]
             if links:
-                count = members if self.allreduce == "ring" else max(2, spread)
+                # hierarchical: a ring between the leaders of the nodes used, at least min_nodes of them
+                count = members if self.allreduce == "ring" else max(2, spread, min(min_nodes, members))
                 rings.append((count, max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links)))
         if not rings:
             return [math.inf] * len(sizes)

@@ -661,23 +661,30 @@ def test_choice_bounds_below_every_plan_with_a_one_zone_region() -> None:
     assert tied_stronger > 0  # measured: 4 choices, e.g. P3 b1 D2, 0.1346 s against 0.1243 s
 
 
-@pytest.mark.parametrize("name, stages", [
+@pytest.mark.parametrize("name, stages, within", [
     # (layers, replicas x (GPU type, TP)) per stage; 4-GPU nodes of A100-40 and of V100-16
-    ("a100_v100_one_zone", [((0, 11), 4, ("A100-40", 1)), ((11, 21), 4, ("A100-40", 1)), ((21, 26), 4, ("V100-16", 2))]),
-    ("a100_v100_one_zone", [((0, 11), 4, ("A100-40", 1)), ((11, 18), 4, ("V100-16", 2)), ((18, 26), 4, ("A100-40", 1))]),
+    ("a100_v100_one_zone", [((0, 11), 4, ("A100-40", 1)), ((11, 21), 4, ("A100-40", 1)), ((21, 26), 4, ("V100-16", 2))],
+     0.03),
+    ("a100_v100_one_zone", [((0, 11), 4, ("A100-40", 1)), ((11, 18), 4, ("V100-16", 2)), ((18, 26), 4, ("A100-40", 1))],
+     0.03),
     # 2-GPU nodes: the tied embedding's ring joins two TP 2 replicas, one per node
-    ("elastic_small", [((0, 3), 1, ("A100-40", 2)), ((3, 4), 1, ("A100-40", 2))]),
+    ("elastic_small", [((0, 3), 1, ("A100-40", 2)), ((3, 4), 1, ("A100-40", 2))], 0.03),
+    # 16 TP 2 replicas on 4-GPU nodes: a ring over at least 5 node leaders (8 in fact), not 4
+    ("a100_homogeneous", [((0, 26), 16, ("A100-40", 2))], 0.02),
 ])
-def test_all_reduce_floors_see_the_nodes_a_stage_needs(name: str, stages: list) -> None:
-    """The MILP's T of these plans is within 3 % below the simulated one (and not above it). Four TP 2
-    replicas need two 4-GPU nodes, and two TP 2 replicas of the tied embedding's ring two 2-GPU
-    nodes; counting a node's members at the type's least TP (1), the floors had put each ring on one
-    node: model T 4.4 % (a100_v100_one_zone) and 19.5 % (elastic_small) below the simulation."""
+def test_all_reduce_floors_see_the_nodes_a_stage_needs(name: str, stages: list, within: float) -> None:
+    """The MILP's T of these plans is at most `within` below the simulated one (and not above it).
+    Four TP 2 replicas need two 4-GPU nodes, two TP 2 replicas of the tied embedding's ring two
+    2-GPU nodes, 16 TP 2 replicas at least five 4-GPU nodes; counting a node's members at the type's
+    least TP (1), the floors had put the first two rings on one node and the third on four: model T
+    4.4 %, 19.5 % and 2.6 % below the simulation."""
     inst = load_instance(bundled_instance_path(name))
     zone = inst.cluster.node_groups[0].zone
-    p = Plan(num_microbatches=inst.workload.global_batch_size // stages[0][1], micro_batch_size=1, stages=tuple(
-        Stage(layer_start=lo, layer_end=hi, replicas=tuple(Replica(gpu_type=g, tp=t, zone=zone) for _ in range(d)))
-        for (lo, hi), d, (g, t) in stages))
+    b = 16 if name == "a100_homogeneous" else 1
+    p = Plan(num_microbatches=inst.workload.global_batch_size // (stages[0][1] * b), micro_batch_size=b,
+             stages=tuple(Stage(layer_start=lo, layer_end=hi, replicas=tuple(Replica(gpu_type=g, tp=t, zone=zone)
+                                                                            for _ in range(d)))
+                          for (lo, hi), d, (g, t) in stages))
     sim = simulate(inst, p).iteration_time_s
     model = ModelView(inst).evaluate(p)["T"]
-    assert sim * 0.97 <= model <= sim * (1 + 1e-9), (model, sim)
+    assert sim * (1 - within) <= model <= sim * (1 + 1e-9), (model, sim)

@@ -159,3 +159,41 @@ def test_analytic_time_roofline_and_tp(a100_v100):
     lt2 = est.time.layer_time("A100-40", 1, 4, 2)
     assert lt2.fwd_s > lt.fwd_s / 2  # halved compute plus the TP all-reduces
     assert math.isclose(est.time.layer_time("A100-40", 1, 4, 1).fwd_s, lt.fwd_s)  # cached, stable
+
+
+@pytest.mark.parametrize("mode", ["ring", "hierarchical", "best"])
+def test_alpha_beta_allreduce_floor_bounds_every_placement_on_at_least_min_nodes(mode):
+    """`AlphaBetaComm.allreduce_floor_s` with `min_nodes` is at most `allreduce_time_s` of every list
+    of members that sits on at least min_nodes nodes (each node holding at most its slots), by
+    enumeration: four 2-GPU nodes in one zone. It grows with min_nodes in the hierarchical mode (its
+    ring joins one leader per node used)."""
+    import itertools
+
+    from hetplan.estimators.network import AlphaBetaComm
+    from hetplan.formulations.stage_cost import node_endpoint
+    from hetplan.instance import instance_from_dict
+
+    inst = instance_from_dict({
+        "name": "four-nodes",
+        "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 4,
+                                     "zone": "us-central1-a", "price_per_gpu_hour_usd": 3.0}]},
+        "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8}})
+    comm = AlphaBetaComm(inst.cluster.network, allreduce=mode)
+    eps = [node_endpoint(n) for n in inst.nodes]
+    nodes = [(e, 2) for e in eps]
+    sizes = [1e3, 3e6, 7e8]
+    checked, rises = 0, 0
+    for members in (2, 3, 4, 5, 6):
+        for min_nodes in (1, 2, 3, 4):
+            floors = comm.allreduce_floor_s(nodes, members, sizes, "node", min_nodes)
+            for seq in itertools.combinations_with_replacement(range(len(eps)), members):
+                if any(seq.count(i) > 2 for i in seq) or len(set(seq)) < min_nodes:
+                    continue
+                for n, floor in zip(sizes, floors):
+                    assert floor <= comm.allreduce_time_s([eps[i] for i in seq], n) * (1 + 1e-12), \
+                        (mode, members, min_nodes, seq, n)
+                    checked += 1
+            if min_nodes > 2:  # (from 1 to 2 the one-node ring drops out in every mode)
+                rises += floors[-1] > comm.allreduce_floor_s(nodes, members, sizes, "node", min_nodes - 1)[-1]
+    assert checked > 300
+    assert rises > 0 or mode == "ring"
