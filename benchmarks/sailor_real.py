@@ -182,6 +182,8 @@ class Side:
     met: bool | None = None
     gap: float | None = None
     check: float | None = None  # |hetplan's sailor model - Sailor's simulator| / Sailor's, worst figure
+    milps: int | None = None  # hetplan: MILPs solved
+    plan_from: str = ""  # hetplan: "heuristic" or "milp" (PlannerResult.plan_source)
     note: str = ""
     plan: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -239,7 +241,7 @@ def run_hetplan(real: RealSailor, sc: Scenario, inst: Instance, search_inst: Ins
         return Side(search_s=time.perf_counter() - t0, note=f"{type(exc).__name__}: {str(exc)[:90]}")
     rep = simulate(inst, res.plan) if search_inst is not inst else res.report
     side = Side(search_s=res.wall_s, iters_per_s=rep.iters_per_s, cost_usd=rep.cost_per_iteration_usd,
-                gpus=rep.num_gpus, gap=res.gap, met=rep.feasible)
+                gpus=rep.num_gpus, gap=res.gap, met=rep.feasible, milps=res.combos_solved, plan_from=res.plan_source)
     try:
         side.plan = plan_to_sailor(res.plan, inst)
     except HetplanError as exc:
@@ -265,7 +267,7 @@ def ratio(sc: Scenario, sailor: Side, het: Side) -> float | None:
 
 def print_table(rows: list[tuple[Scenario, Side, Side]]) -> None:
     head = ("scenario", "obj", "sailor s (pre)", "het s", "sailor it/s", "het it/s", "sailor $/it", "het $/it",
-            "het/sailor", "met s/h", "het gap", "check s/h", "sailor shape", "het shape", "notes")
+            "het/sailor", "met s/h", "het gap", "MILPs", "from", "check s/h", "sailor shape", "het shape", "notes")
     table = []
     for sc, s, h in rows:
         r = ratio(sc, s, h)
@@ -274,7 +276,7 @@ def print_table(rows: list[tuple[Scenario, Side, Side]]) -> None:
                       cell(s.iters_per_s, ".4f"), cell(h.iters_per_s, ".4f"), cell(s.cost_usd, ".3f"),
                       cell(h.cost_usd, ".3f"), cell(r, ".3f"),
                       f"{'-' if s.met is None else 'yn'[not s.met]}/{'-' if h.met is None else 'yn'[not h.met]}",
-                      "-" if h.gap is None else f"{100 * h.gap:.1f}%",
+                      "-" if h.gap is None else f"{100 * h.gap:.1f}%", cell(h.milps, "d"), h.plan_from or "-",
                       f"{cell(s.check, '.0e')}/{cell(h.check, '.0e')}", s.shape, h.shape,
                       "; ".join(x for x in (s.note, h.note) if x)))
     print_rows(head, table)

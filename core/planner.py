@@ -176,10 +176,11 @@ class PlannerResult:
     # the planner's model's own figure for the returned plan (`joint.evaluate`): at most
     # model_objective, below it where the model relaxes the simulator
     model_estimate: float | None = None
+    plan_source: str = "milp"  # "heuristic": a heuristic found the returned plan (no MILP beat it)
 
     def summary(self) -> dict:
         return {"objective": self.objective_kind, "status": self.status, "model_objective": self.model_objective,
-                "model_estimate": self.model_estimate,
+                "model_estimate": self.model_estimate, "plan_source": self.plan_source,
                 "bound": self.bound, "gap": self.gap, "greedy_objective": self.greedy_objective,
                 "combos_total": self.combos_total, "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
                 "build_s": self.build_s, "solve_s": self.solve_s, "wall_s": self.wall_s, "backend": self.backend,
@@ -1192,7 +1193,8 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
         combos_pruned=out.pruned, combos_solved=out.solved, build_s=sum(r.build_s for r in records),
         solve_s=sum(r.solve_s for r in records), wall_s=time.perf_counter() - report.t_start, backend=backend,
         records=records, status=status,
-        model_estimate=joint.evaluate(inp, sol)["cost" if objective == "min_cost" else "T"])
+        model_estimate=joint.evaluate(inp, sol)["cost" if objective == "min_cost" else "T"],
+        plan_source="heuristic" if greedy is out.best else "milp")
     report(len(records), "done", obj, bound, force=True)
     return result
 

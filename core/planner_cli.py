@@ -105,12 +105,12 @@ def _search_table(res) -> Table:
     unit = "s/iteration" if res.objective_kind == "max_throughput" else "USD/iteration"
     table = Table(title=f"search ({unit})")
     for col in ("simulated", "model estimate", "proven bound", "gap", "heuristic", "outer choices", "pruned by bound",
-                "MILPs solved", "build s", "solve s", "wall s", "solver"):
+                "MILPs solved", "plan from", "build s", "solve s", "wall s", "solver"):
         table.add_column(col)
     estimate = f"{res.model_estimate:.5g}" if res.model_estimate is not None else "-"
     table.add_row(f"{res.model_objective:.5g}", estimate, f"{res.bound:.5g}", f"{100 * res.gap:.2f} %",
                   f"{res.greedy_objective:.5g}" if res.greedy_objective is not None else "-",
-                  str(res.combos_total), str(res.combos_pruned), str(res.combos_solved),
+                  str(res.combos_total), str(res.combos_pruned), str(res.combos_solved), res.plan_source,
                   f"{res.build_s:.2f}", f"{res.solve_s:.2f}", f"{res.wall_s:.2f}", res.backend)
     return table
 

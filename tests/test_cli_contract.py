@@ -246,5 +246,5 @@ def test_solve_says_which_figure_is_simulated_and_when_no_milp_ran(folder):
     assert "No MILP was solved" in text and "--solver did not change this result" in text
     data = json.loads(run(executable(), ["solve", "a100_homogeneous", "--time-limit", "20", "--json"], folder).stdout)
     search = data.get("search", data)
-    assert search["combos_solved"] == 0
+    assert search["combos_solved"] == 0 and search["plan_source"] == "heuristic"
     assert search["model_estimate"] <= search["model_objective"] * (1 + 1e-9)
