@@ -498,7 +498,8 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
             if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
                 one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
             many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes,
-                                  min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D)))
+                                  min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D,
+                                                                lambda g, z, zone=pool.zone: z == zone)))
             table.update(((k, pos, n), min(a, b)) for (pos, n), a, b in zip(nbytes, one, many))
             if len(inp.zones) > 1:
                 far = tables.floor_s(tables.nodes(inp.pools, region=pool.region), inp.D, sizes, spans="zone")
@@ -507,30 +508,28 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
 
 
-def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None) -> bool:
-    """Whether a ring of `members` replicas, one of them of `pool`, can sit on one node of the pool's
-    type (in `zone`; None: any): that replica takes t_k GPUs and each other one at least the least
-    TP of the type, so the node needs t_k + (members - 1) t_least GPUs (measured: V100 TP 2 x 4 on
-    4-GPU nodes was floored at one node's ring, 1.0 ms, where two nodes take 8.9 ms)."""
-    here = lambda g, z: g == pool.gpu_type and zone in (None, z)  # noqa: E731
+def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, here) -> int:
+    """The fewest nodes among those `here(gpu_type, zone)` selects that can hold a ring of `members`
+    replicas, one of them of `pool`: that replica takes t_k GPUs and each other one at least the least
+    TP of the selected pools, so the ring needs t_k + (members - 1) t_least GPUs, counted on the
+    largest nodes first; more than the selection has where it cannot hold them (no placement: any
+    floor holds). Measured: V100 TP 2 x 4 on 4-GPU nodes was floored at one node's ring, 1.0 ms,
+    where two nodes take 8.9 ms; 16 TP 2 replicas on 4-GPU nodes as a 4-node ring, 49.0 ms, where
+    the stage spans 8 nodes, 58.7 ms (the bound is 5 nodes)."""
     least = min(p.tp for p in pools if here(p.gpu_type, p.zone))
-    most = max((n.num_gpus for n in tables.inst.nodes if here(n.gpu_type, n.zone)), default=0)
-    return pool.tp + (members - 1) * least <= most
-
-
-def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int) -> int:
-    """The fewest nodes of the pool's zone that can hold `members` replicas, one of them of `pool`:
-    t_k + (members - 1) t_least GPUs (t_least: the least TP of the zone's pools), the largest nodes
-    first (measured: 16 TP 2 replicas on 4-GPU nodes were floored as a 4-node ring, 49.0 ms, where
-    the stage spans 8 nodes, 58.7 ms; the bound is 5 nodes)."""
-    least = min(p.tp for p in pools if p.zone == pool.zone)
     need, held = pool.tp + (members - 1) * least, 0
-    sizes = sorted((n.num_gpus for n in tables.inst.nodes if n.zone == pool.zone), reverse=True)
+    sizes = sorted((n.num_gpus for n in tables.inst.nodes if here(n.gpu_type, n.zone)), reverse=True)
     for count, size in enumerate(sizes, start=1):
         held += size
         if held >= need:
             return count
-    return len(sizes) + 1  # no placement: the floor is inf
+    return max(len(sizes) + 1, 2)
+
+
+def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None) -> bool:
+    """Whether that ring can sit on one node of the pool's type (in `zone`; None: any zone)."""
+    return _least_nodes(tables, pools, pool, members,
+                        lambda g, z: g == pool.gpu_type and zone in (None, z)) == 1
 
 
 def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
@@ -544,12 +543,10 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
         return ()
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
     if key not in tables._tied:
-        floors = {}
-        for p in pools:
-            key_p = (p.tp, _fits_one_node(tables, pools, p, 2 * D))
-            if key_p not in floors:
-                floors[key_p] = _tied_floors_s(tables, pools, D, tied_bytes / p.tp, 1 if key_p[1] else 2)
-        tables._tied[key] = tuple(floors[p.tp, _fits_one_node(tables, pools, p, 2 * D)] for p in pools)
+        kinds = [(p.tp, _fits_one_node(tables, pools, p, 2 * D)) for p in pools]
+        floors = {kind: _tied_floors_s(tables, pools, D, tied_bytes / kind[0], 1 if kind[1] else 2)
+                  for kind in dict.fromkeys(kinds)}
+        tables._tied[key] = tuple(floors[kind] for kind in kinds)
     return tables._tied[key]
 
 

@@ -2085,13 +2085,11 @@ def sailor_p2p(A: list, G: list) -> list:
     return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
 
 
-def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]]
+def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones: list[set], regions: list[set]
                  ) -> tuple[list[float], list[float], list[float]]:
     """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
-    floor, A for stages 0..P-2, G for stages 1..P-1."""
+    floor, A for stages 0..P-2, G for stages 1..P-1 (`zones`, `regions`: those each stage uses)."""
     send = [max([inp.send_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
-    zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
-    regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
 
     def away(i: int, j: int) -> float:  # stage i's send floor to stage j: its pools' floors away
         return max([inp.send_away(k)[0] for k in range(inp.K) if used[i][k] and inp.pools[k].zone not in zones[j]]
@@ -2423,7 +2421,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
               for i in range(inp.P - 1)]
     c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
     c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
-    send, A, G = sailor_sends(inp, c, used) if inp.sailor else ([], [], [])
+    send, A, G = sailor_sends(inp, c, used, zones, regions) if inp.sailor else ([], [], [])
     p2p = sailor_p2p(A, G) if inp.sailor else [0.0] * inp.P
     theta = max([t + p for t, p in zip(tau, p2p)] + ([] if inp.sailor else [ci / 2 for ci in c]))
     last = inp.P - 1

@@ -244,7 +244,7 @@ def _in_one_region(inp: joint.JointInputs, objective: str, max_cost_usd: float |
     stage sending over it pays its own, slower send in every one of the m steps (measured:
     GPT-Neo on 4 x 32 A100 in us-central1 + 32 in us-west1, P4 b2 D16: 18.0 s with a stage in
     us-west1, 13.2 s in us-central1 alone)."""
-    best = None
+    best, index = None, {(p.gpu_type, p.zone, p.tp): k for k, p in enumerate(inp.pools)}
     for region in inp.regions:
         sub = joint.in_region(inp, region)
         try:
@@ -253,7 +253,6 @@ def _in_one_region(inp: joint.JointInputs, objective: str, max_cost_usd: float |
             break
         if found is None:
             continue
-        index = {(p.gpu_type, p.zone, p.tp): k for k, p in enumerate(inp.pools)}
         replicas = []
         for row in found[1].replicas:
             full = [0] * inp.K
