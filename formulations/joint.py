@@ -796,27 +796,64 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     if not np.isfinite(w_b).any():  # the left resource alone: the fewest GPUs decide
         cap = cap_a if inp.max_gpus is None else min(cap_a, inp.max_gpus)
         return _least_units_dp(inp, w_a) <= cap // D
-    best = np.full((L + 1, cap_a + 1), np.inf)  # best[s, a]: fewest right-GPUs with s blocks, a left-GPUs
-    best[0, 0] = 0.0
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
+    stages = []
     for i in range(inp.P):
-        check_deadline()  # a stage's step: up to ~10 ms on 10,000 GPUs
-        new = np.full_like(best, np.inf)
-        by_need: dict[tuple[float, float], list[int]] = {}  # block counts with the same GPUs per replica
+        by_need: dict[tuple[float, float], list[tuple[int, float]]] = {}  # block counts with the same GPUs per replica
         at = slice(starts[i], starts[i + 1])
         for wa, wb, n in zip(w_a[at].tolist(), w_b[at].tolist(), lay.count[at].tolist()):
-            by_need.setdefault((wa, wb), []).append(n)
-        for (wa, wb), ns in by_need.items():
-            contrib = _stage_contrib(best, wa, wb, D)  # the same for every n: only the row shift differs
+            by_need.setdefault((wa, wb), []).append((n, 0.0))
+        stages.append(list(by_need.items()))
+    last = _replica_dp(stages, L, cap_a + 1, D)  # last[a]: fewest right-GPUs with a left-GPUs
+    ok = last <= cap_b
+    if inp.max_gpus is not None:
+        ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
+    return bool(ok.any())
+
+
+def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, float]]]]], L: int, width: int,
+                D: int) -> np.ndarray:
+    """out[a] = the least value of placing all L blocks on the stages in order, a = the left-resource
+    GPUs used (< width): stage i adds, for an entry ((w_a, w_b), [(n, add)...]) of stages[i] and one (n, add),
+    n blocks and best[s + n, a + x w_a] = min(best[s, a] + (D - x) w_b + add) over x = 0..D
+    (`_stage_contrib`). Rows are kept to the band of block counts that the stages before can reach
+    and the stages after can complete to L, and columns to those the stages before can reach:
+    outside them every value is inf or cannot reach row L, so the result is the full DP's."""
+    stages = [[(key, per_n) for key, per_n in ch if not (math.isinf(key[0]) and math.isinf(key[1]))]
+              for ch in stages]  # an entry neither resource serves adds nothing
+    spans = [(min(n for _, per_n in ch for n, _ in per_n), max(n for _, per_n in ch for n, _ in per_n))
+             if ch else None for ch in stages]
+    if any(s is None for s in spans):
+        return np.full(width, np.inf)
+    lo_after = np.cumsum([0] + [s[0] for s in spans[::-1]])[::-1]  # lo_after[i]: blocks stages i.. hold at least
+    hi_after = np.cumsum([0] + [s[1] for s in spans[::-1]])[::-1]
+    best = np.full((L + 1, width), np.inf)
+    best[0, 0] = 0.0
+    r0 = r1 = 0  # the rows of `best` in the band
+    cols = 1  # columns of `best` that may be finite
+    for i, choices in enumerate(stages):
+        check_deadline()  # a stage's step: up to ~10 ms on 10,000 GPUs
+        q0 = max(r0 + spans[i][0], L - int(hi_after[i + 1]))
+        q1 = min(r1 + spans[i][1], L - int(lo_after[i + 1]))
+        new = np.full_like(best, np.inf)
+        if q0 > q1:
+            return new[L]
+        reach = cols
+        for (wa, wb), per_n in choices:
+            w = cols if math.isinf(wa) else min(width, cols + D * int(wa))
+            contrib = _stage_contrib(best[r0:r1 + 1, :w], wa, wb, D)  # the same for every n: only the rows shift
             if contrib is None:
                 continue
-            for n in ns:
-                np.minimum(new[n:], contrib[:L + 1 - n], out=new[n:])
-        best = new
-    ok = best[L] <= cap_b
-    if inp.max_gpus is not None:
-        ok &= best[L] + np.arange(cap_a + 1) <= inp.max_gpus
-    return bool(ok.any())
+            reach = max(reach, w)
+            for n, add in per_n:
+                lo, hi = max(q0, r0 + n), min(q1, r0 + n + len(contrib) - 1)
+                if lo > hi:
+                    continue
+                part = contrib[lo - r0 - n:hi - r0 - n + 1]
+                target = new[lo:hi + 1, :w]
+                np.minimum(target, part + add if add else part, out=target)
+        best, r0, r1, cols = new, q0, q1, reach
+    return best[L]
 
 
 def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
@@ -1345,19 +1382,9 @@ def _replica_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float,
     stages = [_replica_stage_choices(inp, t[i], i, in_left, arr.tp) for i in range(inp.P)]
 
     def value(mu: float) -> float:
-        best = np.full((L + 1, cap_a + 1), np.inf)
-        best[0, 0] = 0.0
-        for choices in stages:
-            check_deadline()
-            new = np.full_like(best, np.inf)
-            for (wa, wb), per_n in choices.items():
-                contrib = _stage_contrib(best, wa, mu * wb if wb < math.inf else wb, D)
-                if contrib is None:
-                    continue
-                for n, tau in per_n:
-                    np.minimum(new[n:], contrib[:L + 1 - n] + tau, out=new[n:])
-            best = new
-        return float(best[L].min()) - mu * cap_b
+        priced = [[((wa, mu * wb if wb < math.inf else wb), per_n) for (wa, wb), per_n in choices.items()]
+                  for choices in stages]
+        return float(_replica_dp(priced, L, cap_a + 1, D).min()) - mu * cap_b
 
     finite = t[np.isfinite(t)]
     if finite.size == 0:

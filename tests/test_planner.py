@@ -4,6 +4,8 @@ import gc
 import itertools
 import os
 
+import math
+
 import numpy as np
 import pytest
 
@@ -465,6 +467,45 @@ def test_window_min_matches_the_naive_sliding_minimum():
         a[a < 0.1] = np.inf
         naive = np.stack([a[:, max(0, j - width + 1):j + 1].min(axis=1) for j in range(length)], axis=1)
         assert np.array_equal(joint._window_min(a, width), naive), (rows, length, width)
+
+
+
+def test_replica_dp_matches_the_full_table_dp():
+    """`joint._replica_dp` computes only the rows and columns that can matter; against the plain
+    DP over the whole table (every row, every column, every x = 0..D), on random stages."""
+    rng = np.random.default_rng(1)
+    banded = 0
+    for _ in range(300):
+        P, L, D, width = int(rng.integers(1, 5)), int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 14))
+        stages = []
+        for _ in range(P):
+            entries = []
+            for _ in range(int(rng.integers(0, 4))):
+                wa = float(rng.integers(1, 4)) if rng.random() < 0.8 else math.inf
+                wb = float(rng.integers(0, 4)) if rng.random() < 0.8 else math.inf
+                ns = sorted(set(rng.integers(0, L + 1, size=int(rng.integers(1, 4))).tolist()))
+                entries.append(((wa, wb), [(n, float(rng.integers(0, 3)) * 0.5) for n in ns]))
+            stages.append(entries)
+        best = np.full((L + 1, width), np.inf)
+        best[0, 0] = 0.0
+        for entries in stages:
+            new = np.full_like(best, np.inf)
+            for (wa, wb), per_n in entries:
+                for n, add in per_n:
+                    for s in range(L + 1 - n):
+                        for a in range(width):
+                            for x in range(D + 1):
+                                if x and math.isinf(wa) or x < D and math.isinf(wb):
+                                    continue
+                                src = a - x * int(wa) if x else a
+                                if src >= 0:
+                                    v = best[s, src] + ((D - x) * wb if x < D else 0.0) + add
+                                    new[s + n, a] = min(new[s + n, a], v)
+            best = new
+        got = joint._replica_dp(stages, L, width, D)
+        assert np.allclose(got, best[L], rtol=0, atol=1e-12, equal_nan=False) or np.array_equal(got, best[L]), stages
+        banded += np.isfinite(best[L]).any()
+    assert banded > 50  # enough cases reach the last row for the comparison to mean something
 
 
 def test_region_split_and_forced_ends_hold_on_every_plan():
