@@ -42,7 +42,7 @@ def main() -> None:
             r = solve(model, backend=backend, warm_start=start,
                       options=SolveOptions(time_limit_s=args.time_limit, rel_gap=1e-4, threads=1, diagnose_infeasible=False))
             nvars = sum(1 for _ in model.component_data_objects(ctype=None, descend_into=True) if hasattr(_, "domain"))
-            nrows = sum(1 for _ in model.component_data_objects(ctype=joint.pyo.Constraint, active=True))
+            nrows = sum(1 for _ in model.component_data_objects(ctype=joint.milp.pyo.Constraint, active=True))
             gap = f"{100 * r.gap:.2f}%" if r.gap is not None else "-"
             print(f"{backend:8} {'greedy' if start else 'none':6} {nvars:>6} {nrows:>6} {build_s:>8.2f} {r.solve_s:>8.2f} "
                   f"{r.status.value:10} {r.objective if r.objective is not None else float('nan'):>10.5f} "

@@ -2,11 +2,11 @@
 
 Decomposition. The outer loop enumerates (P pipeline stages, b microbatch size, D replicas per
 stage) with B % (D b) == 0; TP per stage and GPU type, replica counts per (stage, GPU type, zone)
-and layer ranges are decided inside one MILP per outer choice (`formulations/joint.py`).
+and layer ranges are decided inside one MILP per outer choice (`formulations/joint/`).
 
 Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
 lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
-the search, the heuristics (the greedy and the stage DP of `formulations/joint_dp_heuristic.py`)
+the search, the heuristics (the greedy and the stage DP of `formulations/joint/stage_dp.py`)
 run on the choices with the least cheap bound, and on the most promising choice (least medium
 bound) of `heuristic_degrees` other data-parallel degrees; the best plan becomes the incumbent
 (`_first_incumbent`): the strong bounds then only have to rule out a target. The choice at the
@@ -29,7 +29,7 @@ Time left then goes to the choices whose MILP stopped at its own limit (`combo_t
 least bound first, in equal shares. With several regions the strong time bound also splits the
 plans by the regions they use (`joint.region_split_time_bound_s`).
 One cost model: the MILPs, bounds and heuristics read a relaxation of the simulator (its figures
-are at most the simulator's on every plan of the space: formulations/joint.py), whose all-reduce
+are at most the simulator's on every plan of the space: formulations/joint/milp.py), whose all-reduce
 and boundary figures are the communication estimator's floors over the placements first fit may
 make (`with_sync_table`, `tied_floors_s`, `_Tables.effective_link`). Every plan the search keeps
 is scored by `simulate` (`_Scorer`): the limits, the plan returned, its objective and gap are the
@@ -40,7 +40,7 @@ tenths of a percent to ~2 % above the model's) closed fewer choices by their bou
 MILPs slower: 2-5x longer searches on opt350-geo-5zones-32/-80, neo27-types-3 and
 opt350-het-80+240 (benchmarks/planner.py).
 
-With `estimators: {preset: sailor}` the model is Sailor's composition (formulations/joint.py,
+With `estimators: {preset: sailor}` the model is Sailor's composition (formulations/joint/milp.py,
 "Sailor's composition"), every plan is scored by `simulate_sailor`, and a stage spread over zones
 or GPU types gets the replica order whose slowest neighbour pair is fastest
 (`simulator_sailor.ring_ordered`; Sailor's all-reduce reads the pairs in replica order), kept when
@@ -74,7 +74,7 @@ Reported bound: min over (the incumbent, the dual bounds of choices stopped by a
 within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
 This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
 same D on every stage, per-stage DP traffic inside one region and, where the blocks are identical
-(the compact form of `formulations/joint.py`), at least one block on the first stage.
+(the compact form of `formulations/joint/milp.py`), at least one block on the first stage.
 """
 from __future__ import annotations
 
@@ -98,7 +98,6 @@ from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.base import spans_pair
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
-from hetplan.formulations.joint_dp_heuristic import dp_heuristic
 from hetplan.instance import Instance, relaxed_limits
 from hetplan.plan import Plan, tp_indivisible
 from hetplan.formulations.stage_cost import StageCosts, node_endpoint
@@ -778,7 +777,7 @@ def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
 
 class _Scorer:
     """The objective of a candidate plan as the simulator says (the model is a relaxation of it:
-    formulations/joint.py), or None when the simulator finds it over a limit, out of memory or
+    formulations/joint/milp.py), or None when the simulator finds it over a limit, out of memory or
     unplaceable. Every plan the search keeps is scored here: the plan returned and its gap read the
     simulator's figure; the cutoffs read the model's (`_Outcome.lead`)."""
 
@@ -1671,7 +1670,7 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     inputs), or None. A target from the start lets every strong bound stop early (measured on
     GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds). The
     `heuristic_choices` choices with the least cheap bound get the greedy and the stage DP
-    (`joint_dp_heuristic`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
+    (`joint/stage_dp.py`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
     and only until some plan is found. Under a budget (maximum throughput) every single-stage choice
     gets both: the fastest choices are then the dearest, and a plan within the budget may lie far
     down the order (Sailor's A100 x 128 under 0.3 USD: the best plan, P1 b8 D16, ranks 165th of
@@ -1772,7 +1771,7 @@ def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | No
         if obj is not None:
             best = joint.better(best, (obj, g))
     if dp:
-        found = dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp))
+        found = joint.dp_heuristic(inp, objective, max_cost, min_its, joint.bottleneck_lower_bound_s(inp))
         best = joint.better(best, found)
     return joint.polish(inp, best, objective, max_cost, min_its)
 

@@ -2,7 +2,7 @@
 joint formulation's plan scoring both read (issue "One cost model").
 
 `core/simulator.py` composes these figures into an iteration (1F1B or GPipe) and a report;
-`formulations/joint.py` `evaluate_placed` composes the same figures with the MILP's own time and cost
+`formulations/joint/evaluation.py` `evaluate_placed` composes the same figures with the MILP's own time and cost
 rows, so a change to how a stage is priced reaches both at once. The MILP's coefficients come from
 the same estimator calls (`replica_times` sums `layer_time` per unit, as `planner._Tables.step`
 stores per unit); where the MILP cannot see the placement (boundary links, all-reduce rings) it

@@ -1,9 +1,9 @@
 """An independent reference: every plan of the joint planner's modelled space, scored by `simulate`.
 
 Brute force for tiny instances (a few GPUs, a few blocks). It shares no code with the planner's
-model (`formulations/joint.py`): the space is rebuilt here from the instance, rule by rule, and
+model (`formulations/joint/milp.py`): the space is rebuilt here from the instance, rule by rule, and
 every plan is scored by the simulator, which is the reference. The rules, with the place in
-core/planner.py (and formulations/joint.py) each one mirrors:
+core/planner.py (and formulations/joint/milp.py) each one mirrors:
 
   R1 quotas (planner.py `_quotas`): GPUs per (GPU type, zone) after allowed_gpu_types /
      allowed_zones; GPUs per node = the least over the zone's node groups of that type.
@@ -14,19 +14,19 @@ core/planner.py (and formulations/joint.py) each one mirrors:
   R3 outer choices (planner.py `enumerate_combos`): P = 1..min(U, max_stages), b in
      `microbatch_sizes` dividing B, D dividing B / b, P x D <= sum over quotas of
      GPUs // min(tp_choices).
-  R4 batch (planner.py `joint_inputs`: m = B // (D b); joint.py `to_plan`): every replica takes b
+  R4 batch (planner.py `joint_inputs`: m = B // (D b); joint/evaluation.py `to_plan`): every replica takes b
      sequences, m = B / (D b) microbatches, 1F1B.
-  R5 replicas (joint.py `_replica_constraints`: sum_k x[i,k] = D): exactly D replicas per stage,
+  R5 replicas (joint/milp.py `_replica_constraints`: sum_k x[i,k] = D): exactly D replicas per stage,
      any mix of pools (types, TP degrees and zones may differ inside a stage).
-  R6 quota (joint.py `_replica_constraints`, m.quota and m.max_gpus): per (type, zone) the TP
+  R6 quota (joint/milp.py `_replica_constraints`, m.quota and m.max_gpus): per (type, zone) the TP
      degrees of every replica of every stage sum to at most the quota; all GPUs <= max_gpus.
-  R7 region (joint.py `_placement_constraints`, m.one_region / m.in_region): a stage's replicas
+  R7 region (joint/milp.py `_placement_constraints`, m.one_region / m.in_region): a stage's replicas
      sit in one region.
-  R8 layers (joint.py `_layer_constraints` / `block_counts`): contiguous non-empty unit ranges in
-     stage order; when the blocks are identical (the compact form, joint.py `blocks_identical`,
+  R8 layers (joint/milp.py `_layer_constraints`, joint/tables.py `block_counts`): contiguous non-empty unit ranges in
+     stage order; when the blocks are identical (the compact form, joint/tables.py `blocks_identical`,
      U >= 4) stage 0 holds the embedding and at least one block (planner.py module docstring,
      "Reported bound").
-  R9 decoding (joint.py `to_plan`): a stage lists its replicas pool by pool in pool order, no node
+  R9 decoding (joint/evaluation.py `to_plan`): a stage lists its replicas pool by pool in pool order, no node
      given, so `validate_plan` places them first fit in (stage, replica) order.
   R10 memory and limits: plans with an OOM rank are skipped; a budget / throughput floor is
      checked on the simulated cost / iteration time with the simulator's 1e-9 tolerance
@@ -120,7 +120,7 @@ def outer_choices(instance: Instance, tp_choices: tuple[int, ...] = TP_CHOICES,
 
 def blocks_identical(instance: Instance) -> bool:
     """Whether the planner uses its compact form (R8). Every preset and `arch` model has identical
-    blocks after the first; the compact form needs U >= 4 (joint.py `_blocks_identical`)."""
+    blocks after the first; the compact form needs U >= 4 (joint/tables.py `_blocks_identical`)."""
     return instance.model_arch.num_units >= 4
 
 

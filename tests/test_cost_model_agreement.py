@@ -1,6 +1,6 @@
 """One cost model: the planner's figures against the simulator's, on tiny instances enumerated exhaustively.
 
-The planner (`hetplan.planner.plan`) searches a relaxation of the simulator (`formulations/joint.py`:
+The planner (`hetplan.planner.plan`) searches a relaxation of the simulator (`formulations/joint/milp.py`:
 the model does not place replicas on nodes, so it takes the least figure any placement allows) and
 scores every plan it keeps with `simulate`. These tests hold it to the simulator, the reference:
 
@@ -599,7 +599,7 @@ def test_limits_are_checked_with_the_simulators_tolerance() -> None:
 # ---- (d) the crash --------------------------------------------------------------------------------------
 # It crashed: P = U (every unit its own stage) is enumerated (planner.enumerate_combos: P up to
 # min(U, max_stages)) but the compact form has no stage-0 block count for it, and
-# joint._make_extra_lower_bound looked up pair (0, 1): KeyError. planner._prepare_one now records
+# joint.bounds._make_extra_lower_bound looked up pair (0, 1): KeyError. planner._prepare_one now records
 # such a choice as infeasible.
 def test_solve_with_as_many_gpus_as_units() -> None:
     # 2 blocks -> U = 4 units; 4 GPUs allow P x D = 4 x 1

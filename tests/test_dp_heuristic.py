@@ -1,4 +1,4 @@
-"""The stage-DP heuristic (`formulations/joint_dp_heuristic.py`) against enumeration on the tiny
+"""The stage-DP heuristic (`formulations/joint/stage_dp.py`) against enumeration on the tiny
 cluster: its DP is exact over plans of homogeneous stages, and every plan it returns is valid."""
 import dataclasses
 import itertools
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from hetplan.formulations import joint
-from hetplan.formulations import joint_dp_heuristic as H
+from hetplan.formulations.joint import stage_dp as H
 
 from test_planner import _tiny_inputs, brute_force, combos_of, tiny, tiny_regions
 
@@ -17,8 +17,8 @@ def _homogeneous_by_enumeration(inp: joint.JointInputs, theta_s: float, value: s
     """The least DP value over every plan of homogeneous stages within theta_s (and whose stages'
     in-zone all-reduce + update are within extra_cap_s): block counts per stage x (class, region)
     per stage, GPUs counted per (type, region)."""
-    time_s, fits = joint._class_figures(inp)
-    extras = joint._class_extras(inp)
+    time_s, fits = joint.tables._class_figures(inp)
+    extras = joint.tables._class_extras(inp)
     options = {((p.gpu_type, p.tp), p.region) for p in inp.pools}
     price = {key: min(p.price_per_gpu_hour_usd / 3600 for p in inp.pools if ((p.gpu_type, p.tp), p.region) == key)
              for key in options}
@@ -53,7 +53,7 @@ def _homogeneous_by_enumeration(inp: joint.JointInputs, theta_s: float, value: s
 
 
 def _dp_value(inp: joint.JointInputs, stages, value: str) -> float:
-    time_s, _ = joint._class_figures(inp)
+    time_s, _ = joint.tables._class_figures(inp)
     if value == "time":
         cross = inp.p2p_s(inp.region) - inp.p2p_s(inp.node)
         changes = sum(stages[i][1] != stages[i + 1][1] for i in range(inp.P - 1))
@@ -78,7 +78,7 @@ def _cases():
 def test_stage_dp_is_exact_over_homogeneous_plans(value):
     checked = found = 0
     for combo, inp in _cases():
-        time_s, _ = joint._class_figures(inp)
+        time_s, _ = joint.tables._class_figures(inp)
         for theta in sorted(set(time_s.values())):
             truth = _homogeneous_by_enumeration(inp, theta, value)
             stages = H.stage_dp(inp, theta, value)
@@ -97,9 +97,9 @@ def test_stage_dp_under_an_extra_cap_is_exact():
     update; against enumeration at several (theta, cap) pairs, including caps that leave no plan."""
     checked = found = 0
     for combo, inp in _cases():
-        time_s, _ = joint._class_figures(inp)
+        time_s, _ = joint.tables._class_figures(inp)
         thetas = sorted(set(time_s.values()))
-        caps = sorted(set(joint._class_extras(inp).values()))
+        caps = sorted(set(joint.tables._class_extras(inp).values()))
         for theta in thetas[len(thetas) // 2::max(1, len(thetas) // 3)]:
             for cap in caps[::max(1, len(caps) // 4)]:
                 truth = _homogeneous_by_enumeration(inp, theta, "time", cap)
@@ -129,7 +129,7 @@ def test_dp_heuristic_plans_are_valid_and_never_beat_the_optimum():
         used: dict = {}
         for i, row in enumerate(sol.replicas):
             assert sum(row) == inp.D, combo
-            assert joint._stage_fits(inp, list(row), i, *sol.ranges[i]), combo
+            assert joint.heuristics._stage_fits(inp, list(row), i, *sol.ranges[i]), combo
             assert len({inp.pools[k].region for k in range(inp.K) if row[k]}) == 1, combo
             for k, n in enumerate(row):
                 used[inp.pools[k].quota_key] = used.get(inp.pools[k].quota_key, 0) + n * inp.pools[k].tp
@@ -182,7 +182,7 @@ def test_polish_keeps_plans_valid_and_only_improves():
                 bounds = [sum(sizes[:i]) for i in range(inp.P + 1)]
                 ranges = tuple((bounds[i], bounds[i + 1]) for i in range(inp.P))
                 rev = joint.JointSolution(ranges, tuple(rows), float("nan"), float("nan"))
-                if all(joint._stage_fits(inp, list(rows[i]), i, *ranges[i]) for i in range(inp.P)):
+                if all(joint.heuristics._stage_fits(inp, list(rows[i]), i, *ranges[i]) for i in range(inp.P)):
                     starts.append((joint.evaluate(inp, rev)[key], rev))
             for start in starts:
                 obj, out = joint.polish(inp, start, objective)
@@ -191,7 +191,7 @@ def test_polish_keeps_plans_valid_and_only_improves():
                 used = lambda s: sorted((k, sum(r[k] for r in s.replicas)) for k in range(inp.K))  # noqa: E731
                 assert used(out) == used(start[1]), combo
                 for i, row in enumerate(out.replicas):
-                    assert joint._stage_fits(inp, list(row), i, *out.ranges[i]), combo
+                    assert joint.heuristics._stage_fits(inp, list(row), i, *out.ranges[i]), combo
                 assert obj == pytest.approx(joint.evaluate(inp, out)[key], rel=1e-12)
                 assert obj <= start[0] * (1 + 1e-12), combo
                 assert obj >= truth * (1 - 1e-9), combo

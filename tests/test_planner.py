@@ -69,7 +69,7 @@ def brute_force(inp: joint.JointInputs, key, layers: str = "staircase") -> float
                 continue
             if inp.max_gpus is not None and sum(used.values()) > inp.max_gpus:
                 continue
-            if not all(joint._stage_fits(inp, list(reps[i]), i, *ranges[i]) for i in range(inp.P)):
+            if not all(joint.heuristics._stage_fits(inp, list(reps[i]), i, *ranges[i]) for i in range(inp.P)):
                 continue
             regions = [{inp.pools[k].region for k in range(inp.K) if reps[i][k]} for i in range(inp.P)]
             if any(len(r) > 1 for r in regions):
@@ -293,7 +293,7 @@ def test_a_stage_no_pool_can_hold_is_reported_not_crashed():
 def _relaxation_by_enumeration(inp: joint.JointInputs, theta_s: float) -> bool:
     """What `stages_fit_dp` decides, by enumeration: block counts per stage x replicas per GPU type
     per stage, each replica at its type's smallest TP that runs the stage within theta_s and fits."""
-    time_s, fits = joint._class_figures(inp)
+    time_s, fits = joint.tables._class_figures(inp)
     types = sorted({p.gpu_type for p in inp.pools})
     gpus = {g: sum(n for (t, _), n in {p.quota_key: p.avail_gpus for p in inp.pools}.items() if t == g) for g in types}
     counts = [joint.block_counts(inp, i) for i in range(inp.P)]
@@ -324,7 +324,7 @@ def test_stage_dp_matches_enumeration_of_its_relaxation():
     """Two GPU types, one zone each: the DP's relaxation merges nothing, so it must be exact."""
     checked = 0
     for combo, inp in _tiny_inputs():
-        time_s, _ = joint._class_figures(inp)
+        time_s, _ = joint.tables._class_figures(inp)
         for theta in sorted(set(time_s.values())):
             assert joint.stages_fit_dp(inp, theta) == _relaxation_by_enumeration(inp, theta), (combo, theta)
             checked += 1
@@ -405,8 +405,8 @@ def test_sum_tau_and_sync_update_bounds_hold_on_every_plan():
         sync_update = brute_force(inp, lambda ev: ev["sigma"] + ev["mu"], "blocks")
         assert joint.sum_tau_lower_bound_s(inp) <= sum_tau * (1 + 1e-9), combo
         assert joint.extra_lower_bound_s(inp) <= sync_update * (1 + 1e-9), combo
-        tighter_tau += joint.sum_tau_lower_bound_s(inp) > joint._fastest_work_s(inp) * (1 + 1e-6)
-        tighter_extra += joint.extra_lower_bound_s(inp) > (joint._sigma_lower_bound_s(inp) + joint._mu_lower_bound_s(inp)) * (1 + 1e-6)
+        tighter_tau += joint.sum_tau_lower_bound_s(inp) > joint.bounds._fastest_work_s(inp) * (1 + 1e-6)
+        tighter_extra += joint.extra_lower_bound_s(inp) > (joint.bounds._sigma_lower_bound_s(inp) + joint.bounds._mu_lower_bound_s(inp)) * (1 + 1e-6)
         checked += 1
     assert checked >= 4
     assert tighter_tau >= 1 and tighter_extra >= 1, (tighter_tau, tighter_extra)
@@ -466,12 +466,12 @@ def test_window_min_matches_the_naive_sliding_minimum():
         a = rng.random((rows, length, 3))
         a[a < 0.1] = np.inf
         naive = np.stack([a[:, max(0, j - width + 1):j + 1].min(axis=1) for j in range(length)], axis=1)
-        assert np.array_equal(joint._window_min(a, width), naive), (rows, length, width)
+        assert np.array_equal(joint.bounds._window_min(a, width), naive), (rows, length, width)
 
 
 
 def test_replica_dp_matches_the_full_table_dp():
-    """`joint._replica_dp` computes only the rows and columns that can matter; against the plain
+    """`joint.bounds._replica_dp` computes only the rows and columns that can matter; against the plain
     DP over the whole table (every row, every column, every x = 0..D), on random stages."""
     rng = np.random.default_rng(1)
     banded = 0
@@ -502,7 +502,7 @@ def test_replica_dp_matches_the_full_table_dp():
                                     v = best[s, src] + ((D - x) * wb if x < D else 0.0) + add
                                     new[s + n, a] = min(new[s + n, a], v)
             best = new
-        got = joint._replica_dp(stages, L, width, D)
+        got = joint.bounds._replica_dp(stages, L, width, D)
         assert np.allclose(got, best[L], rtol=0, atol=1e-12, equal_nan=False) or np.array_equal(got, best[L]), stages
         banded += np.isfinite(best[L]).any()
     assert banded > 50  # enough cases reach the last row for the comparison to mean something
@@ -517,7 +517,7 @@ def test_region_split_and_forced_ends_hold_on_every_plan():
         truth = brute_force(inp, "T", "blocks")
         if truth == float("inf"):
             continue
-        merged = joint._time_lower_bound_merged_s(inp, True, None)
+        merged = joint.bounds._time_lower_bound_merged_s(inp, True, None)
         split = joint.time_lower_bound_tight_s(inp, exact=True)
         assert merged <= truth * (1 + 1e-9) and split <= truth * (1 + 1e-9), combo
         for target in (truth * 0.9, truth, truth * 1.1):

@@ -1,6 +1,6 @@
 """A dynamic-programming heuristic for one outer choice of the joint model (blocks form).
 
-The greedy of `joint.greedy` fills stages with the fastest pools in turn and splits layers in
+The greedy of `heuristics.greedy` fills stages with the fastest pools in turn and splits layers in
 proportion to speed; it cannot trade a stage's TP degree against its memory, and on mixed A100 +
 V100 clusters it often finds no plan or one far from the optimum (GPT-Neo, 32 A100 + 96 V100,
 P5 b1 D16: no plan, where the optimum puts the embedding stage on V100 at TP 4). This heuristic
@@ -8,24 +8,24 @@ searches plans of *homogeneous* stages exactly, by a dynamic program over the st
 
   For a cap theta on the stage time, stage i may hold n blocks on D replicas of one time class
   r = (GPU type g, TP t) when r fits n blocks in memory there and time[r,i,n] <= theta
-  (`joint._class_figures`). The state after stages 0..i is (blocks placed s, GPUs used per type
+  (`tables._class_figures`). The state after stages 0..i is (blocks placed s, GPUs used per type
   in units of D q GPUs), the value the least sum of stage times (value="time") or the least GPU
   rate (value="cost"):
       V_i[s + n, u + e_g ceil(t / q)] = min(V_{i-1}[s, u] + val(r, i, n))
   q = 1 unless the state space would be too large; then usage is rounded up (still within quota).
   A plan ends at s = L with usage within every type's GPUs. theta is swept over the class stage
-  times from the least one the DP accepts, and each plan is scored with `joint.evaluate` (the
+  times from the least one the DP accepts, and each plan is scored with `evaluate.evaluate` (the
   model's own T and cost, with all-reduce, update and boundary terms), so the best one kept is
   exactly what the MILP would charge for it. The sum of stage times does not see the all-reduce
   + update of the heaviest stage (sigma + mu in T): at each theta, the DP is solved again with a
   cap e on every stage's all-reduce + update just below the plan's largest (choices with
-  `joint._class_extras` > e are dropped), while T keeps falling (`_less_sync`).
+  `tables._class_extras` > e are dropped), while T keeps falling (`_less_sync`).
 
 Zones are merged in the DP; a plan is then placed stage by stage in one zone with room for all
 of its replicas, or spread over the zones of one region (Sailor H5), or dropped. Mixed stages (two
 classes in one stage) are outside this heuristic's space: the MILP covers them.
 
-Time: the DP checks the search's deadline (`joint.deadline_scope`) at every stage (one stage is
+Time: the DP checks the search's deadline (`inputs.deadline_scope`) at every stage (one stage is
 up to ~50 ms with 4096 usage states); when it passes, `dp_heuristic` returns the best plan scored
 so far (or None).
 """
@@ -36,7 +36,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from hetplan.formulations import joint
+from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline
+from hetplan.formulations.joint.tables import _class_extras, _class_figures, block_counts, blocks_identical
+from hetplan.formulations.joint.bounds import _first_true_from, in_region, stage_time_cap_s
+from hetplan.formulations.joint.evaluation import better, objective_within_limits
 
 MAX_USAGE_STATES = 4096  # product over (GPU type, region) of the usage axis lengths
 
@@ -44,7 +47,7 @@ MAX_USAGE_STATES = 4096  # product over (GPU type, region) of the usage axis len
 class _Space:
     """The DP's usage axes: per (GPU type, region), units of D q GPUs."""
 
-    def __init__(self, inp: joint.JointInputs):
+    def __init__(self, inp: JointInputs):
         gpus: dict[tuple[str, str], int] = {}
         for p in {p.quota_key: p for p in inp.pools}.values():
             gpus[p.gpu_type, p.region] = gpus.get((p.gpu_type, p.region), 0) + p.avail_gpus
@@ -61,13 +64,13 @@ class _Space:
 Choice = tuple[tuple[str, int], str, int]  # (time class (GPU type, TP), region, blocks)
 
 
-def _options(inp: joint.JointInputs, theta_s: float, value: str,
+def _options(inp: JointInputs, theta_s: float, value: str,
              extra_cap_s: float = math.inf) -> list[list[tuple[Choice, float]]]:
     """Per stage: every homogeneous choice within theta_s that fits in memory, with its value; with
-    `extra_cap_s`, only choices whose all-reduce + update in one zone (`joint._class_extras`) is
+    `extra_cap_s`, only choices whose all-reduce + update in one zone (`_class_extras`) is
     within it."""
-    time_s, fits = joint._class_figures(inp)
-    extras = joint._class_extras(inp) if extra_cap_s < math.inf else None
+    time_s, fits = _class_figures(inp)
+    extras = _class_extras(inp) if extra_cap_s < math.inf else None
     price: dict[tuple[tuple[str, int], str], float] = {}  # USD per GPU-second
     for p in inp.pools:
         key = ((p.gpu_type, p.tp), p.region)
@@ -75,7 +78,7 @@ def _options(inp: joint.JointInputs, theta_s: float, value: str,
     out = []
     for i in range(inp.P):
         row = []
-        for n in joint.block_counts(inp, i):
+        for n in block_counts(inp, i):
             for (c, region), usd in price.items():
                 if fits[c, i, n] and time_s[c, i, n] <= theta_s and (
                         extras is None or extras[c, i, n] <= extra_cap_s):
@@ -86,7 +89,7 @@ def _options(inp: joint.JointInputs, theta_s: float, value: str,
     return out
 
 
-def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
+def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
              extra_cap_s: float = math.inf) -> list[Choice] | None:
     """The best plan of homogeneous stages within theta_s, a choice per stage, or None. The state
     also keeps the last stage's region: a pipeline boundary between regions adds its transfer
@@ -105,7 +108,7 @@ def stage_dp(inp: joint.JointInputs, theta_s: float, value: str = "time",
     best[(slice(None),) + (0,) * (len(shape) - 1)] = 0.0  # stage 0 may start in any region
     values = [best]  # after each stage: the plan is read back from these (`_read_back`)
     for i, row in enumerate(options):
-        joint.check_deadline()
+        check_deadline()
         # best over the previous stage's region, per target region: staying, or crossing at a price
         entering = [_entering(best, r, step) if crossing and i > 0 else best[r] for r in range(len(regions))]
         new = np.full(shape, np.inf)
@@ -173,7 +176,7 @@ def _read_back(options: list, values: list, space: _Space, regions: list[str], a
     return stages[::-1]
 
 
-def place(inp: joint.JointInputs, stages: list[Choice]) -> joint.JointSolution | None:
+def place(inp: JointInputs, stages: list[Choice]) -> JointSolution | None:
     """Replicas per pool for homogeneous stages, in stage order, each in its region: all D
     replicas in one zone if one has room, preferring the previous stage's zone (a pipeline boundary
     across zones costs transfer time and egress), then the most room; else spread over the zones
@@ -193,10 +196,10 @@ def place(inp: joint.JointInputs, stages: list[Choice]) -> joint.JointSolution |
         width = n + (i == 0) + (i == inp.P - 1)
         ranges.append((start, start + width))
         start += width
-    return joint.JointSolution(tuple(ranges), tuple(replicas), float("nan"), float("nan"))
+    return JointSolution(tuple(ranges), tuple(replicas), float("nan"), float("nan"))
 
 
-def _place_stage(inp: joint.JointInputs, ks: list[int], tp: int, left: dict, prev_zone: str | None) -> list[int] | None:
+def _place_stage(inp: JointInputs, ks: list[int], tp: int, left: dict, prev_zone: str | None) -> list[int] | None:
     row = [0] * inp.K
     room = lambda k: left[inp.pools[k].quota_key] // tp  # noqa: E731  replicas the zone still has
     ks = sorted(ks, key=lambda k: (inp.pools[k].zone != prev_zone, -room(k)))
@@ -215,30 +218,30 @@ def _place_stage(inp: joint.JointInputs, ks: list[int], tp: int, left: dict, pre
     return row
 
 
-def dp_heuristic(inp: joint.JointInputs, objective: str = "max_throughput", max_cost_usd: float | None = None,
+def dp_heuristic(inp: JointInputs, objective: str = "max_throughput", max_cost_usd: float | None = None,
                  min_iters_per_s: float | None = None, theta_lo_s: float = 0.0,
-                 sweep: int = 4, descent: int = 3) -> tuple[float, joint.JointSolution] | None:
+                 sweep: int = 4, descent: int = 3) -> tuple[float, JointSolution] | None:
     """(objective, solution) of the best plan the stage DP finds for this outer choice within the
     limits, or None (not the blocks form, or no plan of homogeneous stages). `theta_lo_s`: a known
     lower bound on the bottleneck (the search starts there). `descent`: at each cap, how many times
     the all-reduce + update cap is lowered below the plan's (`_less_sync`). At the search's
     deadline it returns the best plan scored so far."""
-    if not joint.blocks_identical(inp):
+    if not blocks_identical(inp):
         return None
     best = _dp_heuristic(inp, objective, max_cost_usd, min_iters_per_s, theta_lo_s, sweep, descent)
     if len(inp.regions) > 1 and (best is None or _crosses_regions(inp, best[1])):
-        best = joint.better(best, _in_one_region(inp, objective, max_cost_usd, min_iters_per_s, theta_lo_s, sweep,
+        best = better(best, _in_one_region(inp, objective, max_cost_usd, min_iters_per_s, theta_lo_s, sweep,
                                                  descent))
     return best
 
 
-def _crosses_regions(inp: joint.JointInputs, sol: joint.JointSolution) -> bool:
+def _crosses_regions(inp: JointInputs, sol: JointSolution) -> bool:
     return len({inp.pools[k].region for row in sol.replicas for k, n in enumerate(row) if n}) > 1
 
 
-def _in_one_region(inp: joint.JointInputs, objective: str, max_cost_usd: float | None,
+def _in_one_region(inp: JointInputs, objective: str, max_cost_usd: float | None,
                    min_iters_per_s: float | None, theta_lo_s: float, sweep: int, descent: int
-                   ) -> tuple[float, joint.JointSolution] | None:
+                   ) -> tuple[float, JointSolution] | None:
     """The best plan of the DP run on each region's pools alone, scored on `inp`. The DP prices a
     boundary between regions by the least transfer (`stage_dp`), while with Sailor's composition a
     stage sending over it pays its own, slower send in every one of the m steps (measured:
@@ -246,10 +249,10 @@ def _in_one_region(inp: joint.JointInputs, objective: str, max_cost_usd: float |
     us-west1, 13.2 s in us-central1 alone)."""
     best, index = None, {(p.gpu_type, p.zone, p.tp): k for k, p in enumerate(inp.pools)}
     for region in inp.regions:
-        sub = joint.in_region(inp, region)
+        sub = in_region(inp, region)
         try:
             found = _dp_heuristic(sub, objective, max_cost_usd, min_iters_per_s, theta_lo_s, sweep, descent)
-        except joint.DeadlineExceeded:
+        except DeadlineExceeded:
             break
         if found is None:
             continue
@@ -261,34 +264,34 @@ def _in_one_region(inp: joint.JointInputs, objective: str, max_cost_usd: float |
                 full[index[p.gpu_type, p.zone, p.tp]] = n
             replicas.append(tuple(full))
         sol = replace(found[1], replicas=tuple(replicas))
-        obj = joint.objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
+        obj = objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
         if obj is not None:
-            best = joint.better(best, (obj, sol))
+            best = better(best, (obj, sol))
     return best
 
 
-def _dp_heuristic(inp: joint.JointInputs, objective: str, max_cost_usd: float | None, min_iters_per_s: float | None,
-                  theta_lo_s: float, sweep: int, descent: int) -> tuple[float, joint.JointSolution] | None:
-    time_s, _ = joint._class_figures(inp)
+def _dp_heuristic(inp: JointInputs, objective: str, max_cost_usd: float | None, min_iters_per_s: float | None,
+                  theta_lo_s: float, sweep: int, descent: int) -> tuple[float, JointSolution] | None:
+    time_s, _ = _class_figures(inp)
     thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
     if min_iters_per_s:
-        cap = joint.stage_time_cap_s(inp, 1 / min_iters_per_s)
+        cap = stage_time_cap_s(inp, 1 / min_iters_per_s)
         thetas = [t for t in thetas if t <= cap]
     if not thetas:
         return None
-    scored: list[tuple[float, joint.JointSolution]] = []  # every plan within the limits, in order
+    scored: list[tuple[float, JointSolution]] = []  # every plan within the limits, in order
     try:
         return _sweep(inp, thetas, objective, max_cost_usd, min_iters_per_s, sweep, descent, scored)
-    except joint.DeadlineExceeded:  # the best plan scored so far is still a plan
+    except DeadlineExceeded:  # the best plan scored so far is still a plan
         best = None
         for got in scored:
-            best = joint.better(best, got)
+            best = better(best, got)
         return best
 
 
-def _sweep(inp: joint.JointInputs, thetas: list[float], objective: str, max_cost_usd: float | None,
+def _sweep(inp: JointInputs, thetas: list[float], objective: str, max_cost_usd: float | None,
            min_iters_per_s: float | None, sweep: int, descent: int,
-           scored: list) -> tuple[float, joint.JointSolution] | None:
+           scored: list) -> tuple[float, JointSolution] | None:
     """`dp_heuristic` over the caps `thetas`; every plan scored within the limits is also appended
     to `scored`."""
     memo: dict = {}
@@ -310,11 +313,11 @@ def _sweep(inp: joint.JointInputs, thetas: list[float], objective: str, max_cost
     # the cheapest plan within a cap only matters when cost counts (measured on six max-throughput
     # scenarios without a budget: it never beat the fastest plan of the same cap)
     values = ("time",) if objective == "max_throughput" and max_cost_usd is None else ("time", "cost")
-    extras = joint._class_extras(inp)
+    extras = _class_extras(inp)
 
     def score(stages):
         sol = place(inp, stages) if stages is not None else None
-        obj = None if sol is None else joint.objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
+        obj = None if sol is None else objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
         if obj is None:
             return None
         scored.append((obj, sol))
@@ -340,14 +343,14 @@ def _sweep(inp: joint.JointInputs, thetas: list[float], objective: str, max_cost
             if got is None:
                 continue
             found = True
-            best = joint.better(best, got)
+            best = better(best, got)
         kept += found
         if kept >= sweep and max_cost_usd is None:
             break
     return best
 
 
-def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extras: dict, steps: int,
+def _less_sync(inp: JointInputs, stages: list[Choice], solve, score, extras: dict, steps: int,
                solve_slower=None):
     """The fastest-stages plan pays the all-reduce + update of its heaviest stage (sigma + mu in T),
     which the DP's sum of stage times does not see: cap that extra just below the plan's own and
@@ -369,15 +372,15 @@ def _less_sync(inp: joint.JointInputs, stages: list[Choice], solve, score, extra
         best = got
     if len(extra_values) > 1:
         jump = solve_slower(extra_values[-2])
-        best = joint.better(best, score(jump) if jump is not None else None)
+        best = better(best, score(jump) if jump is not None else None)
     return best
 
 
 def _first_feasible(feasible, count: int, lo: int = 0) -> int:
     """The least index in [lo, count) where the monotone `feasible` holds (it holds at count - 1):
     the least feasible cap is usually a few caps above the bound the search starts from, and
-    every feasible probe costs a full DP (`joint._first_true_from`)."""
-    return joint._first_true_from(feasible, range(count), lo)
+    every feasible probe costs a full DP (`_first_true_from`)."""
+    return _first_true_from(feasible, range(count), lo)
 
 
 def _caps_to_try(first: int, count: int, objective: str, sweep: int) -> list[int]:

@@ -1,0 +1,35 @@
+"""The joint formulation: resource allocation + parallelization for one outer choice (P, b, D).
+
+Files, in the order data flows through them (each imports only the ones above it):
+  inputs.py        `JointInputs` (one outer choice's figures from the estimators), `JointSolution`,
+                   the search deadline
+  tables.py        the stage-cost tables of the blocks form: per (time class, stage, block count)
+                   stage time, memory fit, all-reduce and update, built once with numpy and read
+                   by the MILP rows, the bounds and the heuristics alike
+  bounds.py        lower bounds on T and cost; each function states its bound and why it holds
+  evaluation.py    the model's own figures for a solution (`evaluate`) and the same solution
+                   placed as the simulator places it (`evaluate_placed`)
+  milp.py          the MILP: its math in the module docstring, `build`, `decode`, `warm_start`
+  heuristics.py    the greedy warm start and `polish`
+  stage_dp.py      the stage-DP heuristic over plans of homogeneous stages
+
+The planner (`hetplan.planner`) drives them per outer choice: a bound (bounds.py) prunes the
+choice or ranks it, the heuristics give an incumbent, the MILP (milp.py) is solved with that
+incumbent as a cutoff, and the search stops when the best bound left is within the gap.
+The names below are this package's public interface.
+"""
+from hetplan.formulations.joint.inputs import (ULP_SLACK, COST_SCALE, TIME_UNITS_PER_S, model_coef,
+    DeadlineExceeded, Deadline, NO_DEADLINE, deadline_scope, check_deadline, Pool, LinkCost, JointInputs,
+    JointSolution)  # noqa: F401
+from hetplan.formulations.joint.tables import (cache_export, cache_import, blocks_identical, block_counts,
+    position, stage_units, stage_sum, time_classes, ends_forced)  # noqa: F401
+from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bound_s, sailor_transfer_floor_s,
+    blocks_coverable, bottleneck_lower_bound_s, stages_fit_dp, time_lower_bound_tight_s,
+    region_split_time_bound_s, in_region, sync_aware_time_bound_s, extra_lower_bound_s, sum_tau_lower_bound_s,
+    capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s)  # noqa: F401
+from hetplan.formulations.joint.evaluation import (sailor_p2p, sailor_sends, to_plan, evaluate, evaluate_placed,
+    better, objective_within_limits, solution_blocks)  # noqa: F401
+from hetplan.formulations.joint.milp import (build, in_model_units, objective_value, NoStageChoice, decode,
+    warm_start)  # noqa: F401
+from hetplan.formulations.joint.heuristics import greedy, POLISH_EVALS, polish  # noqa: F401
+from hetplan.formulations.joint.stage_dp import dp_heuristic  # noqa: F401

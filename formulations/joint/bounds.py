@@ -1,0 +1,1193 @@
+"""Lower bounds on the iteration time and cost of every plan of one outer choice. Each public
+function states its bound and why it is valid in its docstring; tests/test_planner.py and
+tests/test_cost_model_agreement.py check them against enumeration on small instances."""
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline, model_coef
+from hetplan.formulations.joint.tables import (_cached_for, _class_figures, _class_tables, _gpus_per_group,
+    _most_replicas, _pair_layout, _per_inputs_cache, _per_table, _shared_for, block_counts, blocks_identical)
+
+
+def time_upper_bound_s(inp: JointInputs) -> float:
+    """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
+    worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
+    tables = [inp.sync_table or {}, inp.span_sync_table or {}]
+    worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
+    worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + worst_tied
+    worst_c = (max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
+               + 2 * max([*inp.send_floor_s, *(v for row in inp.send_away_s for v in row)], default=0.0)
+               * inp.P)  # Sailor's sends: each <= c / 2 + its largest floor
+    worst_upd = sum(max(inp.upd_s[k][l] for k in range(inp.K)) for l in range(inp.U)) + max(inp.upd_fixed_s, default=0.0)
+    return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
+
+
+
+def time_lower_bound_s(inp: JointInputs) -> float:
+    """T >= sum_i tau_i + (m-1) theta with sum_i tau_i >= F = sum_l min_k step[k,l] and
+    theta >= max(F / P, D W / N): a stage with G_i GPUs has tau_i G_i >= sum_k x[i,k] t_k step_i(k)
+    >= D W_i, where W_i = sum_{l in i} min_k step[k,l] t_k (GPU-seconds of the cheapest way to run a
+    unit), so max_i tau_i >= D sum_i W_i / sum_i G_i >= D W / N with N the GPUs available.
+    With Sailor's composition plus `sailor_transfer_floor_s`."""
+    return _work_bound_s(inp) + sailor_transfer_floor_s(inp)
+
+
+
+def _work_bound_s(inp: JointInputs) -> float:
+    return _fastest_work_s(inp) + (inp.m - 1) * _theta_work_bound_s(inp)
+
+
+
+def sailor_transfer_floor_s(inp: JointInputs) -> float:
+    """What Sailor's composition adds to the hetplan composition's T on the same inputs, at least
+    (0 for the hetplan composition or one stage). Every send A_i, G_i (`sailor_p2p`) is at least
+    the half of its boundary h = c / 2 and at least e = max(c_min / 2, the least send floor), c_min
+    the least boundary time. For every plan:
+      theta_sailor >= theta + e: where theta = tau_j, p_j >= a send of j >= e; where theta = h_i,
+        stage i + 1 sends G >= h_i and another send >= e (a middle stage), or G twice (the last);
+      sum_i p_i >= sum_i c_i + G_{P-1} (P <= 3), + A_0 + G_{P-1} (P > 3).
+    So every bound on the hetplan composition's T plus (m - 1) e + (e or 2 e) bounds Sailor's
+    (the bounds' targets are taken back by as much: `time_lower_bound_tight_s`)."""
+    if not inp.sailor or inp.P == 1:
+        return 0.0
+    half = max(min(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) / 2,
+               min(inp.send_floor_s, default=0.0))  # every send is at least both
+    return (inp.m - 1) * half + (2 if inp.P > 3 else 1) * half
+
+
+
+def _fastest_work_s(inp: JointInputs) -> float:
+    """F: one microbatch through every unit, each on its fastest pool."""
+    return _shared_for(inp, "fastest_work", lambda inp: sum(min(inp.step_s[k][l] for k in range(inp.K))
+                                                            for l in range(inp.U)))
+
+
+
+def _theta_work_bound_s(inp: JointInputs) -> float:
+    """theta >= max(F / P, D W / N) (see `time_lower_bound_s`)."""
+    gpu_work = _shared_for(inp, "gpu_work", lambda inp: sum(
+        min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U)))
+    gpus = sum(_gpus_per_type(inp).values())
+    if inp.max_gpus is not None:
+        gpus = min(gpus, inp.max_gpus)
+    return max(_fastest_work_s(inp) / inp.P, inp.D * gpu_work / gpus)
+
+
+
+def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
+    """(seconds, bytes) stage position i adds on pool k besides its generic blocks: the embedding
+    (and unit 1's difference from a generic block, only where it is lighter) on stage 0, the head
+    on the last stage."""
+    t = mem = 0.0
+    nf = inp.in_flight(i)
+    unit = lambda l: (inp.step_s[k][l], inp.stat_bytes[k][l] + nf * inp.act_bytes[k][l])  # noqa: E731
+    if i == 0:
+        t0, m0 = unit(0)
+        t1, m1 = unit(1)
+        tg, mg = unit(2)
+        t, mem = t0 + min(0.0, t1 - tg), m0 + min(0.0, m1 - mg)
+    if i == inp.P - 1:
+        th, mh = unit(inp.U - 1)
+        t, mem = t + th, mem + mh
+    return t, mem
+
+
+
+def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
+    """An upper bound on the transformer blocks P stages of D replicas can hold when no stage may
+    take longer than theta_s per microbatch (relaxation: zones merged, quotas per GPU type).
+
+    At stage position i a replica of class c holds at most cap[c,i] blocks: what fits in theta_s
+    and in memory with min(P - i, m) microbatches in flight, after the embedding (i = 0) or head
+    (i = P - 1). A stage holds no more than its worst replica. For a level v, the positions whose
+    stage can hold >= v blocks need D replicas each of classes with cap >= v there, and at most
+    N(v) positions can have that at once (`_hall_counts`). Total blocks <= sum_v (v - v_next) N(v)
+    (layer-cake sum over the capacity levels)."""
+    check_deadline()
+    tab = _coverable_tables(inp)
+    by_time = np.floor((theta_s - tab.extra_s) / tab.block_s[:, None] + 1e-9)
+    caps = np.maximum(-1, np.minimum(np.minimum(by_time, tab.by_mem), inp.U - 2)).astype(np.int64)  # (K, P)
+    work = _work_bound(inp, caps, tab.gpus)
+    levels = np.unique(caps[caps > 0])[::-1]
+    if levels.size == 0:
+        return 0.0
+    stages = _hall_counts(inp, tab, caps, levels)
+    if stages[-1] < inp.P - 1:
+        return 0.0  # every stage but the last needs a block: too few replicas that hold one
+    widths = levels - np.append(levels[1:], 0)
+    return min(float((widths * stages).sum()), work)
+
+
+
+def _hall_counts(inp: JointInputs, tab: "_CoverableTables", caps: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """N(v) for each level: an upper bound on how many stage positions can each get D replicas of
+    classes holding >= v blocks there, at once. A set S of positions can only be served if some
+    x[j, g] >= 0 (replicas of type g at position j, each taking tp[g, j] GPUs, the type's
+    smallest eligible TP there) has sum_g x[j, g] = D and sum_j tp[g, j] x[j, g] <= GPUs of g.
+    For any prices lam_g >= 0 that implies D sum_{j in S} w_j <= sum_g lam_g GPUs_g with
+    w_j = min_g lam_g tp[g, j] (Farkas), so |S| is at most the number of the cheapest w_j that fit
+    the budget; N(v) is the least such count over a set of prices (`_hall_prices`: the ratios of
+    the TP degrees, where the dual's vertices lie). With one GPU type this is exact: the positions
+    needing the fewest GPUs per replica. It needs no order among the positions (the ends, with
+    the embedding and the head, need not be more or less generous than the middle ones)."""
+    D = inp.D
+    types = list(tab.pools_of_type)
+    eligible = caps[None, :, :] >= levels[:, None, None]  # (V, K, P)
+    tp = np.stack([np.where(eligible[:, ks, :], tab.tp[ks][None, :, None].astype(float), np.inf).min(axis=1)
+                   for ks in tab.pools_of_type.values()])  # (T, V, P): smallest eligible TP, inf if none
+    lams = _hall_prices(inp)  # (L, T + 1): a price per type, then one on every GPU (max_gpus)
+    held = np.array([tab.gpus[g] for g in types] + [inp.max_gpus or 0], dtype=float)
+    budget = lams @ held  # (L,)
+    per_gpu = lams[:, :-1] + lams[:, -1:]  # (L, T)
+    finite = np.isfinite(tp)
+    w = np.where(finite[None], per_gpu[:, :, None, None] * np.where(finite, tp, 0.0)[None], np.inf).min(axis=1)
+    cum = np.cumsum(np.sort(w, axis=2), axis=2)  # (L, V, P)
+    fit = D * cum <= budget[:, None, None] * (1 + 1e-12)
+    return fit.sum(axis=2).min(axis=0)
+
+
+
+def _hall_prices(inp: JointInputs) -> np.ndarray:
+    """Prices for `_hall_counts`: per type 0 or a ratio of two TP degrees (the first nonzero one
+    1), and a price on every GPU alone when max_gpus caps them (any prices give a valid count)."""
+    return _shared_for(inp, f"hall_prices:{inp.max_gpus}", _make_hall_prices)  # the pools and max_gpus
+
+
+
+def _make_hall_prices(inp: JointInputs) -> np.ndarray:
+    T = len({p.gpu_type for p in inp.pools})
+    tps = sorted({p.tp for p in inp.pools})
+    ratios = sorted({a / b for a in tps for b in tps})
+    rows = []
+    for head in range(T):  # lam = (0, .., 0, 1, free ...)
+        tails = np.array(np.meshgrid(*[[0.0] + ratios] * (T - head - 1), indexing="ij")).reshape(T - head - 1, -1).T \
+            if T - head - 1 else np.zeros((1, 0))
+        for tail in tails:
+            rows.append([0.0] * head + [1.0] + list(tail) + [0.0])
+    if inp.max_gpus is not None:
+        rows.append([0.0] * T + [1.0])
+    return np.array(rows)
+
+
+
+@dataclass(frozen=True)
+class _CoverableTables:
+    block_s: np.ndarray  # (K,) seconds of one generic block
+    extra_s: np.ndarray  # (K, P) seconds a position adds (`_position_extras`)
+    by_mem: np.ndarray  # (K, P) blocks that fit in memory at each position
+    tp: np.ndarray  # (K,)
+    gpus: dict  # GPU type -> GPUs (zones merged)
+    pools_of_type: dict  # GPU type -> pool indices
+
+
+
+def _coverable_tables(inp: JointInputs) -> _CoverableTables:
+    """The theta-independent parts of `blocks_coverable`, computed once per inputs (a bound search
+    calls it ~10 times on the same inputs)."""
+    return _cached_for(inp, "coverable", _make_coverable_tables)
+
+
+
+def _gpus_per_type(inp: JointInputs) -> dict[str, int]:
+    """GPU type -> GPUs available over all its zones (pools of one quota share its GPUs)."""
+    return _shared_for(inp, "gpus", _make_gpus_per_type)
+
+
+
+def _make_gpus_per_type(inp: JointInputs) -> dict[str, int]:
+    gpus: dict[str, int] = {}
+    for per_type in _gpus_per_group(inp, "zone").values():
+        for g, n in per_type.items():
+            gpus[g] = gpus.get(g, 0) + n
+    return gpus
+
+
+
+def _make_coverable_tables(inp: JointInputs) -> _CoverableTables:
+    gpus = _gpus_per_type(inp)
+    extra = np.zeros((inp.K, inp.P))
+    by_mem = np.zeros((inp.K, inp.P))
+    for k in range(inp.K):
+        for i in range(inp.P):
+            et, em = _position_extras(inp, k, i)
+            per_blk = inp.stat_bytes[k][2] + inp.in_flight(i) * inp.act_bytes[k][2]
+            extra[k, i] = et
+            by_mem[k, i] = math.floor((inp.cap_bytes[k] - em) / per_blk) if per_blk > 0 else inp.U
+    block = np.array([inp.step_s[k][2] for k in range(inp.K)])
+    block = np.where(block > 0, block, np.inf)  # a free block: time never limits (caps cut at U - 2)
+    types = sorted({p.gpu_type for p in inp.pools})
+    return _CoverableTables(block, extra, by_mem, np.array([p.tp for p in inp.pools], dtype=np.int64), gpus,
+                            {g: np.array([k for k, p in enumerate(inp.pools) if p.gpu_type == g]) for g in types})
+
+
+
+def _work_bound(inp: JointInputs, caps: np.ndarray, gpus: dict[str, int]) -> float:
+    """A stage holds no more blocks than the mean capacity of its D replicas, so all stages hold at
+    most (1 / D) sum over replicas of their capacity; a GPU type gives the most in total at the TP
+    degree with the most capacity per GPU (at any position: an overestimate). caps: (K, P) blocks."""
+    best: dict[str, float] = {}
+    top = np.maximum(caps.max(axis=1), 0)
+    for k, p in enumerate(inp.pools):
+        best[p.gpu_type] = max(best.get(p.gpu_type, 0.0), (gpus[p.gpu_type] // p.tp) * int(top[k]))
+    return sum(best.values()) / inp.D
+
+
+
+def _replicas(gpus: dict[str, int], min_tp: dict[str, int], max_gpus: int | None) -> int:
+    budget = max_gpus if max_gpus is not None else math.inf
+    count = 0
+    for t, g in sorted((t, g) for g, t in min_tp.items()):  # smallest TP first: most replicas under a cap
+        take = int(min(gpus[g] // t, budget // t))
+        count, budget = count + take, budget - take * t
+    return count
+
+
+
+def bottleneck_lower_bound_s(inp: JointInputs, exact: bool = False, theta_hint_s: float | None = None) -> float:
+    key = (exact, theta_hint_s)
+    cache = _per_inputs_cache(inp, "bottleneck")
+    if key not in cache:
+        cache[key] = _bottleneck_lower_bound_s(inp, exact, theta_hint_s)
+    return cache[key]
+
+
+
+def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float | None) -> float:
+    """The least theta (slowest stage time per microbatch) for which `blocks_coverable` reaches
+    the L = U - 2 blocks; +inf when no theta does (too few replicas or memory). With `exact`, from
+    there the least stage time that `stages_fit_dp` accepts. `theta_hint_s` (the theta a caller
+    needs to rule out, e.g. from an incumbent) saves DP calls: when the DP rejects every time below
+    the hint, the first time at or above it is returned (a valid bound, maybe not the least)."""
+    hall = _cached_for(inp, "hall_theta", _hall_theta_s)  # the medium and the strong bound share it
+    if math.isinf(hall) or not exact or not blocks_identical(inp):
+        return hall
+    # the DP's answer changes only at actual stage times, so search those at or above Hall's answer
+    times = np.unique(_class_tables(inp).time_s)
+    times = times[times >= hall].tolist()
+    fits = lambda c: stages_fit_dp(inp, c)  # noqa: E731
+    if not times:
+        return math.inf
+    hi = len(times) - 1
+    if theta_hint_s is not None:
+        below = [j for j, t in enumerate(times) if t < theta_hint_s]
+        if not below:
+            return times[0]
+        if not fits(times[below[-1]]):  # nothing below the hint fits: that is all the caller needs
+            return times[below[-1] + 1] if below[-1] + 1 < len(times) else math.inf
+        hi = below[-1]
+    elif not fits(times[hi]):
+        return math.inf
+    return times[_first_true_from(fits, times, 0, hi)]  # the answer is usually a few times up
+
+
+
+def _hall_theta_s(inp: JointInputs) -> float:
+    """max(the least candidate stage time at which `blocks_coverable` reaches the L blocks, the work
+    bound D W / N of `_theta_work_bound_s`), inf if no time reaches them. Both bound the slowest
+    stage time of every plan; taking the larger one lets the search start at the work bound: the
+    Hall count is only needed above it (usually a probe or two, where bisecting over every
+    candidate took about eight)."""
+    L = inp.U - 2
+    pairs = sorted({(k, _position_extras(inp, k, i)[0]) for k in range(inp.K) for i in {0, inp.P - 1}} | {
+        (k, 0.0) for k in range(inp.K)})
+    # every stage time a class can have: n blocks plus what its position adds
+    block = np.array([inp.step_s[k][2] for k, _ in pairs])
+    extra = np.array([e for _, e in pairs])
+    # n x block + extra rounds differently from the class tables' prefix sums of the same units (1 ulp
+    # above them was seen): a candidate a hair lower keeps every stage time it stands for at or above it
+    cands = np.unique(np.arange(L + 1)[None, :] * block[:, None] + extra[:, None]) * (1 - ULP_SLACK)
+    cands = cands[cands != 0.0].tolist()
+    if not cands or blocks_coverable(inp, cands[-1]) < L:
+        return math.inf
+    work = _theta_work_bound_s(inp)
+    fits = lambda c: blocks_coverable(inp, c) >= L  # noqa: E731  monotone in c
+    below = bisect.bisect_right(cands, work) - 1  # the last candidate <= the work bound
+    if below >= 0 and fits(cands[below]):
+        return work  # the Hall time is at most the work bound
+    return cands[_first_true_from(fits, cands, below + 1)]  # the answer is usually close above
+
+
+
+def _first_true_from(pred, cands, lo: int, hi: int | None = None) -> int:
+    """The first index in [lo, hi] where the monotone `pred` holds (hi, default the last, must
+    hold): exponential steps up from lo, then bisection. For searches whose answer is usually a
+    few candidates above where they start, and whose every probe is costly."""
+    hi = len(cands) - 1 if hi is None else hi
+    failed, probe, step = lo - 1, lo, 1
+    while not pred(cands[probe]):
+        check_deadline()  # every probe is costly (a DP or a Hall count)
+        failed, probe, step = probe, min(probe + step, hi), step * 2
+    return _first_true(pred, cands, failed + 1, probe)
+
+
+
+def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps: int | None = None) -> int:
+    """The first index in [lo, hi] where the monotone `pred` holds (hi, default the last, must hold).
+    With `steps`, stop after that many bisection steps: the index returned is then a lower end
+    (pred is false below it), which is all a lower bound needs."""
+    hi = len(cands) - 1 if hi is None else hi
+    for _ in range(len(cands) if steps is None else steps):
+        if lo >= hi:
+            break
+        mid = (lo + hi) // 2
+        check_deadline()
+        if pred(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+
+def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.inf) -> bool:
+    """Exact test of a relaxation: can P stages of D replicas hold every block with no stage slower
+    than theta_s per microbatch, with GPUs counted per type (zones merged, regions ignored)?
+
+    A replica of type g on stage i holding n blocks needs w_g(i, n) GPUs: the smallest TP of g whose
+    class runs the stage within theta_s and fits it in memory (`_class_figures`). With two types A
+    and B, a dynamic program over stages keeps, for every (blocks placed s, A-GPUs used a), the
+    fewest B-GPUs: best'[s + n, a + x w_A] = min(best[s, a] + (D - x) w_B), x = 0..D replicas of A.
+    More types are merged pairwise into two resources (a merged type takes the smaller w and the
+    sum of the GPUs), which only relaxes further; every merge is a valid test, so all are tried.
+    Unlike the Hall count of `blocks_coverable`, this sees that GPUs a stage takes are gone for the
+    others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject).
+    With `extra_cap_s`, a class may serve a stage only if its all-reduce + update there
+    (`_ClassTables.extra_in_s`, `extra_span_s`) is within the cap (used by `sync_aware_time_bound_s`)."""
+    gpus = _gpus_per_type(inp)
+    types = sorted(gpus)
+    need = _gpus_per_replica(inp, theta_s, types, extra_cap_s)
+    if need is None:
+        return False
+    splits = [(types[:1], types[1:])] if len(types) <= 2 else [
+        ([a], [t for t in types if t != a]) for a in types]
+    return all(_two_resource_dp(inp, need, gpus, left, right) for left, right in splits)
+
+
+
+def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str],
+                      extra_cap_s: float = math.inf) -> dict[str, np.ndarray] | None:
+    """g -> (M,) fewest GPUs per replica of type g at every (stage i, n blocks) pair of
+    `_pair_layout` within theta_s and with its all-reduce + update within extra_cap_s (inf when
+    none); None when some stage has no feasible block count at all. Under a cap, a class may serve a
+    stage by its in-zone value (`_ClassTables.extra_in_s`) only if some zone has GPUs for D replicas of such
+    classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
+    value (`_ClassTables.extra_span_s`)."""
+    tab, lay = _class_tables(inp), _pair_layout(inp)
+    tp = np.array([c[1] for c in tab.classes], dtype=float)[:, None]
+    rows = {g: [j for j, c in enumerate(tab.classes) if c[0] == g] for g in types}
+
+    def least(mask: np.ndarray) -> dict[str, np.ndarray]:  # (C, M) allowed -> g -> least TP per pair
+        return {g: np.where(mask[ix], tp[ix], np.inf).min(axis=0) if ix else np.full(len(lay.pairs), np.inf)
+                for g, ix in rows.items()}
+
+    ok = tab.fits & (tab.time_s <= theta_s)
+    if extra_cap_s < math.inf:
+        in_zone = ok & (tab.extra_in_s <= extra_cap_s)
+        tp_in = least(in_zone)
+        most = np.zeros(len(lay.pairs))  # the most replicas one zone holds, each type at its least TP
+        for per in _gpus_per_group(inp, "zone").values():
+            held = [np.where(np.isfinite(tp_in[g]), per[g] // np.where(np.isfinite(tp_in[g]), tp_in[g], 1), 0)
+                    for g in per if g in tp_in]
+            most = np.maximum(most, sum(held) if held else 0)
+        ok = (in_zone & (most >= inp.D)[None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
+    need = least(ok)
+    some = np.zeros(len(lay.pairs), dtype=bool)
+    for w in need.values():
+        some |= np.isfinite(w)
+    if not np.all(np.bincount(lay.stage[some], minlength=inp.P) > 0):
+        return None
+    return need
+
+
+
+def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> bool:
+    L, D = inp.U - 2, inp.D
+    cap_a = sum(gpus[g] for g in left)
+    cap_b = sum(gpus[g] for g in right)
+    lay = _pair_layout(inp)
+    none = np.full(len(lay.pairs), np.inf)
+    w_a = np.min([need[g] for g in left], axis=0) if left else none
+    w_b = np.min([need[g] for g in right], axis=0) if right else none
+    if not np.isfinite(w_b).any():  # the left resource alone: the fewest GPUs decide
+        cap = cap_a if inp.max_gpus is None else min(cap_a, inp.max_gpus)
+        return _least_units_dp(inp, w_a) <= cap // D
+    starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
+    stages = []
+    for i in range(inp.P):
+        by_need: dict[tuple[float, float], list[tuple[int, float]]] = {}  # block counts with the same GPUs per replica
+        at = slice(starts[i], starts[i + 1])
+        for wa, wb, n in zip(w_a[at].tolist(), w_b[at].tolist(), lay.count[at].tolist()):
+            by_need.setdefault((wa, wb), []).append((n, 0.0))
+        stages.append(list(by_need.items()))
+    last = _replica_dp(stages, L, cap_a + 1, D)  # last[a]: fewest right-GPUs with a left-GPUs
+    ok = last <= cap_b
+    if inp.max_gpus is not None:
+        ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
+    return bool(ok.any())
+
+
+
+def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, float]]]]], L: int, width: int,
+                D: int) -> np.ndarray:
+    """out[a] = the least value of placing all L blocks on the stages in order, a = the left-resource
+    GPUs used (< width): stage i adds, for an entry ((w_a, w_b), [(n, add)...]) of stages[i] and one (n, add),
+    n blocks and best[s + n, a + x w_a] = min(best[s, a] + (D - x) w_b + add) over x = 0..D
+    (`_stage_contrib`). Rows are kept to the band of block counts that the stages before can reach
+    and the stages after can complete to L, and columns to those the stages before can reach:
+    outside them every value is inf or cannot reach row L, so the result is the full DP's."""
+    stages = [[(key, per_n) for key, per_n in ch if not (math.isinf(key[0]) and math.isinf(key[1]))]
+              for ch in stages]  # an entry neither resource serves adds nothing
+    spans = [(min(n for _, per_n in ch for n, _ in per_n), max(n for _, per_n in ch for n, _ in per_n))
+             if ch else None for ch in stages]
+    if any(s is None for s in spans):
+        return np.full(width, np.inf)
+    lo_after = np.cumsum([0] + [s[0] for s in spans[::-1]])[::-1]  # lo_after[i]: blocks stages i.. hold at least
+    hi_after = np.cumsum([0] + [s[1] for s in spans[::-1]])[::-1]
+    best = np.full((L + 1, width), np.inf)
+    best[0, 0] = 0.0
+    r0 = r1 = 0  # the rows of `best` in the band
+    cols = 1  # columns of `best` that may be finite
+    for i, choices in enumerate(stages):
+        check_deadline()  # a stage's step: up to ~10 ms on 10,000 GPUs
+        q0 = max(r0 + spans[i][0], L - int(hi_after[i + 1]))
+        q1 = min(r1 + spans[i][1], L - int(lo_after[i + 1]))
+        new = np.full_like(best, np.inf)
+        if q0 > q1:
+            return new[L]
+        reach = cols
+        for (wa, wb), per_n in choices:
+            w = cols if math.isinf(wa) else min(width, cols + D * int(wa))
+            contrib = _stage_contrib(best[r0:r1 + 1, :w], wa, wb, D)  # the same for every n: only the rows shift
+            if contrib is None:
+                continue
+            reach = max(reach, w)
+            for n, add in per_n:
+                lo, hi = max(q0, r0 + n), min(q1, r0 + n + len(contrib) - 1)
+                if lo > hi:
+                    continue
+                part = contrib[lo - r0 - n:hi - r0 - n + 1]
+                target = new[lo:hi + 1, :w]
+                np.minimum(target, part + add if add else part, out=target)
+        best, r0, r1, cols = new, q0, q1, reach
+    return best[L]
+
+
+
+def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
+    """The fewest units of D GPUs P stages need to hold the L blocks when stage i with n blocks
+    takes w[pair (i, n)] units (inf: not allowed): a min-plus dynamic program over stages on the
+    blocks placed (one resource, so no GPU axis is needed)."""
+    L, P = inp.U - 2, inp.P
+    lay = _pair_layout(inp)
+    N = L + 1
+    per_stage = np.full((P, N), np.inf)
+    per_stage[lay.stage, lay.count] = w
+    prev = _minplus_padded_index(N)
+    best = np.full(N + 1, np.inf)  # best[s]: fewest units with s blocks placed; best[N] stays inf
+    best[0] = 0.0
+    for i in range(P):
+        best[:N] = (best[prev] + per_stage[i][None, :]).min(axis=1)
+    return float(best[L])
+
+
+
+def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray | None:
+    """out[s, a'] = min over x = 0..D of best[s, a' - x wa] + (D - x) wb: one stage with x replicas
+    on the left resource (wa GPUs each) and D - x on the right (wb each); the caller shifts s by the
+    stage's block count. With j = (a' - r) / wa on each residue class r mod wa, the inner min is
+    D wb - J wb + min_{J - D <= j <= J} (best_j + j wb): a running minimum along j, one array
+    operation instead of D + 1. None when neither resource can serve the stage."""
+    rows, width = best.shape
+    if math.isinf(wa) and math.isinf(wb):
+        return None
+    if math.isinf(wa):  # all D replicas on the right
+        return best + D * wb
+    if math.isinf(wb):  # all D on the left: shift by D wa
+        out = np.full_like(best, np.inf)
+        shift = int(D * wa)
+        if shift < width:
+            out[:, shift:] = best[:, :width - shift]
+        return out
+    wa = int(wa)
+    J = -(-width // wa)
+    padded = np.full((rows, J * wa), np.inf)
+    padded[:, :width] = best
+    j = np.arange(J)[None, :, None]
+    shaped = padded.reshape(rows, J, wa) + j * wb
+    if D >= J - 1:  # the window [J - D, J] is the whole prefix
+        low = np.minimum.accumulate(shaped, axis=1)
+    else:
+        low = _window_min(shaped, D + 1)
+    return (D * wb - j * wb + low).reshape(rows, J * wa)[:, :width]
+
+
+
+def _window_min(a: np.ndarray, width: int) -> np.ndarray:
+    """out[:, j] = min(a[:, max(0, j - width + 1) : j + 1]) along axis 1, in O(log width) array
+    operations: windows of 2^k by doubling, then two overlapping ones cover any width."""
+    out = a.copy()
+    span = 1
+    while 2 * span <= width:
+        np.minimum(out[:, span:], out[:, :-span].copy(), out=out[:, span:])
+        span *= 2
+    rest = width - span  # out covers windows of `span`; shift by the rest to cover `width`
+    if rest > 0:
+        res = out.copy()
+        np.minimum(res[:, rest:], out[:, :-rest], out=res[:, rest:])
+        return res
+    return out
+
+
+
+def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None,
+                             strongest: bool = False) -> float:
+    """T >= sum_i tau_i + sum_i c_i + (m - 1) theta + sigma + mu, each term bounded alone: sum tau >=
+    F (every unit on its fastest pool), c_i >= c_node, theta >= the larger of
+    `bottleneck_lower_bound_s` (with `exact`: its dynamic-programming refinement), F / P and D W / N
+    (`time_lower_bound_s`) and the link time / 2, sigma and mu as in `_rest_lower_bound_s`.
+    With `exact` (blocks form), also `sync_aware_time_bound_s`, which bounds theta and sigma + mu
+    together. `target_s` (a T the caller wants to rule out) lets the exact search stop early: the
+    result is then a valid bound that is >= target_s whenever the DP can prove it.
+    With several regions, `exact` also splits the plans by the regions they use
+    (`region_split_time_bound_s`). `strongest` (with `exact` and a target) adds the replica-level
+    DPs on the sum of stage times (`capped_sum_tau_s`) where a cell falls short of the target.
+    With Sailor's composition plus `sailor_transfer_floor_s`."""
+    strongest = strongest and target_s is not None  # without a target it would lift every cell
+    shift = sailor_transfer_floor_s(inp)  # the bounds below are the hetplan composition's
+    if target_s is not None:
+        target_s -= shift
+    out = _time_lower_bound_merged_s(inp, exact, target_s, strongest)
+    if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
+        out = max(out, region_split_time_bound_s(inp, out, target_s, strongest))
+    return out + shift
+
+
+
+def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None,
+                              strongest: bool = False) -> float:
+    """The bounds above merge every region, but a stage's replicas sit in one region (H5) and a
+    boundary between regions costs c_region. A plan either
+      - lies in one region r: T >= the bound of the inputs cut down to r's pools (`in_region`);
+      - uses several regions with the first and last stage in one region: then it crosses a region
+        boundary at least twice, T >= merged_s + 2 (c_region - c_node), and its slowest stage
+        or boundary is at least c_region / 2 (theta >= c[i] / 2), T >= sum tau + (m - 1) theta +
+        rest + 2 (c_region - c_node) with that theta;
+      - or puts its ends in different regions: one crossing, and the tied-embedding all-reduce
+        crosses regions too, T >= sum tau + (P - 1) c_node + (c_region - c_node) + (m - 1) theta
+        + tied(region) + mu, each term bounded alone.
+    The least of these is a bound (measured: OPT-350M on 5 zones in 2 regions, P5 b1 D64, the
+    merged bound is 1.50 s, the optimum 1.654 s: the small region can hold one stage only at the
+    cost of two crossings)."""
+    c_node, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.region)
+    hop = c_region - c_node
+    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, True), c_region / 2)
+    sum_tau = sum_tau_lower_bound_s(inp)
+    ends_apart = sum_tau + (inp.P - 1) * c_node + hop + (inp.m - 1) * theta + inp.tied_s[2] + _mu_lower_bound_s(inp)
+    # two crossings: their boundaries take c_region, so theta >= c_region / 2 there too (measured:
+    # OPT-350M, 5 zones x 80 A100, P13 b2 D16, m = 64: 1.52 s -> 2.57 s, above the 1.98 s of the
+    # plans inside one region; the MILPs of P13-P16 D16 each stopped at their 5 s limit)
+    two_hops = max(merged_s, sum_tau + (inp.m - 1) * theta + _rest_lower_bound_s(inp)) + 2 * hop
+    out = min(two_hops, ends_apart)
+    for sub in _region_inputs(inp).values():
+        if target_s is not None and out < target_s:
+            target_s = out  # beyond the least so far, a region's bound changes nothing
+        out = min(out, _time_lower_bound_merged_s(sub, True, target_s, strongest))
+    return out
+
+
+
+def _region_inputs(inp: JointInputs) -> dict[str, "JointInputs"]:
+    """region -> these inputs with only the pools of that region (cached: their own bound caches
+    live as long as these inputs)."""
+    return _cached_for(inp, "regions", lambda inp: {r: in_region(inp, r) for r in inp.regions})
+
+
+
+def in_region(inp: JointInputs, region: str) -> JointInputs:
+    """The same outer choice with only `region`'s pools (the all-reduce table re-indexed)."""
+    keep = [k for k, p in enumerate(inp.pools) if p.region == region]
+    new_index = {k: j for j, k in enumerate(keep)}
+    pick = lambda rows: tuple(rows[k] for k in keep)  # noqa: E731
+    def table(tab: dict | None) -> dict | None:
+        return None if tab is None else {(new_index[k], pos, n): v for (k, pos, n), v in tab.items() if k in new_index}
+    return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
+                   upd_fixed_s=pick(inp.upd_fixed_s) if inp.upd_fixed_s else (),
+                   send_floor_s=pick(inp.send_floor_s) if inp.send_floor_s else (),
+                   send_away_s=pick(inp.send_away_s) if inp.send_away_s else (),
+                   stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
+                   sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table))
+
+
+
+def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None,
+                               strongest: bool = False) -> float:
+    if not inp.pools:
+        return math.inf
+    if inp.U < 4:
+        return _work_bound_s(inp)
+    # the bottleneck first, with F for the sum of stage times: with a target it alone rules out
+    # most choices (measured: 60 of the 67 that reached the strong bound on GPT-Neo, 32 A100 + 96
+    # V100), and the Lagrangian sum-tau bound costs five times as much; a hint from the smaller F
+    # base is larger, so the theta found is at least the one a hint from the full base gives
+    base = _fastest_work_s(inp) + _rest_lower_bound_s(inp)
+    hint = None if target_s is None or inp.m <= 1 else (target_s - base) / (inp.m - 1)
+    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint), _c_node_s(inp) / 2)
+    if math.isinf(theta):
+        return math.inf
+    out = base + (inp.m - 1) * theta
+    if not exact or (target_s is not None and out >= target_s):
+        return out
+    base = sum_tau_lower_bound_s(inp) + _rest_lower_bound_s(inp)
+    out = base + (inp.m - 1) * theta
+    if exact and blocks_identical(inp) and (target_s is None or out < target_s):
+        out = max(out, sync_aware_time_bound_s(inp, theta, target_s, strongest=strongest))
+    return out
+
+
+
+def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float | None = None,
+                            grid: int = 8, strongest: bool = False) -> float:
+    """T >= sum tau + (P - 1) c_node + (m - 1) theta + s (sum tau >= `sum_tau_lower_bound_s`), where s = the largest extra value (`_ClassTables`) of
+    the plan's (stage, class) pairs (<= sigma + mu) and theta its slowest stage: the DP
+    (`stages_fit_dp`) must fit the blocks with both caps. This sees what the separate terms of
+    `time_lower_bound_tight_s` miss: a cheap all-reduce needs a high TP, and D replicas at a high
+    TP may not exist (measured, GPT-Neo on 3 x 256 GPUs, P3 b1 D256: sigma + mu >= 0.073 s alone,
+    0.30 s here; the optimum has 0.44 s).
+
+    theta*(s), the least feasible theta with cap s, does not grow with s. The s axis is cut at a
+    few grid values s_0 < ... < s_q (s_0 = `extra_lower_bound_s`); a plan whose largest
+    extra lies in [s_j, s_j+1) fits with cap s'_j (the largest extra value below s_j+1), so
+    T >= base + (m - 1) theta*(s'_j) + s_j, and the bound is the least over the cells (the last
+    cell has no cap: theta*(inf) >= theta_lo_s, the caller's bottleneck bound). With `target_s`,
+    a cell is only tested at the theta that would beat the target (one DP call), and the grid
+    ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
+    (its lower end is a valid bound). A cell's theta is also at least the fastest (stage, class)
+    pair whose extra reaches s_j, and base is lifted by the least sum tau under the cell's caps
+    (`_lifted_cell_s`; only for cells within 10 % below the target when there is one)."""
+    tab = _class_tables(inp)
+    sum_tau = sum_tau_lower_bound_s(inp)
+    links = (inp.P - 1) * _c_node_s(inp)
+    base = sum_tau + links
+    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
+    caps = caps[np.isfinite(caps)].tolist()  # inf: a placement that does not exist
+    thetas = np.unique(tab.time_s)
+    thetas = thetas[thetas >= theta_lo_s].tolist()
+    s_first = extra_lower_bound_s(inp)
+    if not thetas or not caps or s_first > caps[-1]:
+        return math.inf
+    w = max(inp.m - 1, 0)
+
+    arr = _class_arrays(inp)
+
+    def cell(j: int, s_lo: float, cap: float) -> float:
+        """T over the plans with theta >= thetas[j] and largest extra in [s_lo, cap]: such a plan
+        has a (stage, class) pair with extra >= s_lo, and its slowest stage is no faster."""
+        slowest = arr.time_s[arr.extra_hi_s >= s_lo]
+        j = max(j, _first_true(lambda t: t >= float(slowest.min()), thetas + [math.inf], 0)) if slowest.size \
+            else len(thetas)
+        out = base + w * (thetas[j] if j < len(thetas) else math.inf) + s_lo
+        if target_s is not None and not 0.9 * target_s <= out < target_s:
+            return out  # reached, or too far below for the DPs to lift it there (a min-cost floor)
+        goal = None if target_s is None else target_s - links - s_lo
+        return max(out, _lifted_cell_s(inp, thetas, j, cap, sum_tau, w, goal, 8 if target_s is not None else 3,
+                                       strongest) + links + s_lo)
+
+    no_cap = cell(0, 0.0, math.inf)  # + s for s >= the last grid value
+    s_end = caps[-1] if target_s is None else min(caps[-1], target_s - no_cap)
+    if w == 0 or s_first >= s_end:
+        return no_cap + s_first
+    j0 = _first_true(lambda c: c >= s_first, caps, 0)
+    # grid values: extras between s_first and s_end, evenly spread in value
+    marks = [s_first + (s_end - s_first) * q / grid for q in range(grid + 1)]
+    cells = sorted({caps[_first_true(lambda c: c >= v, caps, j0)] for v in marks})
+    cells[0] = min(cells[0], s_first)  # the first cell starts at the bound itself
+    best = cell(0, cells[-1], math.inf)
+    hi = len(thetas) - 1
+    for s_lo, s_next in zip(cells, cells[1:]):
+        cap = caps[_first_true(lambda c: c >= s_next, caps, j0) - 1]  # largest extra < s_next
+        fits = lambda t, cap=cap: stages_fit_dp(inp, t, cap)  # noqa: E731
+        if target_s is not None:
+            need = (target_s - base - s_lo) / w  # theta must be below this to beat the target
+            below = _first_true(lambda t: t >= need, thetas + [math.inf], 0) - 1
+            if below < 0 or not fits(thetas[below]):
+                best = min(best, cell(below + 1, s_lo, cap))
+                continue
+            hi = min(hi, below)
+        elif not fits(thetas[hi]):
+            continue  # this cell holds no plan at all (theta*(cap) is beyond every stage time)
+        lo = _first_true(fits, thetas, 0, hi, steps=3 if target_s is None else 1)
+        best = min(best, cell(lo, s_lo, cap))
+    return best
+
+
+
+def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, sum_tau: float, w: int,
+                   goal: float | None = None, depth: int = 6, strong: bool = False) -> float:
+    """min over the plans with theta >= thetas[j] and every extra <= cap of sum tau + w theta.
+    A plan's slowest stage takes one of `thetas`; if that is among thetas[lo:hi], its sum tau is
+    >= `capped_sum_tau_s`(thetas[hi - 1], cap) and its theta >= thetas[lo]. The range is halved
+    (at most `depth` times) until each part's bound reaches `goal` (the value the caller needs).
+    `strong`: a part the plain DP leaves below the goal also gets the replica-level DPs."""
+    def bound(lo: int, hi: int, d: int) -> float:
+        out = max(sum_tau, capped_sum_tau_s(inp, thetas[hi - 1], cap)) + w * thetas[lo]
+        if strong and (goal is None or out < goal):
+            out = max(out, capped_sum_tau_s(inp, thetas[hi - 1], cap, True) + w * thetas[lo])
+        if d == 0 or hi - lo == 1 or (goal is not None and out >= goal):
+            return out
+        mid = (lo + hi) // 2
+        left = bound(lo, mid, d - 1)
+        # short of the goal on the left: the node is too, so the right half gets no halving
+        right = bound(mid, hi, 0 if goal is not None and left < goal else d - 1)
+        return max(out, min(left, right))
+
+    return bound(j, len(thetas), depth) if j < len(thetas) else math.inf
+
+
+
+def extra_lower_bound_s(inp: JointInputs) -> float:
+    """A lower bound on sigma + mu that sees the GPU quotas (blocks form), without a DP. Stage i
+    with n blocks needs D replicas of classes whose extra value is at most s: s_need(i, n) is the
+    least s for which the GPUs allow that (each type at its smallest such TP), either in one zone
+    with the in-zone values (`_ClassTables.extra_in_s`) or over all zones with the spanning values
+    (`_ClassTables.extra_span_s`). Every stage holds some count and some stage holds >= ceil(L / P)
+    blocks, so sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
+    return _cached_for(inp, "extra_lb", _make_extra_lower_bound)
+
+
+
+def _make_extra_lower_bound(inp: JointInputs) -> float:
+    tab, lay = _class_tables(inp), _pair_layout(inp)
+    gpus = _gpus_per_type(inp)
+    zones = _gpus_per_group(inp, "zone")
+    n_big = -(-(inp.U - 2) // inp.P)
+    pair_at = {pair: j for j, pair in enumerate(lay.pairs)}
+
+    def least_s(extra: np.ndarray, j: int, enough) -> float:
+        """The least extra value at which the classes fitting pair j allow D replicas."""
+        min_tp: dict[str, int] = {}
+        col = extra[:, j]
+        for ci in np.argsort(col, kind="stable").tolist():  # ties in class order, as sorted (value, class)
+            if not tab.fits[ci, j]:
+                continue
+            g, t = tab.classes[ci]
+            min_tp[g] = min(min_tp.get(g, t), t)
+            if enough(min_tp):
+                return float(col[ci])
+        return math.inf
+
+    def s_need(i: int, n: int) -> float:
+        j = pair_at[i, n]
+        return min(least_s(tab.extra_in_s, j, lambda tp: _most_replicas(zones, tp) >= inp.D),
+                   least_s(tab.extra_span_s, j, lambda tp: _replicas(gpus, tp, inp.max_gpus) >= inp.D))
+
+    # s_need grows with n (a class's extra grows, fewer classes fit): only the least count matters
+    counts = [block_counts(inp, i) for i in range(inp.P)]
+    every = max(s_need(i, c.start) for i, c in enumerate(counts))
+    big = min((s_need(i, max(n_big, c.start)) for i, c in enumerate(counts) if max(n_big, c.start) in c),
+              default=math.inf)
+    return max(every, big)
+
+
+
+def sum_tau_lower_bound_s(inp: JointInputs) -> float:
+    """A lower bound on sum_i tau_i that sees the GPU quotas (blocks form; F otherwise), by
+    Lagrangian relaxation: with a price lam_g >= 0 per GPU of type g (and lam_0 on every GPU under
+    max_gpus), sum tau >= min over plans of sum_i [tau_i + sum of the prices of stage i's GPUs]
+    - sum_g lam_g gpus_g - lam_0 max_gpus, and the min splits by stage: stage i with n blocks and
+    straggler class r costs time[r,i,n] + D x (the cheapest replica among classes no slower than r
+    that fit), then a min-plus DP over stages places the L blocks. Any prices give a valid bound;
+    a few rounds of coordinate search over a grid of prices pick good ones. F (every unit on its
+    fastest pool) misses that the fastest class cannot serve every stage: on GPT-Neo, 3 x 256
+    GPUs, P3 b1 D256, F = 0.070 s where the optimum's sum tau is 0.286 s."""
+    return _cached_for(inp, "sum_tau", lambda inp: max(_fastest_work_s(inp), _sum_tau_prices(inp)[0])
+                       if blocks_identical(inp) else _fastest_work_s(inp))
+
+
+
+@dataclass(frozen=True)
+class _ClassArrays:
+    """Per (stage, block count, class) figures as arrays, for the sum-of-stage-times DPs."""
+    time_s: np.ndarray  # (P, N, C) stage seconds, inf where the class does not fit or n is not allowed
+    extra_s: np.ndarray  # (P, N, C) the least of `_ClassTables.extra_in_s` and `_ClassTables.extra_span_s`
+    extra_hi_s: np.ndarray  # (P, N, C) the larger of the two that a placement exists for
+    tp: np.ndarray  # (C,)
+    gpu_of: np.ndarray  # (C,) index into types
+    types: list[str]
+    held: np.ndarray  # (types + 1,) GPUs per type, then min(all GPUs, max_gpus)
+
+
+
+def _class_arrays(inp: JointInputs) -> _ClassArrays:
+    return _cached_for(inp, "class_arrays", _make_class_arrays)
+
+
+
+def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
+    tab, lay = _class_tables(inp), _pair_layout(inp)
+    gpus = _gpus_per_type(inp)
+    types = sorted(gpus)
+    shape = (inp.P, inp.U - 1, len(tab.classes))
+
+    def spread(values: np.ndarray, missing: float) -> np.ndarray:  # (C, M) -> (P, N, C), missing where unfit
+        out = np.full(shape, missing)
+        out[lay.stage, lay.count, :] = np.where(tab.fits, values, missing).T
+        return out
+
+    total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
+    return _ClassArrays(spread(tab.time_s, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
+                        spread(np.maximum(*(np.where(np.isfinite(e), e, -np.inf)  # inf: no such placement
+                                            for e in (tab.extra_in_s, tab.extra_span_s))), -np.inf),
+                        np.array([c[1] for c in tab.classes], dtype=float),
+                        np.array([types.index(c[0]) for c in tab.classes]), types,
+                        np.array([gpus[g] for g in types] + [total], dtype=float))
+
+
+
+def _sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
+    """(the Lagrangian bound of `sum_tau_lower_bound_s`, the prices that reach it)."""
+    return _cached_for(inp, "sum_tau_prices", _make_sum_tau_prices)
+
+
+
+class _ByStageTime:
+    """Classes of every (stage, block count) sorted by stage time (inf: not allowed there)."""
+
+    def __init__(self, t: np.ndarray):
+        self.order = np.argsort(t, axis=2, kind="stable")
+        self.t_sorted = np.take_along_axis(t, self.order, axis=2)
+        self.finite = np.isfinite(self.t_sorted)
+
+    def costs(self, arr: _ClassArrays, lams: np.ndarray, D: int) -> np.ndarray:
+        """(B, P, N, C): the r-th class as straggler costs its stage time + D x the price of the
+        cheapest replica among classes no slower than r, at prices lams (B, types + 1)."""
+        per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp  # (B, C) price of one replica per class
+        price = np.where(self.finite, per_gpu[:, self.order], np.inf)  # in each (stage, count)'s time order
+        return self.t_sorted + D * np.minimum.accumulate(price, axis=3)
+
+
+
+def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
+    arr = _class_arrays(inp)
+    L, P = inp.U - 2, inp.P
+    N = L + 1
+    by_time = _ByStageTime(arr.time_s)
+    # lam[g] per type; lam[-1] on every GPU, against min(all GPUs, max_gpus): single-type prices
+    # alone cannot leave lam = 0 when another type is as fast
+    prev, valid = _minplus_index(N)
+
+    def values(lams: np.ndarray) -> np.ndarray:  # (B, types + 1) prices -> (B,) dual values
+        check_deadline()
+        stage = by_time.costs(arr, lams, inp.D).min(axis=3)  # (B, P, N)
+        best = np.full((lams.shape[0], N), np.inf)
+        best[:, 0] = 0.0
+        for i in range(P):
+            cand = best[:, prev] + stage[:, i, None, :]  # (B, s, n)
+            best = np.where(valid, cand, np.inf).min(axis=2)
+        return best[:, L] - lams @ arr.held
+
+    lam = np.zeros(len(arr.types) + 1)
+    best_value = float(values(lam[None])[0])
+    if not np.isfinite(best_value):
+        return math.inf, lam
+    unit = max(float(np.min(by_time.t_sorted[..., 0][by_time.finite[..., 0]])), 1e-12) / inp.D
+    steps = np.array([0.0] + [unit * 2.0 ** k for k in range(-4, 9)])
+    coords = [lam.size - 1] + list(range(lam.size - 1))
+    if lam.size == 2 and arr.held[0] == arr.held[-1]:
+        coords = coords[:1]  # one type and no GPU cap: both prices are one price on the same GPUs
+    for _ in range(3):  # coordinate search over a grid of prices, all trials of a coordinate at once
+        improved = False
+        for g in coords:
+            trials = np.repeat(lam[None], steps.size, axis=0)
+            trials[:, g] = steps
+            vals = values(trials)
+            j = int(np.argmax(vals))
+            if vals[j] > best_value + 1e-15:
+                best_value, lam, improved = float(vals[j]), trials[j], True
+        if not improved:
+            break
+    return best_value, lam
+
+
+
+@functools.lru_cache(maxsize=16)
+def _minplus_padded_index(N: int) -> np.ndarray:
+    """prev[s, n] = s - n where s >= n, else N: one stage's min-plus step as a gather from a table
+    whose row N is inf (no mask needed). Cached: callers only read it."""
+    prev, valid = _minplus_index(N)
+    out = np.where(valid, prev, N)
+    out.setflags(write=False)
+    return out
+
+
+
+@functools.lru_cache(maxsize=16)
+def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prev[s, n] = s - n where valid, valid[s, n] = s >= n): one stage's min-plus step as a gather.
+    Cached: callers only read it."""
+    s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
+    valid = s_idx >= n_idx
+    prev = np.where(valid, s_idx - n_idx, 0)
+    for a in (prev, valid):
+        a.setflags(write=False)
+    return prev, valid
+
+
+
+def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
+                     strong: bool = False) -> float:
+    """A lower bound on sum_i tau_i over the plans whose stages all run within theta_cap_s and whose
+    (stage, class) extras (`_ClassTables.extra_in_s`, or `_ClassTables.extra_span_s` where smaller) are within
+    extra_cap_s (blocks form). A DP over (blocks placed, GPUs used in units of D) keeps the GPU
+    total exact: a stage whose straggler is class r holds D replicas of classes no slower than r,
+    so at least D x (the least TP among them) GPUs, a whole number of units, and the units of all
+    stages fit min(all GPUs, max_gpus) / D. The per-type quotas enter by Lagrangian prices: those
+    `sum_tau_lower_bound_s` found and none, the larger result counts. The caps are what make this
+    strong: with theta at its bound, the fast (high-TP) classes cannot take every block, and the
+    GPUs they need are gone for the other stages (measured: GPT-Neo on 256 A100, P5 b1 D32, sum tau
+    >= 0.090 s uncapped, 0.145 s at the bottleneck bound, the optimum's sum tau).
+
+    `strong` also takes `_replica_sum_tau_s` for every split of the GPU types into one type and
+    the rest, which sees the quota of that type exactly (measured: A100 + V100, 32 + 96 GPUs,
+    P5 b1 D16, at the optimum's theta and extras: 0.627 s here, 0.882 s with it, the optimum's)."""
+    key = (theta_cap_s, extra_cap_s, strong)
+    cache = _per_inputs_cache(inp, "capped_sum_tau")
+    if key not in cache:
+        out = capped_sum_tau_s(inp, theta_cap_s, extra_cap_s) if strong else \
+            _capped_sum_tau_s(inp, theta_cap_s, extra_cap_s)
+        if strong and out < math.inf:
+            types = _class_arrays(inp).types
+            for g in (types if len(types) > 2 else types[:1]):
+                out = max(out, _replica_sum_tau_s(inp, theta_cap_s, extra_cap_s, g))
+        cache[key] = out
+    return cache[key]
+
+
+
+def _capped_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) -> float:
+    arr = _class_arrays(inp)
+    ok = (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
+    t = np.where(ok, arr.time_s, np.inf)
+    L, P, D = inp.U - 2, inp.P, inp.D
+    N = L + 1
+    by_time = _ByStageTime(t)
+    if not by_time.finite[..., 0].any(axis=1).all():
+        return math.inf  # some stage has no allowed count
+    least_tp = np.minimum.accumulate(np.where(by_time.finite, arr.tp[by_time.order], np.inf), axis=2)  # (P, N, C)
+    units = sorted({int(u) for u in arr.tp})
+    V = min(int(arr.held[-1] // D), P * units[-1])  # more units than P stages can take never bind
+    # with one GPU type the unit axis counts its GPUs exactly (V D <= its GPUs and the cap), and a
+    # price on them subtracts at least what it adds (every plan pays <= price x V D): no prices
+    prices = [] if len(arr.types) == 1 else [_sum_tau_prices(inp)[1]]
+    lams = np.stack([np.zeros_like(arr.held), *prices])  # (1 or 2, types + 1)
+    cost_r = by_time.costs(arr, lams, D)  # (1 or 2, P, N, C)
+    # cost[u]: a stage taking u units: the best straggler whose least TP is <= u
+    cost = [np.where(least_tp <= u, cost_r, np.inf).min(axis=3) for u in units]  # (1 or 2, P, N) each
+    prev = _minplus_padded_index(N)
+    # best[., s, v]: s blocks placed on v units; row N stays inf (where prev points for s < n)
+    best = np.full((len(lams), N + 1, V + 1), np.inf)
+    best[:, 0, 0] = 0.0
+    allowed = [np.isfinite(c).any(axis=0) for c in cost]  # (P, N) per unit: the counts a stage may take
+    for i in range(P):
+        check_deadline()
+        new = np.full_like(best, np.inf)
+        for u, c, ok_u in zip(units, cost, allowed):
+            if u > V:
+                continue
+            ns = np.flatnonzero(ok_u[i])  # only the counts allowed here
+            if ns.size == 0:
+                continue
+            cand = best[:, prev[:, ns], : V + 1 - u] + c[:, i, ns][:, None, :, None]  # (., s, n, v)
+            np.minimum(new[:, :N, u:], cand.min(axis=2), out=new[:, :N, u:])
+        best = new
+    values = best[:, L, :].min(axis=1) - lams @ arr.held
+    return float(values.max())
+
+
+
+def _replica_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, left: str) -> float:
+    """A lower bound on sum tau (caps as in `capped_sum_tau_s`) that counts the GPUs of type `left`
+    exactly, replica by replica, and prices the GPUs of the other types (merged into one) at mu
+    per GPU (Lagrangian: any mu >= 0 gives a bound; the dual is concave in mu, searched on a
+    doubling grid). A stage with n blocks whose slowest class takes tau holds x replicas of `left`
+    at the least TP w_a among its classes no slower than tau, and D - x of the others at their
+    least such TP w_b, in any mix: best'[s + n, a + x w_a] = min(best[s, a] + tau + mu (D - x) w_b)
+    over x = 0..D (`_stage_contrib`), a <= the GPUs of `left`; the bound is
+    min_a best[L, a] - mu (the other GPUs)."""
+    arr = _class_arrays(inp)
+    t = np.where((arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s), arr.time_s, np.inf)
+    gpus = _gpus_per_type(inp)
+    in_left = arr.gpu_of == arr.types.index(left)
+    cap_a, cap_b = gpus[left], sum(v for g, v in gpus.items() if g != left)
+    L, D = inp.U - 2, inp.D
+    stages = [_replica_stage_choices(inp, t[i], i, in_left, arr.tp) for i in range(inp.P)]
+
+    def value(mu: float) -> float:
+        priced = [[((wa, mu * wb if wb < math.inf else wb), per_n) for (wa, wb), per_n in choices.items()]
+                  for choices in stages]
+        return float(_replica_dp(priced, L, cap_a + 1, D).min()) - mu * cap_b
+
+    finite = t[np.isfinite(t)]
+    if finite.size == 0:
+        return math.inf
+    unit = float(finite.min()) / D
+    out, last = value(0.0), -math.inf
+    for k in range(0, 16, 2):  # rises, then flat or falling (concave in mu)
+        v = value(unit * 2.0 ** k)
+        out = max(out, v)
+        if v <= last + 1e-12 * abs(last):
+            break
+        last = v
+    return out
+
+
+
+def _replica_stage_choices(inp: JointInputs, t_i: np.ndarray, i: int, in_left: np.ndarray,
+                           tp: np.ndarray) -> dict[tuple[float, float], list[tuple[int, float]]]:
+    """(w_a, w_b) -> [(n, least tau with those GPUs per replica)] for stage i (`_replica_sum_tau_s`)."""
+    out: dict[tuple[float, float], dict[int, float]] = {}
+    for n in block_counts(inp, i):
+        row = t_i[n]
+        for tau in sorted(set(row[np.isfinite(row)].tolist())):
+            allowed = row <= tau
+            wa = float(tp[allowed & in_left].min()) if (allowed & in_left).any() else math.inf
+            wb = float(tp[allowed & ~in_left].min()) if (allowed & ~in_left).any() else math.inf
+            out.setdefault((wa, wb), {}).setdefault(n, tau)
+    return {key: list(per_n.items()) for key, per_n in out.items()}
+
+
+
+def _c_node_s(inp: JointInputs) -> float:
+    """One boundary's transfer inside a zone: the least c_i (0 with one stage)."""
+    return inp.p2p_s(inp.node) if inp.P > 1 else 0.0
+
+
+
+def _rest_lower_bound_s(inp: JointInputs) -> float:
+    """sum_i c_i + sigma + mu >= (P - 1) c_node + the larger of `_sigma_lower_bound_s` +
+    `_mu_lower_bound_s` and (blocks form) `extra_lower_bound_s`."""
+    sync_update = _sigma_lower_bound_s(inp) + _mu_lower_bound_s(inp)
+    if blocks_identical(inp):
+        sync_update = max(sync_update, extra_lower_bound_s(inp))
+    return (inp.P - 1) * _c_node_s(inp) + sync_update
+
+
+
+def _sigma_lower_bound_s(inp: JointInputs) -> float:
+    """Some stage holds >= ceil(L / P) blocks (>= 1/P of the gradients). With `sync_table` (the
+    model's all-reduce times, possibly intra-node), the least table entry with that many blocks;
+    otherwise the model's ring over the inter-node link at the largest TP."""
+    if inp.sync_table is not None:
+        n_big = -(-(inp.U - 2) // inp.P)
+        tables = [inp.sync_table] + ([inp.span_sync_table] if inp.span_sync_table else [])
+        return min(_per_table(tab, ("least_from", n_big), lambda: min(
+            (v for (_, _, n), v in tab.items() if n >= n_big), default=0.0)) for tab in tables)
+    return 0.0  # without the table (layer units that differ) the model has no all-reduce floor
+
+
+
+def _mu_lower_bound_s(inp: JointInputs) -> float:
+    """mu >= 1/P of the cheapest update (some stage holds >= 1/P of the units' update work), plus
+    the least fixed step (`upd_fixed_s`): the pools serving that stage take theirs too."""
+    per_unit = _shared_for(inp, "least_update", lambda inp: sum(min(inp.upd_s[k][l] for k in range(inp.K))
+                                                                for l in range(inp.U))) / inp.P
+    return per_unit + min(inp.upd_fixed_s, default=0.0)  # every stage's pools take their fixed step
+
+
+
+def stage_time_cap_s(inp: JointInputs, t_max_s: float) -> float:
+    """The slowest a stage may be in a plan with T <= t_max_s: T >= m tau_i + (the other stages' tau)
+    + rest >= m tau_i + `_rest_lower_bound_s`, since (m - 1) theta >= (m - 1) tau_i. Stage choices
+    slower than this are dropped from the model (they cannot beat the cutoff)."""
+    return (t_max_s - _rest_lower_bound_s(inp)) / inp.m
+
+
+
+def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float | None = None) -> float:
+    """cost >= rate x T >= the larger of rate_LB x T_LB and the cheapest work: with 1F1B, T >= m tau_i
+    ((m - 1) theta + sum tau >= m tau_i) and tau_i >= the stage's step time on each of its replicas,
+    so rate x T >= sum_i sum_{r in i} price_r t_r m step_r(i) / 3600
+    >= m D sum_l min_k price_k t_k step[k,l] / 3600. `time_lb_s`: a time bound the caller already has."""
+    work = inp.m * inp.D * sum(min(p.price_per_gpu_hour_usd * p.tp * inp.step_s[k][l] for k, p in enumerate(inp.pools))
+                               for l in range(inp.U)) / 3600
+    t_lb = time_lower_bound_tight_s(inp, exact) if time_lb_s is None else time_lb_s
+    out = max(t_lb * rate_lower_bound_usd_per_s(inp), work)
+    return max(out, cost_lower_bound_dp_usd(inp)) if exact else out
+
+
+
+def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
+    """cost >= rate x T. Let theta be the plan's slowest stage time (one of the class stage times
+    of `_class_figures`); then T >= A + S with A = (m - 1) theta + `_rest_lower_bound_s` and
+    S = sum tau, and every stage runs within theta. Per theta, dynamic programs over stages (blocks
+    placed; GPU quotas ignored) give R0, the least rate of P stages of D replicas holding the L
+    blocks with classes that run their stage within theta and fit it in memory, and S0, the least
+    sum of stage times of such stages (also >= theta and `sum_tau_lower_bound_s`). Since
+    (rate - R0)(S - S0) >= 0,
+        rate (A + S) >= [R0 S + (A + S0) rate] - R0 S0,
+    and the bracket is a sum over stages (stage i with straggler class r costs R0 tau_i +
+    (A + S0) D price, price the cheapest class no slower than r), so a third DP minimises it:
+        cost >= min over theta in [theta_LB, cap] of max(R0 (A + S0), that minimum).
+    theta_LB from `bottleneck_lower_bound_s(exact=True)` (GPU counts), cap from a minimum
+    throughput (`stage_time_cap_s`). Every replica pays for the bottleneck, not for its own stage
+    time, which the per-unit bound of `cost_lower_bound_usd` misses; the coupled DP sees that a
+    stage run fast costs more per second (measured: OPT-350M on 2 zones x (128 A100 + 128 V100),
+    P2 b2 D64, min cost under 0.2 it/s: 0.4388 -> 0.4637 USD, above the 0.4480 optimum of P1, where
+    the MILP had found no plan in 34 s). Blocks form only."""
+    if not blocks_identical(inp):
+        return cost_lower_bound_usd(inp)
+    time_s, fits = _class_figures(inp)
+    lo = bottleneck_lower_bound_s(inp, exact=True)
+    cap = math.inf if not inp.min_iters_per_s else stage_time_cap_s(inp, 1 / inp.min_iters_per_s)
+    thetas = np.array(sorted(t for t in set(time_s.values()) if lo <= t <= cap))
+    if thetas.size == 0:
+        return math.inf
+    price = {}
+    for p in inp.pools:
+        c = (p.gpu_type, p.tp)
+        price[c] = min(price.get(c, math.inf), p.price_per_gpu_hour_usd * p.tp / 3600)
+    classes = sorted(price)
+    L = inp.U - 2
+    r = np.array([inp.D * price[c] for c in classes])  # USD/s of D replicas per class
+    # per (stage, count): (theta, class r) -> time of r within theta, and the least rate of classes no slower
+    stage_time, stage_rate = {}, {}
+    for i in range(inp.P):
+        for n in block_counts(inp, i):
+            t = np.array([time_s[c, i, n] if fits[c, i, n] else math.inf for c in classes])
+            ok = t[None, :] <= thetas[:, None]  # (theta, class)
+            stage_time[i, n] = np.where(ok, t[None, :], math.inf)
+            # cheapest replica among classes no slower than r (and within theta, as r is)
+            no_slower = t[None, :] <= t[:, None]  # [r, c]
+            cheapest = np.where(no_slower, r[None, :], math.inf).min(axis=1)
+            stage_rate[i, n] = np.where(ok, cheapest[None, :], math.inf)
+
+    def dp(weight) -> np.ndarray:  # least sum over stages of weight(i, n) (theta,) holding L blocks
+        best = np.full((thetas.size, L + 1), np.inf)
+        best[:, 0] = 0.0
+        for i in range(inp.P):
+            check_deadline()
+            new = np.full_like(best, np.inf)
+            for n in block_counts(inp, i):
+                np.minimum(new[:, n:], best[:, :L + 1 - n] + weight(i, n)[:, None], out=new[:, n:])
+            best = new
+        return best[:, L]
+
+    r0 = dp(lambda i, n: stage_rate[i, n].min(axis=1))
+    s0 = np.maximum(dp(lambda i, n: stage_time[i, n].min(axis=1)), np.maximum(thetas, sum_tau_lower_bound_s(inp)))
+    a = (inp.m - 1) * thetas + _rest_lower_bound_s(inp)
+    simple = r0 * (a + s0)
+    with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
+        coupled = dp(lambda i, n: (r0[:, None] * stage_time[i, n] + (a + s0)[:, None] * stage_rate[i, n]).min(axis=1)) \
+            - r0 * s0
+    out = np.where(np.isfinite(simple), np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
+    return float(np.min(out))
+
+
+
+def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:
+    return inp.P * inp.D * min(p.price_per_gpu_hour_usd * p.tp for p in inp.pools) / 3600

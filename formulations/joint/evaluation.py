@@ -1,0 +1,165 @@
+"""The model's own figures for a solution (`evaluate`), the same solution placed as the simulator
+places it (`evaluate_placed`), Sailor's send and p2p composition, and the comparisons the
+search keeps plans by."""
+from __future__ import annotations
+
+
+
+from hetplan.plan import Plan, Replica, Stage, validate_plan
+from hetplan.formulations.joint.inputs import JointInputs, JointSolution, model_coef
+from hetplan.formulations.joint.tables import position
+
+
+def sailor_p2p(A: list, G: list) -> list:
+    """Sailor's per-stage transfer time (`estimate_p2p_pipeline_times`, core/simulator_sailor.py) from
+    the sends A[i] (stage i's activation to stage i + 1, i < P - 1) and G[j] (stage j + 1's gradient
+    back, j < P - 1): a middle stage sends its activation on and its gradient back, the first its
+    activation (counted twice when P > 3), the last its gradient twice. Numbers or expressions."""
+    P = len(A) + 1
+    if P == 1:
+        return [0.0]
+    return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
+
+
+
+def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones: list[set], regions: list[set]
+                 ) -> tuple[list[float], list[float], list[float]]:
+    """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
+    floor, A for stages 0..P-2, G for stages 1..P-1 (`zones`, `regions`: those each stage uses)."""
+    send = [max([inp.send_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
+
+    def away(i: int, j: int) -> float:  # stage i's send floor to stage j: its pools' floors away
+        return max([inp.send_away(k)[0] for k in range(inp.K) if used[i][k] and inp.pools[k].zone not in zones[j]]
+                   + [inp.send_away(k)[1] for k in range(inp.K) if used[i][k] and inp.pools[k].region not in regions[j]]
+                   + [0.0])
+    return (send, [max(c[i] / 2, send[i], away(i, i + 1)) for i in range(inp.P - 1)],
+            [max(c[i - 1] / 2, send[i], away(i, i - 1)) for i in range(1, inp.P)])
+
+
+
+def _tied_at(floors: tuple[float, float, float], ez, er):
+    """A tied-embedding floor (node, zone, region) where the ends differ in zone (ez) / region (er)."""
+    t_node, t_zone, t_region = floors
+    return t_node + (t_zone - t_node) * ez + (t_region - t_zone) * er
+
+
+
+def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan:
+    stages = []
+    for i, (start, end) in enumerate(sol.ranges):
+        reps = []
+        for k, n in enumerate(sol.replicas[i]):
+            pool = inp.pools[k]
+            reps += [Replica(gpu_type=pool.gpu_type, tp=pool.tp, zone=pool.zone, microbatch_share=inp.b)] * n
+        stages.append(Stage(layer_start=start, layer_end=end, replicas=tuple(reps)))
+    return Plan(name=name, schedule="1F1B", num_microbatches=inp.m, micro_batch_size=inp.b, stages=tuple(stages))
+
+
+
+def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
+    """The MILP's figures (T, cost and their parts) for a fixed assignment: what its rows compute, a
+    relaxation of `evaluate_placed` (module docstring)."""
+    y = {(i, l): 1 if sol.ranges[i][0] <= l < sol.ranges[i][1] else 0 for i in range(inp.P) for l in range(inp.U)}
+    used = [[sol.replicas[i][k] > 0 for k in range(inp.K)] for i in range(inp.P)]
+    tau = [max(sum(inp.step_s[k][l] for l in range(*sol.ranges[i])) for k in range(inp.K) if used[i][k])
+           for i in range(inp.P)]
+    zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+    regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+    span = [1 if len(z) > 1 else 0 for z in zones]
+    dz = [1 if zones[i] != zones[i + 1] and not (span[i] and span[i + 1]) else 0 for i in range(inp.P - 1)]
+    dr = [1 if regions[i] != regions[i + 1] else 0 for i in range(inp.P - 1)]
+    dz_all = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] or span[i + 1])) else 0
+              for i in range(inp.P - 1)]
+    c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
+    c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
+    send, A, G = sailor_sends(inp, c, used, zones, regions) if inp.sailor else ([], [], [])
+    p2p = sailor_p2p(A, G) if inp.sailor else [0.0] * inp.P
+    theta = max([t + p for t, p in zip(tau, p2p)] + ([] if inp.sailor else [ci / 2 for ci in c]))
+    last = inp.P - 1
+    ez = 1 if (span[0] or span[last] or zones[0] != zones[last]) else 0
+    er = 1 if regions[0] != regions[last] else 0
+    tied = {0: 0.0, last: 0.0}
+    if inp.P > 1:
+        ends = [k for k in range(inp.K) if used[0][k] or used[last][k]] if inp.tied_pool_s else []
+        t = max((_tied_at(inp.tied_pool_s[k], ez, er) for k in ends), default=0.0)
+        tied = {0: t, last: t}
+    else:
+        ez = er = 0
+    sync = []
+    counts = solution_blocks(inp, sol) if inp.sync_table is not None else None  # set only for identical blocks
+    for i in range(inp.P):
+        table = inp.span_sync_table if span[i] else inp.sync_table
+        own = [0.0]  # the staircase form (layer units that differ) has no all-reduce floor
+        if counts is not None and table is not None:
+            own += [model_coef(table[k, position(inp, i), counts[i]]) for k in range(inp.K) if used[i][k]]
+        sync.append(max(own) + tied.get(i, 0.0))
+    mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) + inp.upd_fixed(k)
+             for i in range(inp.P) for k in range(inp.K) if used[i][k])
+    T = sum(tau) + (sum(p2p) if inp.sailor else sum(c)) + (inp.m - 1) * theta + max(sync) + mu
+    rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * sol.replicas[i][k] / 3600
+               for i in range(inp.P) for k in range(inp.K))
+    pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
+    egress = sum(inp.m * inp.D * 2 * inp.boundary_bytes * (pz * dz_all[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
+    ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
+    egress += sum(ring * pz * len(zones[i]) * sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
+                  for i in range(inp.P) if span[i])
+    if inp.P > 1:
+        egress += 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes * (pz * ez + (pr - pz) * er)
+    return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c,
+            "p2p": p2p, "send": send, "A": A, "G": G, "theta": theta,
+            "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
+            "zones": zones, "regions": regions}
+
+
+
+def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
+    """The figures of `sol`'s plan on the nodes first fit gives it (the simulator's placement), read
+    from the shared stage evaluation (`inp.costs`), with the model's compute rate: what the MILP
+    relaxes (`evaluate` is at most each of these figures, component by component). Keys as in
+    `evaluate`: T, cost, rate, egress, tau (f + b per stage), c (cf + cb per boundary), sync, mu."""
+    costs = inp.costs
+    if costs is None:
+        raise ValueError("evaluate_placed needs JointInputs.costs (planner.joint_inputs sets it)")
+    if inp.sailor:
+        raise ValueError("evaluate_placed composes the hetplan iteration; the sailor composition's plans are "
+                         "scored by simulate")
+    it = costs.iteration(validate_plan(costs.inst, to_plan(sol, inp)))
+    rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * n / 3600
+               for row in sol.replicas for k, n in enumerate(row))
+    T = it.iteration_s
+    return {"T": T, "cost": rate * T + it.egress_usd, "rate": rate, "egress": it.egress_usd,
+            "tau": [x + y for x, y in zip(it.f, it.b)], "c": [x.fwd_s + x.bwd_s for x in it.links],
+            "sync": [x.time_s for x in it.syncs], "sigma": it.sync_s, "mu": it.update_s}
+
+
+
+def better(current: tuple | None, candidate: tuple | None) -> tuple | None:
+    """The one of two (objective, ...) results with the smaller objective (the current one on a
+    tie); None counts as none."""
+    if candidate is None or (current is not None and current[0] <= candidate[0]):
+        return current
+    return candidate
+
+
+
+def objective_within_limits(inp: JointInputs, sol: JointSolution, objective: str, max_cost_usd: float | None = None,
+                            min_iters_per_s: float | None = None) -> float | None:
+    """The plan's objective (cost for min cost, T otherwise) by the model's own figures
+    (`evaluate`), or None when it breaks the budget or the minimum throughput."""
+    ev = evaluate(inp, sol)
+    if (max_cost_usd is not None and ev["cost"] > max_cost_usd) or (
+            min_iters_per_s is not None and ev["T"] > 1 / min_iters_per_s):
+        return None
+    return ev["cost"] if objective == "min_cost" else ev["T"]
+
+
+
+def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:
+    """Blocks per stage of `sol` in the compact form, or None when it lies outside it (stage 0
+    holding the embedding alone)."""
+    if inp.P > 1 and sol.ranges[0][1] < 2:
+        return None
+    counts = [e - s for s, e in sol.ranges]
+    counts[0] -= 1
+    counts[-1] -= 1
+    return counts
