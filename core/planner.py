@@ -856,7 +856,11 @@ class _Outcome:
 
     def found(self, candidate: tuple | None, heuristic: bool = False) -> None:
         """Score `candidate` (model objective, solution, inputs) with the simulator; keep it as the
-        plan to return if the simulator finds it better, and as the lead if the model does."""
+        plan to return if the simulator finds it better, and as the lead if the model does. The
+        model's figure is at most the simulator's (formulations/joint/milp.py), so a candidate whose
+        model figure already ties or loses to every plan it could replace is not simulated."""
+        if candidate is None or self._cannot_win(candidate[0], heuristic):
+            return
         scored = self.score(candidate)
         if scored is None:
             return
@@ -864,6 +868,10 @@ class _Outcome:
         self.lead = joint.better(self.lead, candidate)
         if heuristic:
             self.greedy_best = joint.better(self.greedy_best, scored)
+
+    def _cannot_win(self, model_objective: float, heuristic: bool) -> bool:
+        kept = [self.lead, self.best] + ([self.greedy_best] if heuristic else [])
+        return all(k is not None and k[0] <= model_objective for k in kept)
 
     @property
     def incumbent(self) -> float | None:
