@@ -33,11 +33,13 @@ COPY estimators estimators
 COPY formulations formulations
 COPY solvers solvers
 COPY runtime runtime
+COPY simulator simulator
+COPY orchestration orchestration
 COPY instances instances
 
 # A plain (not editable) install with the torch extra; the pin keeps the wheel installed above.
 RUN pip install --no-cache-dir "./[torch]" "torch==${TORCH_VERSION}" \
-    && python -c "import hetplan.runtime.execute" \
+    && python -c "import hetplan.runtime.execute, hetplan.orchestration.worker" \
     && torchrun --help > /dev/null
 
 # The executor writes only where --log-json / --dump-params point; no need for root. A numeric

@@ -24,7 +24,7 @@ import time
 from hetplan.catalog import model_presets
 from hetplan.formulations.opsched import reschedule_after_bandwidth_change, solve_schedule
 from hetplan.formulations.opsched_graph import Channel, Device, DeviceGraph, OpGraph, transformer_layer_dag
-from hetplan.schedule_replay import replay
+from hetplan.formulations.opsched_replay import replay
 from hetplan.solvers import SolveOptions
 
 GPU_CYCLE = ("RTX-4090", "L20", "V100-16")

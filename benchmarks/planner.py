@@ -40,7 +40,7 @@ from typing import Any
 from hetplan.errors import HetplanError
 from hetplan.estimators import build_estimators
 from hetplan.instance import Instance, instance_from_dict, read_structured
-from hetplan.planner import PlannerOptions, plan as hetplan_plan
+from hetplan.orchestration.planner import PlannerOptions, plan as hetplan_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sailor_baseline import SailorOptions, sailor_search  # noqa: E402

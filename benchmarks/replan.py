@@ -46,8 +46,8 @@ from rich.table import Table
 from hetplan.cluster_state import ClusterState
 from hetplan.errors import HetplanError
 from hetplan.instance import AvailabilityEvent
-from hetplan.replan import ReplanOptions, ReplanSession, replan
-from hetplan.replay import ReplayOptions
+from hetplan.orchestration.replan import ReplanOptions, ReplanSession, replan
+from hetplan.orchestration.replay import ReplayOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_limits import TRACES, trace_instance, trace_path, trace_rows  # noqa: E402
@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per trace, one per line")
     args = ap.parse_args(argv)
     if args.no_beside:
-        import hetplan.replan
+        import hetplan.orchestration.replan
 
-        hetplan.replan._Beside.start = classmethod(lambda cls, work: None)
+        hetplan.orchestration.replan._Beside.start = classmethod(lambda cls, work: None)
     names = args.traces.split(",")
     unknown = sorted(set(names) - set(TRACES))
     if unknown or args.scale <= 0 or args.repeat < 1 or args.budget < 0 or args.first_time_limit <= 0:

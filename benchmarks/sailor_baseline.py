@@ -2,7 +2,7 @@
 
 Only the *search* is Sailor's: every candidate is scored with hetplan's estimators (in the dynamic
 program) and with `hetplan.simulator.simulate` (to pick, stop and check constraints), the same code
-that scores hetplan's own plans, so a comparison with `hetplan.planner.plan` measures the search alone.
+that scores hetplan's own plans, so a comparison with `hetplan.orchestration.planner.plan` measures the search alone.
 Written from the paper's text (sec. 4.2.1-4.2.3, Listing 1), not from Sailor's code.
 
 Search, outermost first:
@@ -65,7 +65,7 @@ OBJECTIVES = ("max_throughput", "min_cost")
 
 @dataclass(frozen=True)
 class SailorOptions:
-    max_stages: int = 16  # same default as hetplan.planner.PlannerOptions
+    max_stages: int = 16  # same default as hetplan.orchestration.planner.PlannerOptions
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     tp_choices: tuple[int, ...] = (1, 2, 4, 8)
     tp_speedup: float = 1.5  # H2 scaling rule for the non-first GPU types

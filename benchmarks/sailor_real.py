@@ -19,8 +19,8 @@ max_cost, min_throughput)` is the search; the chosen plan is the first of the so
 (cost per iteration = GPUs x price / 3600 x T_iter + egress, as `simulate_plan` computes it).
 
 hetplan: the instance of `sailor_instance_dict(..., preset="sailor")` (Sailor's profiles, memory model,
-bandwidth fits and prices), searched by `hetplan.planner.plan`, whose result is scored by hetplan's
-sailor iteration model (core/simulator_sailor.py, equal to Sailor's simulator on the 252 golden records)
+bandwidth fits and prices), searched by `hetplan.orchestration.planner.plan`, whose result is scored by hetplan's
+sailor iteration model (simulator/sailor.py, equal to Sailor's simulator on the 252 golden records)
 and, when the plan has Sailor's form, by Sailor's Simulator too (column `check`: the larger relative
 difference of the two scores of each plan).
 """
@@ -42,7 +42,7 @@ from hetplan.files import stdout_fd_to
 from hetplan.importers.sailor import sailor_instance_dict
 from hetplan.importers.sailor_plan import plan_from_sailor, plan_to_sailor
 from hetplan.instance import Instance, instance_from_dict
-from hetplan.planner import PlannerOptions, plan as hetplan_plan
+from hetplan.orchestration.planner import PlannerOptions, plan as hetplan_plan
 from hetplan.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

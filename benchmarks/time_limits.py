@@ -4,11 +4,11 @@
     python benchmarks/time_limits.py --part solve --repeat 3
     python benchmarks/time_limits.py --part replan
 
-solve   `hetplan.planner.plan` on bundled instances (by default large_5type_10k at 1 s and 10 s,
+solve   `hetplan.orchestration.planner.plan` on bundled instances (by default large_5type_10k at 1 s and 10 s,
         zorse_4type_2region at 2 s and 10 s): the call's own wall time, and (`--cli`) the whole
         `hetplan solve ... --json` process, imports and instance loading included. The planner
         promises wall <= 1.1 x limit + 1 s for the call.
-replan  `hetplan.replan.replan` as the replay calls it (ReplayOptions().replan: planner limit 0.3 s,
+replan  `hetplan.orchestration.replan.replan` as the replay calls it (ReplayOptions().replan: planner limit 0.3 s,
         MILP limit 0.25 s, 8 stages at most, no cutoff) at every state of Sailor's availability
         traces (`gpu_trace_heterogeneous_imbalanced.csv`: 32 + 96 / 80 + 240 / 128 + 384 A100-40 +
         V100-16; `gpu_trace_multizone.csv`: 32 / 80 / 128 A100-40 in each of five zones, 160 / 400 /
@@ -37,9 +37,9 @@ from hetplan.cluster_state import ClusterState, batches
 from hetplan.errors import HetplanError
 from hetplan.importers.sailor import read_availability_trace
 from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
-from hetplan.planner import PlannerOptions, plan
-from hetplan.replan import ReplanOptions, replan
-from hetplan.replay import ReplayOptions
+from hetplan.orchestration.planner import PlannerOptions, plan
+from hetplan.orchestration.replan import ReplanOptions, replan
+from hetplan.orchestration.replay import ReplayOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SOLVES = (("large_5type_10k", 1.0), ("large_5type_10k", 10.0), ("zorse_4type_2region", 2.0),

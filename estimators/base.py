@@ -138,8 +138,8 @@ class CostEstimator(Protocol):
         ...
 
 
-# How the simulator composes the estimators' figures into an iteration: "hetplan" (core/simulator.py,
-# the model the joint planner relaxes) or "sailor" (Sailor's simulator, core/simulator_sailor.py).
+# How the simulator composes the estimators' figures into an iteration: "hetplan" (simulator/pipeline.py,
+# the model the joint planner relaxes) or "sailor" (Sailor's simulator, simulator/sailor.py).
 ITERATION_MODELS = ("hetplan", "sailor")
 
 

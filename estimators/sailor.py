@@ -2,7 +2,7 @@
 
 Sailor (SOSP'25, seed 000, sec. 4.3) scores a plan with `Planner/simulations/runtime_simulator.py`
 and `profiling/profile_utils.py` (eth-easl/sailor at cf2c8e3, ../shared/reference/sailor/src). These
-plug-ins state its per-layer, per-worker and per-link figures; core/simulator_sailor.py composes them
+plug-ins state its per-layer, per-worker and per-link figures; simulator/sailor.py composes them
 into an iteration the way that simulator does. Inputs: Sailor's profile.json per GPU type (workload
 profiles, format sailor), its llm_info.json and its zone bandwidth table (options below).
 

@@ -16,7 +16,7 @@ Sets
     P_tx             unordered edge pairs {a, b} not ordered by the DAG (a's consumer is not b's
                      producer or one of its ancestors, nor the reverse) whose routes share a direction
                      (j, l); two routes conflict when they use the same channel of that direction or
-                     either channel is non-concurrent (`hetplan.schedule_replay.channels_conflict`)
+                     either channel is non-concurrent (`hetplan.formulations.opsched_replay.channels_conflict`)
 Parameters
     p_vd             roofline time of v on d (004 eq. 1-2), ms
     T_kr             latency_c + S_k / bandwidth_c, ms (004 T_comm(size, l_alpha))
@@ -78,7 +78,7 @@ from pyomo.common.collections import ComponentMap
 
 from hetplan.errors import InfeasibleError, InstanceError
 from hetplan.formulations.opsched_graph import Channel, DeviceGraph, OpGraph
-from hetplan.schedule_replay import (
+from hetplan.formulations.opsched_replay import (
     OpSlot, Schedule, TransferSlot, channels_conflict, replay, transfer_time_s,
 )
 

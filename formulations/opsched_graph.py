@@ -338,7 +338,7 @@ class DeviceGraph(BaseModel):
                 links.append(MultiEdgeLink(endpoints=(a.name, b.name), channels=chs))
         return cls.build(devices, links)
 
-    # ---- queries (the `hetplan.schedule_replay.DeviceGraphLike` protocol) ----------------------
+    # ---- queries (the `hetplan.formulations.opsched_replay.DeviceGraphLike` protocol) ----------------------
     @cached_property
     def _device(self) -> dict[str, Device]:
         return {d.name: d for d in self.devices}

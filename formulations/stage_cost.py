@@ -1,7 +1,7 @@
 """What a stage and a stage boundary of a placed plan cost: the one evaluation the simulator and the
 joint formulation's plan scoring both read (issue "One cost model").
 
-`core/simulator.py` composes these figures into an iteration (1F1B or GPipe) and a report;
+`simulator/pipeline.py` composes these figures into an iteration (1F1B or GPipe) and a report;
 `formulations/joint/evaluation.py` `evaluate_placed` composes the same figures with the MILP's own time and cost
 rows, so a change to how a stage is priced reaches both at once. The MILP's coefficients come from
 the same estimator calls (`replica_times` sums `layer_time` per unit, as `planner._Tables.step`
@@ -188,7 +188,7 @@ class StageCosts:
 
 def pipeline_s(schedule: str, f: Sequence[float], b: Sequence[float], cf: Sequence[float], cb: Sequence[float],
                m: int) -> float:
-    """Pipeline time of m microbatches (core/simulator.py docstring): one full pass through the
+    """Pipeline time of m microbatches (simulator/pipeline.py docstring): one full pass through the
     pipeline plus m - 1 steps of the bottleneck (a stage, or a link slower than every stage)."""
     if schedule == "GPipe":
         return (sum(f) + sum(cf) + (m - 1) * max([*f, *cf])) + (sum(b) + sum(cb) + (m - 1) * max([*b, *cb]))

@@ -19,7 +19,8 @@ spec's process groups, builds the layer units of its stage for its TP rank and t
   them per rank under "ranks" (runtime/measure.py compares them with the simulator).
 
 With `--replan-file` (launches compiled with --min-nodes) one process runs per GPU, and when
-nodes of the spec are missing the spec is re-planned for those present (runtime/regroup.py); a
+nodes of the spec are missing the spec is re-planned for those present (orchestration/regroup.py,
+started through `python -m hetplan.orchestration.worker`); a
 process whose GPU the plan leaves idle waits for the others to finish.
 
 gloo on CPU, NCCL when CUDA is present (device cuda:LOCAL_RANK).
@@ -35,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -72,14 +73,14 @@ class RunOptions:
     quiet: bool = False
     progress_dir: str | None = None  # each rank writes rank<r>.steps (steps completed) there
     measure: bool = False  # record per-rank step breakdowns (runtime/probe.py) into the log
-    # Elastic runs (runtime/elastic.py): a layer-wise checkpoint every `checkpoint_every` steps in
+    # Elastic runs (orchestration/elastic.py): a layer-wise checkpoint every `checkpoint_every` steps in
     # save_checkpoint/step_<iteration>/ (0: one checkpoint in save_checkpoint at the end); a file
     # holding N makes every rank stop, at the same step, once N iterations are done; each rank
     # touches progress_dir/rank<r>.hb every `heartbeat_s` seconds (0: no heartbeat).
     checkpoint_every: int = 0
     control_path: str | None = None
     heartbeat_s: float = 0.0
-    # Cluster launches that survive a lost node (runtime/regroup.py): the instance and plan to
+    # Cluster launches that survive a lost node (orchestration/regroup.py): the instance and plan to
     # re-plan from when the rendezvous brings fewer nodes, and the planner's time for it.
     replan_file: str | None = None
     replan_time_limit_s: float = 1.0
@@ -200,7 +201,7 @@ def _map_ranks(spec: LaunchSpec, spec_rank: int, device: torch.device) -> list[i
 def setup_world(spec: LaunchSpec, spec_rank: int | None, device: torch.device,
                 proc_of: list[int] | None = None) -> World | None:
     """`proc_of` None: one process per spec rank, which tell each other their rank. Given (a
-    re-planned launch, runtime/regroup.py), processes may outnumber the ranks: those without a
+    re-planned launch, orchestration/regroup.py), processes may outnumber the ranks: those without a
     rank (`spec_rank` None) create the groups with the others and get None."""
     if proc_of is None:
         if dist.get_world_size() != spec.world_size:
@@ -523,11 +524,25 @@ def run_worker(spec: LaunchSpec, opts: RunOptions, *, spec_rank: int | None = No
 IDLE_WAIT = timedelta(days=30)
 
 
-def _run_regrouped(spec: LaunchSpec, opts: RunOptions, device: torch.device) -> dict[str, Any]:
-    """A launch compiled with --min-nodes: re-plan for the nodes present (runtime/regroup.py)."""
-    from hetplan.runtime import regroup
+# How a launch with --replan-file re-plans for the nodes present: (spec, replan file, model
+# overrides, time limit s) -> an arrangement (orchestration/regroup.py `Arrangement`). The runtime
+# does not import the planner; orchestration/worker.py, the entry point of such launches, sets it.
+Arranger = Callable[[LaunchSpec, str, dict, float], Any]
+_arranger: Arranger | None = None
 
-    arr = regroup.arrange(spec, opts.replan_file, opts.model, opts.replan_time_limit_s)
+
+def use_arranger(arrange: Arranger | None) -> None:
+    global _arranger
+    _arranger = arrange
+
+
+def _run_regrouped(spec: LaunchSpec, opts: RunOptions, device: torch.device) -> dict[str, Any]:
+    """A launch compiled with --min-nodes: re-plan for the nodes present (orchestration/regroup.py)."""
+    if _arranger is None:
+        raise PlanError("--replan-file re-plans, which needs the planner: start this launch with "
+                        "`python -m hetplan.orchestration.worker` (the launch files of `hetplan compile "
+                        "--min-nodes` do)", "--replan-file")
+    arr = _arranger(spec, opts.replan_file, opts.model, opts.replan_time_limit_s)
     if arr.note and dist.get_rank() == 0 and not opts.quiet:
         print(f"[hetplan] {arr.note}", flush=True)
     waiter = dist.new_group(backend="gloo", timeout=IDLE_WAIT) if arr.has_idle else None

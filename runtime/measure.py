@@ -3,7 +3,7 @@
 `measure_plan(instance, plan, steps, warmup, ...)` trains the plan exactly as `hetplan launch
 --local` does (runtime/local.py `launch_local`, one process per rank) with the executor's probe on
 (RunOptions.measure, runtime/probe.py), drops the first `warmup` steps and reduces the remaining
-steps' per-rank records to the parts the simulator reports (core/simulator.py). Per kept step:
+steps' per-rank records to the parts the simulator reports (simulator/pipeline.py). Per kept step:
 
   measured part          per step                                       simulated field
   iteration_time_s       max over ranks of the rank's step time         SimulationReport.iteration_time_s

@@ -7,7 +7,7 @@ rank loads only the layers it needs, local copies first, then peers over the fas
 what no surviving node holds from remote storage (sec. IV-C); a new TP shard is a slice of one
 old shard (TP split, e.g. 2 -> 4) or the concatenation of several (TP merge, e.g. 2 -> 1).
 
-Pieces (`hetplan.replan.rank_pieces`): a rank with TP degree t, TP rank r, holding units [a, b) needs
+Pieces (`hetplan.runtime.pieces.rank_pieces`): a rank with TP degree t, TP rank r, holding units [a, b) needs
 per unit the fraction [r/t, (r+1)/t) of the unit's sharded tensors and all of its replicated
 tensors (for tied embeddings the LM head's matrix is the embedding's, content unit 0). Bytes per
 parameter are the checkpointed states of `estimators.analytic.state_bytes` (ZeRO paper sec. 3.1):
@@ -48,7 +48,7 @@ from hetplan.estimators.network import AlphaBetaComm
 from hetplan.instance import Instance
 from hetplan.plan import Plan, validate_plan, workers
 from hetplan.estimators.model_stats import unit_params
-from hetplan.replan import Piece, rank_pieces
+from hetplan.runtime.pieces import Piece, rank_pieces
 
 SOURCES = ("gpu", "local", "peer", "remote")
 

@@ -85,9 +85,9 @@ class ProfileRequest:
 
 # ---- the model --------------------------------------------------------------------------------------
 def model_config(arch: ModelArch) -> ModelConfig:
-    """The runtime's ModelConfig for an architecture (hetplan.profile_cli.check_arch refuses what the
+    """The runtime's ModelConfig for an architecture (hetplan.runtime.runnable.check_arch refuses what the
     runtime cannot run before torch is imported)."""
-    from hetplan.profile_cli import check_arch
+    from hetplan.runtime.runnable import check_arch
 
     check_arch(arch, (1,))
     return ModelConfig(num_layers=arch.num_layers, hidden_size=arch.hidden_size, num_heads=arch.num_heads,
@@ -97,7 +97,7 @@ def model_config(arch: ModelArch) -> ModelConfig:
 
 def check_request(req: ProfileRequest) -> None:
     """Refuse what cannot be measured, before any process starts."""
-    from hetplan.profile_cli import check_arch
+    from hetplan.runtime.runnable import check_arch
 
     check_arch(req.arch, req.tp_degrees)
     if req.dtype not in DTYPES:

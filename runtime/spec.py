@@ -640,7 +640,7 @@ def _check_transfers(spec: LaunchSpec) -> None:
                             f"once (counts {covered})", "transfers")
 
 
-# ---- re-planning launches (runtime/regroup.py) ----------------------------------------------
+# ---- re-planning launches (orchestration/regroup.py) ----------------------------------------------
 def replan_document(instance: Instance, plan: Plan) -> str:
     """The contents of replan.json: the instance without its events (the executor re-plans for
     the nodes that are there, not for a trace) and the plan the launch was compiled from."""

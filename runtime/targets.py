@@ -24,9 +24,16 @@ from hetplan.errors import RefusedError
 from hetplan.runtime.spec import LaunchSpec, NodeSpec, dns_label
 
 SPEC_FILE = "launch_spec.json"
-REPLAN_FILE = "replan.json"  # runtime/regroup.py: the instance and plan, for re-planning on the nodes left
+REPLAN_FILE = "replan.json"  # orchestration/regroup.py: the instance and plan, for re-planning on the nodes left
 README_FILE = "README.md"
 EXECUTOR_MODULE = "hetplan.runtime.execute"
+# Launches that re-plan at rendezvous (--min-nodes) run the executor with the re-planner plugged in:
+# the runtime itself does not import the planner (orchestration/worker.py)
+REGROUP_EXECUTOR_MODULE = "hetplan.orchestration.worker"
+
+
+def executor_module(resilience: "Resilience | None") -> str:
+    return REGROUP_EXECUTOR_MODULE if resilience and resilience.regroups else EXECUTOR_MODULE
 K8S_GPU_LABEL = "hetplan.io/gpu-type"  # node label the cluster admin sets to the GPU type name
 K8S_ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known label; cloud providers set it on every node
 K8S_SPEC_DIR = "/etc/hetplan"
@@ -66,7 +73,7 @@ class Resilience:
 
     `min_nodes` K below the plan's N nodes also survives a node that does not come back: torchrun
     runs `--nnodes=K:N` with c10d rendezvous and one process per GPU of each node, and the
-    executor re-plans for the nodes that rendezvous (runtime/regroup.py, `--replan-file`).
+    executor re-plans for the nodes that rendezvous (orchestration/regroup.py, `--replan-file`).
     `node_gpus` (node id -> GPUs on it) is filled in by `compile_plan` from the instance."""
 
     checkpoint_dir: str
@@ -128,7 +135,7 @@ def torchrun_argv(spec: LaunchSpec, node: NodeSpec, spec_path: str, master_addr:
              f"--nproc-per-node={len(node_gpus(node, resilience))}"]
             + _restart_flags(resilience)
             + _rendezvous_flags(spec, node, master_addr or spec.rendezvous.master_addr)
-            + ["-m", EXECUTOR_MODULE, "--spec", spec_path] + _resume_flags(resilience, replan_path))
+            + ["-m", executor_module(resilience), "--spec", spec_path] + _resume_flags(resilience, replan_path))
 
 
 def _shell_words(words: list[str]) -> str:
@@ -257,7 +264,7 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --nodelist={','.join(node.hostname for node in spec.nodes)}"] if pin_hosts else []),
         "#SBATCH --exclusive",
-        # a node that fails does not end the job: the others re-plan without it (runtime/regroup.py)
+        # a node that fails does not end the job: the others re-plan without it (orchestration/regroup.py)
         *(["#SBATCH --no-kill"] if regroups else []),
         f"# hetplan plan {spec.plan_name} on {spec.instance_name}: {spec.world_size} ranks ({types}).",
         "# One torchrun per node; c10d rendezvous on the first allocated host, so node ranks may come",
@@ -284,7 +291,7 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
         f'exec torchrun --nnodes={_nnodes(spec, resilience)} --nproc-per-node="$NPROC" '
         f'{"".join(f + " " for f in _restart_flags(resilience))}'
         f'--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="hetplan-$SLURM_JOB_ID" '
-        f'-m {EXECUTOR_MODULE} --spec "$HETPLAN_SPEC"'
+        f'-m {executor_module(resilience)} --spec "$HETPLAN_SPEC"'
         f'{_shell_words(_resume_flags(resilience, replan_path))}',
         "EOF",
         f'srun --nodes={n} --ntasks={n} --ntasks-per-node=1{" --no-kill" if regroups else ""} bash -c "$TASK"',
@@ -329,7 +336,7 @@ def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames, resilie
     cmd = (f"{''.join(f'{k}={v} ' for k, v in _restart_env(resilience).items())}"
            f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} "
            f"{''.join(f + ' ' for f in _restart_flags(resilience))}--node-rank=$RANK "
-           f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {EXECUTOR_MODULE} "
+           f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {executor_module(resilience)} "
            f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience))}")
     return {"replicas": None, "restartPolicy": "OnFailure", "template": {"spec": {
         "nodeSelector": {K8S_GPU_LABEL: node.gpu_type, K8S_ZONE_LABEL: node.zone},

@@ -3,7 +3,7 @@
 Brute force for tiny instances (a few GPUs, a few blocks). It shares no code with the planner's
 model (`formulations/joint/milp.py`): the space is rebuilt here from the instance, rule by rule, and
 every plan is scored by the simulator, which is the reference. The rules, with the place in
-core/planner.py (and formulations/joint/milp.py) each one mirrors:
+orchestration/planner.py (and formulations/joint/milp.py) each one mirrors:
 
   R1 quotas (planner.py `_quotas`): GPUs per (GPU type, zone) after allowed_gpu_types /
      allowed_zones; GPUs per node = the least over the zone's node groups of that type.

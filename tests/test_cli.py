@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run(*args, ok=True):
-    proc = subprocess.run([sys.executable, "-m", "hetplan.cli", *args], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "hetplan.orchestration.cli", *args], capture_output=True, text=True, cwd=REPO)
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc

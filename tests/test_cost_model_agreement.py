@@ -1,6 +1,6 @@
 """One cost model: the planner's figures against the simulator's, on tiny instances enumerated exhaustively.
 
-The planner (`hetplan.planner.plan`) searches a relaxation of the simulator (`formulations/joint/milp.py`:
+The planner (`hetplan.orchestration.planner.plan`) searches a relaxation of the simulator (`formulations/joint/milp.py`:
 the model does not place replicas on nodes, so it takes the least figure any placement allows) and
 scores every plan it keeps with `simulate`. These tests hold it to the simulator, the reference:
 
@@ -38,7 +38,7 @@ from hetplan.formulations import joint
 from hetplan.importers.sailor import sailor_instance_dict
 from hetplan.instance import Instance, instance_from_dict, load_instance
 from hetplan.plan import Plan, Replica, Stage
-from hetplan.planner import (Combo, PlannerOptions, PlannerResult, _quotas, _Tables, enumerate_combos, joint_inputs,
+from hetplan.orchestration.planner import (Combo, PlannerOptions, PlannerResult, _quotas, _Tables, enumerate_combos, joint_inputs,
                              plan, with_sync_table)
 from hetplan.simulator import SimulationReport, simulate
 

@@ -18,7 +18,7 @@ import pytest
 from hetplan.cluster_state import ClusterState, NodeFailure
 from hetplan.instance import instance_from_dict
 from hetplan.plan import plan_from_dict, validate_plan
-from hetplan.replan import ReplanOptions, replan
+from hetplan.orchestration.replan import ReplanOptions, replan
 from hetplan.runtime.execute import model_config
 from hetplan.runtime.local import LaunchError, launch_local
 from hetplan.runtime.migrate import checkpoint_layout, migration_plan

@@ -1,4 +1,4 @@
-"""The elastic supervisor (runtime/elastic.py) on CPU with gloo: GPUs lost and gained, a rank
+"""The elastic supervisor (orchestration/elastic.py) on CPU with gloo: GPUs lost and gained, a rank
 killed and a rank hung mid-run; the job goes on at the same global batch and ends with the
 parameters of an uninterrupted single-process run (float64, Adam: runtime/reference.py)."""
 from __future__ import annotations
@@ -18,8 +18,8 @@ from hetplan.cluster_state import event_stream
 from hetplan.errors import InstanceError
 from hetplan.instance import load_instance
 from hetplan.plan import load_plan, validate_plan
-from hetplan.replan import ReplanOptions
-from hetplan.runtime.elastic import ElasticOptions, parse_events, read_events, run_elastic
+from hetplan.orchestration.replan import ReplanOptions
+from hetplan.orchestration.elastic import ElasticOptions, parse_events, read_events, run_elastic
 from hetplan.runtime.execute import model_config
 from hetplan.runtime.local import steps_done
 from hetplan.runtime.reference import assemble_dump, reference_train

@@ -20,7 +20,7 @@ from hetplan.cluster_state import ClusterState, NodeFailure
 from hetplan.errors import PlanError
 from hetplan.instance import instance_from_dict
 from hetplan.plan import plan_from_dict
-from hetplan.replan import moved_ranks
+from hetplan.runtime.pieces import moved_ranks
 from hetplan.runtime.migrate import MigrationOptions, checkpoint_layout, migration_plan
 
 B = 14  # bytes per checkpointed parameter

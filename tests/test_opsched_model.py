@@ -17,7 +17,7 @@ import pytest
 from hetplan.errors import InfeasibleError, InstanceError
 from hetplan.formulations import opsched
 from hetplan.formulations.opsched_graph import Channel, DataEdge, Device, DeviceGraph, OpGraph, Operator
-from hetplan.schedule_replay import (
+from hetplan.formulations.opsched_replay import (
     OpSlot, Schedule, TransferSlot, channels_conflict, check, memory_use_bytes, replay,
 )
 from hetplan.solvers import SolveOptions, Status

@@ -1,4 +1,4 @@
-"""The discrete-event schedule replayer and checker (hetplan.schedule_replay), on hand-timed cases.
+"""The discrete-event schedule replayer and checker (hetplan.formulations.opsched_replay), on hand-timed cases.
 
 Devices run 1 TFLOP/s at full efficiency, so an operator of g GFLOP lasts g ms; channel 'fast' is
 10 GB/s and 'slow' 5 GB/s without latency, so 0.01 GB takes 1 ms and 2 ms.
@@ -9,7 +9,7 @@ import pytest
 
 from hetplan.errors import PlanError
 from hetplan.formulations.opsched_graph import Channel, DataEdge, Device, DeviceGraph, OpGraph, Operator
-from hetplan.schedule_replay import (
+from hetplan.formulations.opsched_replay import (
     OpSlot, Schedule, TransferSlot, check, memory_use_bytes, replay, transfer_time_s, validate,
 )
 

@@ -1,4 +1,4 @@
-"""`hetplan profile` (runtime/profiler.py, core/profile_cli.py) and what reads its files: the profile time
+"""`hetplan profile` (runtime/profiler.py, orchestration/profile_cli.py) and what reads its files: the profile time
 estimator, the profile memory estimator (estimators/profile_memory.py), a GPU type defined by a
 profile's device section (core/instance.py), Sailor's format, and instances/profile_schema.json.
 
@@ -213,7 +213,7 @@ def _same_as_sailor_carries(a, b) -> None:
 def test_sailor_export_round_trips(tmp_path, profile):
     """What `hetplan profile --format sailor -o DIR/profile.json` writes reads back through the importer."""
     from hetplan.importers.sailor import read_sailor_profile
-    from hetplan.profile_cli import write_profile
+    from hetplan.orchestration.profile_cli import write_profile
 
     written = write_profile(profile, tmp_path / "profile.json", "sailor")
     assert [p.name for p in written] == ["profile.json", "llm_info.json"]

@@ -1,4 +1,4 @@
-"""Cluster launches that survive a node that never comes back (runtime/regroup.py): compiled with
+"""Cluster launches that survive a node that never comes back (orchestration/regroup.py): compiled with
 --min-nodes, torchrun's elastic rendezvous closes with the nodes left and the executor re-plans
 for them, then resumes from the layer-wise checkpoint at the same global batch."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hetplan.runtime import checkpoint
 from hetplan.runtime.compile import CompileOptions, compile_plan
 from hetplan.runtime.execute import model_config
 from hetplan.runtime.reference import assemble_dump, reference_train
-from hetplan.runtime.regroup import assign, is_whole, replan_for
+from hetplan.orchestration.regroup import assign, is_whole, replan_for
 from hetplan.runtime.spec import LaunchSpec, build_spec, read_replan_file
 from hetplan.runtime.targets import Resilience
 
@@ -59,13 +59,33 @@ def test_torchrun_lines_rendezvous_elastically_with_a_process_per_gpu(tmp_path):
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(node.num_gpus)))
         rest = args.training_script_args
         assert rest[rest.index("--replan-file") + 1] == "../replan.json"
+        assert args.module and args.training_script == "hetplan.orchestration.worker"  # the executor + re-planner
     again, plan_back = read_replan_file(_written(tmp_path, launch.files))
     assert again.cluster == inst.cluster and again.workload == inst.workload and plan_back == plan
     sbatch = compile_plan(inst, plan, "slurm", regrouping()).files["hetplan.sbatch"]
     assert "#SBATCH --no-kill" in sbatch and " --no-kill bash -c" in sbatch
     assert '--nnodes=1:2 ' in sbatch and '--replan-file "$SLURM_SUBMIT_DIR/replan.json"' in sbatch
+    assert "-m hetplan.orchestration.worker " in sbatch
     plain = compile_plan(inst, plan, "slurm", CompileOptions(resilience=Resilience("/c"))).files
     assert "replan.json" not in plain and "--no-kill" not in plain["hetplan.sbatch"]
+    assert "-m hetplan.runtime.execute " in plain["hetplan.sbatch"]  # no re-planning: the runtime alone
+
+
+def test_the_runtime_alone_refuses_to_regroup_with_one_line(tmp_path):
+    """The runtime does not import the planner: a --replan-file launch through
+    `python -m hetplan.runtime.execute` (not the worker entry point) stops with a clear error."""
+    inst, plan = start()
+    launch = compile_plan(inst, plan, "torchrun", regrouping())
+    spec_path = launch.spec.save(tmp_path / "launch_spec.json")
+    replan = _written(tmp_path, launch.files)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29000 + os.getpid() % 1000), "LOCAL_RANK": "0",
+           "HETPLAN_NODE_ID": launch.spec.nodes[0].node}
+    out = subprocess.run([sys.executable, "-m", "hetplan.runtime.execute", "--spec", str(spec_path),
+                          "--replan-file", str(replan), "--resume", str(tmp_path / "ckpt"), "--steps", "1"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "hetplan.orchestration.worker" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def _written(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -230,8 +250,11 @@ def test_a_lost_node_that_never_returns_is_replanned_away(tmp_path):
 def _regrouped_process(p: int, member: tuple[str, int], store: str, spec_path: str, replan: str, dump: str) -> None:
     import torch.distributed as dist
 
-    from hetplan.runtime.execute import RunOptions, _run_regrouped
+    from hetplan.orchestration.regroup import arrange
+    from hetplan.runtime.execute import RunOptions, _run_regrouped, use_arranger
     from hetplan.runtime.spec import load_spec
+
+    use_arranger(arrange)  # what the entry point of regrouping launches does (orchestration/worker.py)
 
     os.environ.update(HETPLAN_NODE_ID=member[0], LOCAL_RANK=str(member[1]), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=p, world_size=3)

@@ -19,8 +19,10 @@ from hetplan.errors import PlanError
 from hetplan.estimators import build_estimators
 from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
 from hetplan.plan import load_plan, plan_from_dict, validate_plan
-from hetplan.planner import PlannerOptions, plan as joint_plan, planner_tables
-from hetplan.replan import (ReplanOptions, ReplanSession, _Rep, _Repair, _Stage, memoised, moved_ranks, place, replan,
+from hetplan.orchestration.planner import PlannerOptions, plan as joint_plan, planner_tables
+from hetplan.estimators.memo import memoised
+from hetplan.runtime.pieces import moved_ranks
+from hetplan.orchestration.replan import (ReplanOptions, ReplanSession, _Rep, _Repair, _Stage, place, replan,
                             same_plan)
 from hetplan.runtime.migrate import migration_plan
 from hetplan.simulator import simulate
@@ -150,7 +152,7 @@ def test_reuse_aware_placement_keeps_replicas_where_their_layers_are():
     old = validate_plan(inst, mkplan([(0, 6, [rep("a-1", (0,), 4), rep("a-1", (1,), 4)])]))
     unplaced = plan_from_dict({"num_microbatches": 1, "stages": [{"layer_start": 0, "layer_end": 6, "replicas": [
         {"gpu_type": "A100-40", "zone": "z1-a", "microbatch_share": 4}] * 2}]})
-    from hetplan.replan import holdings
+    from hetplan.runtime.pieces import holdings
 
     reused = place(inst, unplaced, state, holdings(inst, old), reuse=True)
     first = place(inst, unplaced, state, reuse=False)
@@ -280,7 +282,7 @@ def test_a_warm_replan_with_a_budget_is_not_worse_than_a_cold_one(monkeypatch, b
     so the warm re-plan, which has the planner's plan among its candidates, scores at least the
     cold plan given the same wall time; the repair's figures come back to the session."""
     if not beside:
-        monkeypatch.setattr("hetplan.replan._Beside.start", classmethod(lambda cls, work: None))
+        monkeypatch.setattr("hetplan.orchestration.replan._Beside.start", classmethod(lambda cls, work: None))
     inst = tiny(a100_nodes=3, batch=16)
     session = ReplanSession()
     opts = ReplanOptions(budget_s=3.0, planner_combo_time_limit_s=1.0, planner_cutoff=False)

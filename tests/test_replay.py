@@ -13,8 +13,8 @@ from hetplan.cluster_state import ClusterState, NodeFailure, NodeRecovery
 from hetplan.errors import InstanceError
 from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
 from hetplan.plan import load_plan, plan_from_dict, validate_plan
-from hetplan.replan import ReplanOptions, replan
-from hetplan.replay import ReplayOptions, replay
+from hetplan.orchestration.replan import ReplanOptions, replan
+from hetplan.orchestration.replay import ReplayOptions, replay
 from hetplan.runtime.migrate import migration_plan
 from hetplan.simulator import simulate
 
@@ -134,7 +134,7 @@ def test_bundled_trace_all_strategies():
 
 
 def test_replay_command_json_and_errors(tmp_path):
-    from hetplan import replay_cli
+    from hetplan.orchestration import replay_cli
 
     app = typer.Typer()
 

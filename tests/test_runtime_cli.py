@@ -9,7 +9,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from hetplan.runtime_cli import register
+from hetplan.orchestration.runtime_cli import register
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_launch_local_tiny_model(app, tmp_path):
     assert [r[0] for r in rows] == ["1", "2"]
     log = json.loads((tmp_path / "run" / "log.json").read_text())
     assert [s["loss"] for s in log["steps"]] == pytest.approx([float(r[1]) for r in rows], abs=1e-6)
-    # errors reach the caller as HetplanError (hetplan.cli.main prints them as one line)
+    # errors reach the caller as HetplanError (hetplan.orchestration.cli.main prints them as one line)
     bad = _run(app, *args[:-2], "--heads", "3")
     assert bad.exit_code == 1 and "hidden_size 16 is not divisible by num_heads 3" in str(bad.exception)
     bad = _run(app, *args, "--schedule", "ZB")

@@ -169,7 +169,7 @@ def test_planner_tries_only_profiled_microbatch_and_tp() -> None:
     leaves the others out instead of failing on the first one it prices, and what it returns is
     made of profiled entries."""
     from hetplan.importers.sailor import sailor_instance_dict
-    from hetplan.planner import PlannerOptions, plan
+    from hetplan.orchestration.planner import PlannerOptions, plan
 
     data = sailor_instance_dict(SAILOR, "OPT-350", gpu_counts={("A100-40", "us-central1-a"): 8}, preset="sailor",
                                 global_batch_size=64)

@@ -19,10 +19,10 @@ from hetplan.formulations import joint
 from hetplan.importers.sailor import sailor_instance_dict
 from hetplan.instance import Instance, instance_from_dict
 from hetplan.plan import Plan, Replica, Stage
-from hetplan.planner import PlannerOptions, _tight_bound, plan
-from hetplan.replan import memoised
+from hetplan.orchestration.planner import PlannerOptions, _tight_bound, plan
+from hetplan.estimators.memo import memoised
 from hetplan.simulator import simulate
-from hetplan.simulator_sailor import ring_ordered
+from hetplan.simulator.sailor import ring_ordered
 from test_cost_model_agreement import SAILOR_ZONES, ModelView, random_plans
 
 REL = 1e-9

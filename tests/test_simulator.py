@@ -170,7 +170,7 @@ def test_estimators_default_to_analytic(a100_v100):
 
 
 def test_timeline_replays_to_the_simulated_pipeline_time():
-    from hetplan.timeline import pipeline_events
+    from hetplan.simulator.timeline import pipeline_events
 
     inst = tiny_instance()
     for schedule in ("1F1B", "GPipe"):

@@ -686,7 +686,7 @@ def test_cli_solvers_command_table_and_json():
     import typer
     from typer.testing import CliRunner
 
-    from hetplan.solvers_cli import register
+    from hetplan.orchestration.solvers_cli import register
 
     app = typer.Typer()
     register(app)

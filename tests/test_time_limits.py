@@ -19,7 +19,7 @@ import yaml
 from hetplan.errors import InfeasibleError
 from hetplan.estimators import build_estimators
 from hetplan.instance import instance_from_dict, load_instance
-from hetplan.planner import PlannerOptions, _floor, _quotas, _Tables, plan
+from hetplan.orchestration.planner import PlannerOptions, _floor, _quotas, _Tables, plan
 from test_planner import tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def test_a_signal_stops_the_solve_and_its_helper(sig, code, group, tmp_path):
 LIBRARY = """
 import sys
 from hetplan.instance import load_instance
-from hetplan.planner import PlannerOptions, SearchTerminated, plan
+from hetplan.orchestration.planner import PlannerOptions, SearchTerminated, plan
 
 try:
     plan(load_instance("zorse_4type_2region"), PlannerOptions(time_limit_s=120))
@@ -200,7 +200,7 @@ def test_sigterm_reaches_a_library_caller_as_search_terminated():
 
 BLOCKED = """
 import os, sys, time
-import hetplan.planner as planner
+import hetplan.orchestration.planner as planner
 from hetplan.estimators import build_estimators
 from hetplan.formulations import joint
 sys.path.insert(0, {tests!r})

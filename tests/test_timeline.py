@@ -10,7 +10,7 @@ from hetplan.errors import HetplanError, PlanError
 from hetplan.instance import load_instance
 from hetplan.plan import load_plan
 from hetplan.simulator import simulate
-from hetplan.timeline import pareto_figure, pipeline_events, plot_pareto, plot_timeline, timeline_figure
+from hetplan.simulator.timeline import pareto_figure, pipeline_events, plot_pareto, plot_timeline, timeline_figure
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FRONT = [

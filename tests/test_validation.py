@@ -15,7 +15,7 @@ from hetplan.cluster_state import event_stream
 from hetplan.errors import InstanceError, PlanError
 from hetplan.instance import instance_from_dict, load_instance
 from hetplan.plan import load_plan, plan_from_dict, validate_plan
-from hetplan.replay import ReplayOptions, replay
+from hetplan.orchestration.replay import ReplayOptions, replay
 from test_instance_and_plan import BASE, mutated  # the bundled instance as a dict, and one field changed
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,23 +13,35 @@ Files, in the order data flows through them (each imports only the ones above it
   heuristics.py    the greedy warm start and `polish`
   stage_dp.py      the stage-DP heuristic over plans of homogeneous stages
 
-The planner (`hetplan.planner`) drives them per outer choice: a bound (bounds.py) prunes the
+The planner (`hetplan.orchestration.planner`) drives them per outer choice: a bound (bounds.py) prunes the
 choice or ranks it, the heuristics give an incumbent, the MILP (milp.py) is solved with that
 incumbent as a cutoff, and the search stops when the best bound left is within the gap.
 The names below are this package's public interface.
 """
 from hetplan.formulations.joint.inputs import (ULP_SLACK, COST_SCALE, TIME_UNITS_PER_S, model_coef,
     DeadlineExceeded, Deadline, NO_DEADLINE, deadline_scope, check_deadline, Pool, LinkCost, JointInputs,
-    JointSolution)  # noqa: F401
+    JointSolution)
 from hetplan.formulations.joint.tables import (cache_export, cache_import, blocks_identical, block_counts,
-    position, stage_units, stage_sum, time_classes, ends_forced)  # noqa: F401
+    position, stage_units, stage_sum, time_classes, ends_forced)
 from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bound_s, sailor_transfer_floor_s,
     blocks_coverable, bottleneck_lower_bound_s, stages_fit_dp, time_lower_bound_tight_s,
     region_split_time_bound_s, in_region, sync_aware_time_bound_s, extra_lower_bound_s, sum_tau_lower_bound_s,
-    capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s)  # noqa: F401
+    capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s)
 from hetplan.formulations.joint.evaluation import (sailor_p2p, sailor_sends, to_plan, evaluate, evaluate_placed,
-    better, objective_within_limits, solution_blocks)  # noqa: F401
+    better, objective_within_limits, solution_blocks)
 from hetplan.formulations.joint.milp import (build, in_model_units, objective_value, NoStageChoice, decode,
-    warm_start)  # noqa: F401
-from hetplan.formulations.joint.heuristics import greedy, POLISH_EVALS, polish  # noqa: F401
-from hetplan.formulations.joint.stage_dp import dp_heuristic  # noqa: F401
+    warm_start)
+from hetplan.formulations.joint.heuristics import greedy, POLISH_EVALS, polish
+from hetplan.formulations.joint.stage_dp import dp_heuristic
+
+__all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "DeadlineExceeded", "Deadline",
+           "NO_DEADLINE", "deadline_scope", "check_deadline", "Pool", "LinkCost", "JointInputs", "JointSolution",
+           "cache_export", "cache_import", "blocks_identical", "block_counts", "position", "stage_units",
+           "stage_sum", "time_classes", "ends_forced", "time_upper_bound_s", "time_lower_bound_s",
+           "sailor_transfer_floor_s", "blocks_coverable", "bottleneck_lower_bound_s", "stages_fit_dp",
+           "time_lower_bound_tight_s", "region_split_time_bound_s", "in_region", "sync_aware_time_bound_s",
+           "extra_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "stage_time_cap_s",
+           "cost_lower_bound_usd", "cost_lower_bound_dp_usd", "rate_lower_bound_usd_per_s", "sailor_p2p",
+           "sailor_sends", "to_plan", "evaluate", "evaluate_placed", "better", "objective_within_limits",
+           "solution_blocks", "build", "in_model_units", "objective_value", "NoStageChoice", "decode",
+           "warm_start", "greedy", "POLISH_EVALS", "polish", "dp_heuristic"]

@@ -11,7 +11,7 @@ from hetplan.formulations.joint.tables import position
 
 
 def sailor_p2p(A: list, G: list) -> list:
-    """Sailor's per-stage transfer time (`estimate_p2p_pipeline_times`, core/simulator_sailor.py) from
+    """Sailor's per-stage transfer time (`estimate_p2p_pipeline_times`, simulator/sailor.py) from
     the sends A[i] (stage i's activation to stage i + 1, i < P - 1) and G[j] (stage j + 1's gradient
     back, j < P - 1): a middle stage sends its activation on and its gradient back, the first its
     activation (counted twice when P > 3), the last its gradient twice. Numbers or expressions."""

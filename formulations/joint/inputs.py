@@ -155,8 +155,8 @@ class JointInputs:
     # one zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`);
     # empty: no tied embedding
     tied_pool_s: tuple[tuple[float, float, float], ...] = ()
-    # "hetplan": the composition of core/simulator.py (rows above); "sailor": Sailor's simulator
-    # composition (core/simulator_sailor.py, module docstring "Sailor's composition")
+    # "hetplan": the composition of simulator/pipeline.py (rows above); "sailor": Sailor's simulator
+    # composition (simulator/sailor.py, module docstring "Sailor's composition")
     composition: str = "hetplan"
     # [k] an optimizer step every stage served by pool k takes whatever units it holds (Sailor's
     # whole-model step from the profile); empty: none (the update is upd_s's per-unit sums alone)

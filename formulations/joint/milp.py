@@ -1,6 +1,6 @@
 """Joint resource allocation + parallelization for one outer choice (P, D, b, TP per GPU type).
 
-The planner (`hetplan.planner`) enumerates the few discrete outer choices, Sailor-style (seed 000,
+The planner (`hetplan.orchestration.planner`) enumerates the few discrete outer choices, Sailor-style (seed 000,
 sec. 4.2: pipeline depth P, data-parallel degree D, microbatch size b, TP per GPU type, H1-H2),
 and solves this MILP for each. Inside, the model chooses how many replicas of every GPU pool
 (GPU type x zone, with its TP) each stage gets, which contiguous layer units each stage holds,
@@ -109,7 +109,7 @@ Relaxed, because the model does not place replicas on nodes (first fit does, in 
 Every replica takes b sequences (uneven shares are not modelled here).
 
 Sailor's composition (`composition="sailor"`, the instance's `estimators: {preset: sailor}`): the
-rows above with the figures of core/simulator_sailor.py, where the pipeline pays each stage's
+rows above with the figures of simulator/sailor.py, where the pipeline pays each stage's
 transfers in its step. Stage i's sends A[i] (forward) and G[i] (back) are each at least c / 2 of
 their boundary, at least the send floor of every pool k the stage uses (`send_floor_s`: Sailor's
 bandwidth fits depend on the sender's TP group), and at least pool k's floor to another zone /

@@ -14,7 +14,7 @@ instead of killing it; AutoHet sec. IV: layer-wise checkpoints, TP split/merge, 
 first):
 
 * a rank that exits (killed, crashed): the others are stopped; the ranks' GPUs that held state
-  are taken as lost; warm re-plan on the same cluster (core/replan.py), resume from the newest
+  are taken as lost; warm re-plan on the same cluster (orchestration/replan.py), resume from the newest
   complete checkpoint. Steps after that checkpoint are trained again (none with checkpoint_every
   1: the step in flight had not completed);
 * a rank whose heartbeat is older than `heartbeat_timeout_s` (a stopped or wedged process): as
@@ -61,12 +61,12 @@ from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_eve
 from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
 from hetplan.instance import AvailabilityEvent, Instance, format_validation_error, read_structured
 from hetplan.plan import Plan, validate_plan
-from hetplan.replan import ReplanOptions, ReplanSession, replan, same_plan
+from hetplan.orchestration.replan import ReplanOptions, ReplanSession, replan, same_plan
 from hetplan.runtime import checkpoint
 from hetplan.runtime.execute import RunOptions, ready_path, steps_log_path
 from hetplan.runtime.local import LaunchError, LocalWorkers, _check_options, steps_done
 from hetplan.runtime.migrate import migration_plan
-from hetplan.runtime.regroup import runnable_tp
+from hetplan.orchestration.regroup import runnable_tp
 from hetplan.runtime.spec import build_spec
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

@@ -16,7 +16,7 @@ from rich.table import Table
 def _options(horizon, restart, notice, no_notice, planner_time_limit, initial_time_limit, fixed_latency,
              strategies, move_penalty, checkpoint_interval):
     from hetplan.errors import InstanceError
-    from hetplan.replay import ReplayOptions
+    from hetplan.orchestration.replay import ReplayOptions
 
     base = ReplayOptions()
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
@@ -34,7 +34,7 @@ def _hours(seconds: float) -> str:
 
 
 def render(result) -> None:
-    from hetplan.cli import console
+    from hetplan.orchestration.cli import console
 
     init = result.initial
     console.print(f"replay of {result.instance}: {result.num_events} events from {result.start_s:g} s to "
@@ -75,7 +75,7 @@ def _run(inst, trace, opts, quiet: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hetplan.replay import replay as run_replay
+    from hetplan.orchestration.replay import replay as run_replay
 
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
@@ -94,7 +94,7 @@ def _run(inst, trace, opts, quiet: bool):
 
 
 def register(app: typer.Typer) -> None:
-    from hetplan.cli import print_json
+    from hetplan.orchestration.cli import print_json
 
     @app.command()
     def replay(instance: str = typer.Argument(..., help="instance file or bundled name"),

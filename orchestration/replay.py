@@ -50,7 +50,8 @@ from hetplan.errors import HetplanError, InstanceError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.instance import AvailabilityEvent, Instance
 from hetplan.plan import Plan, workers
-from hetplan.replan import ReplanOptions, ReplanResult, memoised, place, replan, same_plan
+from hetplan.estimators.memo import memoised
+from hetplan.orchestration.replan import ReplanOptions, ReplanResult, place, replan, same_plan
 from hetplan.simulator import SimulationReport, simulate
 
 STRATEGIES = ("warm", "cold", "static")

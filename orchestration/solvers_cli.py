@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     @app.command("solvers")
     def solvers(as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON.")) -> None:
         """List solver back-ends: available, version, capabilities, note."""
-        from hetplan.cli import console
+        from hetplan.orchestration.cli import console
         from hetplan.solvers.registry import describe_backends
 
         rows = describe_backends()

@@ -18,7 +18,7 @@ GPUs that are up in `new_state` and scored by the simulator on the state's insta
             across boundaries while a lexicographic (objective, sorted stage times) key improves.
             Inside, moves are ranked by a proxy of the simulator's 1F1B formula (stage step times,
             boundary transfers, DP all-reduce, optimizer step);
-* planner   the joint planner (`hetplan.planner.plan`, through its public function) run on the
+* planner   the joint planner (`hetplan.orchestration.planner.plan`, through its public function) run on the
             new availability with a short time limit. With `planner_cutoff` it must beat the best
             candidate so far (passed as a throughput / cost bound, so it prunes outer choices); its
             replicas are placed on the nodes whose GPUs already hold their layers.
@@ -70,126 +70,20 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
-from fractions import Fraction
 from typing import Any, Callable, Iterable
 
 from hetplan.catalog import ModelArch
 from hetplan.cluster_state import ClusterState
 from hetplan.errors import HetplanError, InfeasibleError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
+from hetplan.estimators.memo import memoised
 from hetplan.estimators.base import Endpoint
-from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor, unit_params
+from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.instance import Instance
-from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan, workers
+from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan
 from hetplan.formulations.stage_cost import node_endpoint
+from hetplan.runtime.pieces import Piece, holdings, holds_all, moved_ranks, rank_pieces
 from hetplan.simulator import SimulationReport, in_flight_microbatches, simulate
-
-# ---- what a rank holds ----------------------------------------------------------------------------
-# A piece of model state: (content unit, part, lo, hi). `part` "sharded" is the fraction [lo, hi) of
-# the unit's TP-sharded tensors (a TP rank r of t holds [r/t, (r+1)/t)); "replicated" is the unit's
-# replicated tensors (norms, row-parallel biases, positions), [0, 1). The LM head of a model with
-# tied embeddings shares its sharded matrix with the embedding: its content unit is 0.
-Piece = tuple[int, str, Fraction, Fraction]
-
-
-def content_unit(arch: ModelArch, unit: int) -> int:
-    return 0 if (arch.tied_embeddings and unit == arch.num_units - 1) else unit
-
-
-@lru_cache(maxsize=65536)
-def rank_pieces(arch: ModelArch, layer_start: int, layer_end: int, tp: int, tp_rank: int) -> frozenset[Piece]:
-    """The state a rank of TP degree `tp` holding units [layer_start, layer_end) keeps."""
-    lo, hi = Fraction(tp_rank, tp), Fraction(tp_rank + 1, tp)
-    out = set()
-    for u in range(layer_start, layer_end):
-        p = unit_params(arch, u)
-        if p.sharded:
-            out.add((content_unit(arch, u), "sharded", lo, hi))
-        if p.replicated:
-            out.add((u, "replicated", Fraction(0), Fraction(1)))
-    return frozenset(out)
-
-
-def covered(piece: Piece, held: Iterable[Piece]) -> bool:
-    c, part, lo, hi = piece
-    return any(h[0] == c and h[1] == part and h[2] <= lo and hi <= h[3] for h in held)
-
-
-@lru_cache(maxsize=65536)
-def holds_all(need: frozenset[Piece], have: frozenset[Piece]) -> bool:
-    """Whether `have` covers every piece of `need`. Memoised: the placement asks it for every
-    (rank, GPU) pair it weighs, with the same few sets (`rank_pieces` returns shared frozensets,
-    which keep their hash), and the Fraction comparisons of `covered` are slow."""
-    return all(covered(p, have) for p in need)
-
-
-def holdings(instance: Instance, plan: Plan) -> dict[tuple[str, int], frozenset[Piece]]:
-    """(node, local GPU) -> pieces its rank holds, for a placed plan."""
-    arch = instance.model_arch
-    out = {}
-    for w in workers(instance, plan):
-        st, rep = plan.stages[w.stage], plan.stages[w.stage].replicas[w.replica]
-        out[(w.node_id, w.local_gpu)] = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, w.tp_rank)
-    return out
-
-
-def moved_ranks(instance: Instance, old_plan: Plan | None, new_plan: Plan, state: ClusterState | None = None,
-                lost_gpus: Iterable[tuple[str, int]] = ()) -> int:
-    """Ranks of `new_plan` whose GPU does not already hold all they need (both plans placed).
-    GPUs down in `state` or listed in `lost_gpus` have lost what they held."""
-    if old_plan is None:
-        return new_plan.num_gpus
-    held = holdings(instance, old_plan)
-    lost = set(lost_gpus)
-    if state is not None:
-        lost |= {g for g in held if state.gpus_up.get(g[0], 0) <= g[1]}
-    arch = instance.model_arch
-    count = 0
-    for w in workers(instance, new_plan):
-        st, rep = new_plan.stages[w.stage], new_plan.stages[w.stage].replicas[w.replica]
-        have = frozenset() if (w.node_id, w.local_gpu) in lost else held.get((w.node_id, w.local_gpu), frozenset())
-        need = rank_pieces(arch, st.layer_start, st.layer_end, rep.tp, w.tp_rank)
-        if not holds_all(need, have):
-            count += 1
-    return count
-
-
-# ---- memoised estimators --------------------------------------------------------------------------
-class _Memo:
-    """Wraps one estimator; remembers the answers of its pure methods (arguments are hashable:
-    strings, ints, ranges). Other attributes pass through."""
-
-    def __init__(self, inner: Any, methods: tuple[str, ...]):
-        self._inner, self.name = inner, inner.name
-        for meth in methods:
-            setattr(self, meth, self._wrap(getattr(inner, meth)))
-
-    @staticmethod
-    def _wrap(fn):
-        table: dict = {}
-
-        def call(*args):
-            if args not in table:
-                table[args] = fn(*args)
-            return table[args]
-        return call
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self._inner, item)
-
-
-def memoised(est: EstimatorSet) -> EstimatorSet:
-    """The same estimators answering repeated questions from memory: the repair, the planner's
-    tables and the simulator ask for the same layer times and memory figures many times, and a
-    replay asks again at every event. Use one per network state (comm figures depend on it)."""
-    if isinstance(est.time, _Memo):
-        return est
-    # `replace` keeps every other field: the iteration model above all (sailor plans were scored
-    # with the hetplan composition while it was dropped here)
-    return dataclasses.replace(est, time=_Memo(est.time, ("layer_time", "update_time_s")),
-                               memory=_Memo(est.memory, ("worker_memory",)))
-
 
 # ---- options and results --------------------------------------------------------------------------
 # A re-plan with a budget (`ReplanOptions.budget_s`) runs the repair in a child process beside the
@@ -392,7 +286,7 @@ class _Figures:
     planner: list = field(default_factory=list)  # [planner_tables(view, est)] once the planner ran
 
     def planner_tables(self) -> Any:
-        from hetplan.planner import planner_tables  # (the planner imports this module)
+        from hetplan.orchestration.planner import planner_tables  # (the planner imports this module)
 
         if not self.planner:
             self.planner.append(planner_tables(self.view, self.est))
@@ -630,7 +524,7 @@ def _planner_candidate(instance: Instance, figs: _Figures, state: ClusterState,
 
 def _run_planner(figs: _Figures, opts: ReplanOptions, available: dict, min_its: float | None,
                  max_cost: float | None, limit_s: float) -> tuple[Plan | None, str | None, float]:
-    from hetplan.planner import PlannerOptions, plan as joint_plan
+    from hetplan.orchestration.planner import PlannerOptions, plan as joint_plan
 
     t0 = time.perf_counter()
     # under HELPER_MIN_S the planner runs in this process alone: its helper's fork and hand-offs

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import typer
 
 from hetplan.errors import InstanceError
+from hetplan.runtime.runnable import check_arch
 
 
 def parse_sizes(text: str, option: str) -> tuple[int, ...]:
@@ -56,24 +57,6 @@ def resolve_arch(model: str, overrides: dict[str, Any]):
         raise InstanceError(format_validation_error(exc), "--model") from None
     except TypeError as exc:
         raise InstanceError(str(exc), "--model") from None
-
-
-def check_arch(arch, tp_degrees: tuple[int, ...]) -> None:
-    """InstanceError for an architecture the runtime model (runtime/model.py) cannot run, or cannot
-    split over one of the TP degrees."""
-    if arch.mlp != "gelu":
-        raise InstanceError(f"the runtime model has a GELU MLP; {arch.name} uses {arch.mlp}", "--model")
-    if arch.kv_heads != arch.num_heads:
-        raise InstanceError(f"the runtime model has no grouped-query attention; {arch.name} has "
-                            f"{arch.kv_heads} KV heads for {arch.num_heads} query heads", "--model")
-    if arch.hidden_size % arch.num_heads:
-        raise InstanceError(f"hidden_size {arch.hidden_size} is not divisible by num_heads {arch.num_heads}",
-                            "--model")
-    for t in tp_degrees:
-        for name, value in (("num_heads", arch.num_heads), ("ffn_hidden_size", arch.ffn_hidden_size),
-                            ("vocab_size", arch.vocab_size)):
-            if value % t:
-                raise InstanceError(f"TP degree {t} does not divide {name} {value} of {arch.name}", "--tp")
 
 
 def _check_output(output: Path, fmt: str) -> None:

@@ -96,13 +96,14 @@ import pyomo.environ as pyo
 from hetplan.errors import EstimatorError, InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.base import spans_pair
+from hetplan.estimators.memo import memoised
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance, relaxed_limits
 from hetplan.plan import Plan, tp_indivisible
 from hetplan.formulations.stage_cost import StageCosts, node_endpoint
 from hetplan.simulator import SimulationReport, simulate
-from hetplan.simulator_sailor import ring_ordered
+from hetplan.simulator.sailor import ring_ordered
 
 TP_CHOICES = (1, 2, 4, 8)
 HELPER_WAIT_S = 60.0  # the longest a refinement step may take in the helper before the main process takes over
@@ -193,7 +194,7 @@ class _Tables:
     def __init__(self, instance: Instance, est: EstimatorSet):
         self.inst, self.est = instance, est
         self.costs = StageCosts(instance, est)  # the simulator's stage evaluation: the rows below read it
-        # Sailor's composition (core/simulator_sailor.py) reads llm_info's sizes, not the architecture's
+        # Sailor's composition (simulator/sailor.py) reads llm_info's sizes, not the architecture's
         self.sailor = est.iteration == "sailor"
         self.info = est.memory.info if self.sailor else None
         self.arch = instance.model_arch
@@ -203,6 +204,8 @@ class _Tables:
         self._mem: dict = {}
         self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
         self._node_sets: dict = {}
+        self._node_sizes: dict = {}  # (zone, gpu type) -> GPUs per node, largest first
+        self._least_nodes: dict = {}  # `_least_nodes` answers
         self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
         self._links: dict = {}
         self._sends: dict = {}  # send_floor_s: (gpu type, zone, tp, b) -> seconds
@@ -322,6 +325,14 @@ class _Tables:
         if missing:
             cache.update(zip(missing, floor(list(nodes), members, missing, spans, min_nodes)))
         return [cache[n] for n in sizes]
+
+    def node_sizes(self, zone: str | None, gpu_type: str | None) -> list[int]:
+        """GPUs per node of `zone` and `gpu_type` (None: any), largest first."""
+        key = (zone, gpu_type)
+        if key not in self._node_sizes:
+            self._node_sizes[key] = sorted((n.num_gpus for n in self.inst.nodes
+                                            if zone in (None, n.zone) and gpu_type in (None, n.gpu_type)), reverse=True)
+        return self._node_sizes[key]
 
     def nodes(self, pools: tuple, zone: str | None = None, region: str | None = None,
               gpu_type: str | None = None) -> tuple:
@@ -497,8 +508,7 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
             if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
                 one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
             many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes,
-                                  min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D,
-                                                                lambda g, z, zone=pool.zone: z == zone)))
+                                  min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone)))
             table.update(((k, pos, n), min(a, b)) for (pos, n), a, b in zip(nbytes, one, many))
             if len(inp.zones) > 1:
                 far = tables.floor_s(tables.nodes(inp.pools, region=pool.region), inp.D, sizes, spans="zone")
@@ -507,28 +517,33 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
 
 
-def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, here) -> int:
-    """The fewest nodes among those `here(gpu_type, zone)` selects that can hold a ring of `members`
+def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None,
+                 gpu_type: str | None = None) -> int:
+    """The fewest nodes of `zone` and `gpu_type` (None: any) that can hold a ring of `members`
     replicas, one of them of `pool`: that replica takes t_k GPUs and each other one at least the least
     TP of the selected pools, so the ring needs t_k + (members - 1) t_least GPUs, counted on the
     largest nodes first; more than the selection has where it cannot hold them (no placement: any
     floor holds). Measured: V100 TP 2 x 4 on 4-GPU nodes was floored at one node's ring, 1.0 ms,
     where two nodes take 8.9 ms; 16 TP 2 replicas on 4-GPU nodes as a 4-node ring, 49.0 ms, where
     the stage spans 8 nodes, 58.7 ms (the bound is 5 nodes)."""
-    least = min(p.tp for p in pools if here(p.gpu_type, p.zone))
-    need, held = pool.tp + (members - 1) * least, 0
-    sizes = sorted((n.num_gpus for n in tables.inst.nodes if here(n.gpu_type, n.zone)), reverse=True)
-    for count, size in enumerate(sizes, start=1):
-        held += size
-        if held >= need:
-            return count
-    return max(len(sizes) + 1, 2)
+    here = lambda p: zone in (None, p.zone) and gpu_type in (None, p.gpu_type)  # noqa: E731
+    least = min(p.tp for p in pools if here(p))
+    key = (least, pool.tp, members, zone, gpu_type)
+    if key not in tables._least_nodes:  # asked for every pool of every outer choice
+        need, held, count = pool.tp + (members - 1) * least, 0, None
+        for count, size in enumerate(tables.node_sizes(zone, gpu_type), start=1):
+            held += size
+            if held >= need:
+                break
+        else:
+            count = max((count or 0) + 1, 2)
+        tables._least_nodes[key] = count
+    return tables._least_nodes[key]
 
 
 def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None) -> bool:
     """Whether that ring can sit on one node of the pool's type (in `zone`; None: any zone)."""
-    return _least_nodes(tables, pools, pool, members,
-                        lambda g, z: g == pool.gpu_type and zone in (None, z)) == 1
+    return _least_nodes(tables, pools, pool, members, zone, pool.gpu_type) == 1
 
 
 def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
@@ -783,8 +798,6 @@ class _Scorer:
 
     def __init__(self, instance: Instance, est: EstimatorSet, objective: str, max_cost: float | None,
                  min_its: float | None):
-        from hetplan.replan import memoised  # (the re-planner imports this module)
-
         self.instance, self.est, self.objective = instance, memoised(est), objective
         self.max_cost, self.min_its = max_cost, min_its
         self.reports: dict = {}  # (pools, P, D, b, ranges, replicas) -> SimulationReport or None
@@ -900,7 +913,7 @@ def planner_tables(instance: Instance, estimators: EstimatorSet) -> _Tables:
     `plan` calls (`tables=`). They depend on the instance (its nodes, network, model, workload) and
     the estimators only: the availability, the limits and the options key their own entries
     (`_Tables.pool_rows`, `with_sync_table`), so a re-planner whose events change only the quotas
-    keeps one and skips recomputing them at every event (hetplan.replan.ReplanSession)."""
+    keeps one and skips recomputing them at every event (hetplan.orchestration.replan.ReplanSession)."""
     return _Tables(instance, estimators)
 
 

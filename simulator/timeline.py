@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetplan.errors import PlanError
-from hetplan.simulator import SimulationReport
+from hetplan.simulator.pipeline import SimulationReport
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes

@@ -34,7 +34,7 @@ from hetplan.estimators.sailor import SailorComm, SailorMemory, SailorModelInfo,
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage
 from hetplan.formulations.stage_cost import endpoint
-from hetplan.simulator import RankMemory, SimulationReport, StageReport, build_report
+from hetplan.simulator.pipeline import RankMemory, SimulationReport, StageReport, build_report
 
 
 def simulate_sailor(instance: Instance, plan: Plan, est: EstimatorSet) -> SimulationReport:

@@ -152,7 +152,7 @@ def simulate(instance: Instance, plan: Plan, estimators: EstimatorSet | None = N
     est = estimators or build_estimators(instance)
     plan = validate_plan(instance, plan)
     if est.iteration == "sailor":
-        from hetplan.simulator_sailor import simulate_sailor
+        from hetplan.simulator.sailor import simulate_sailor
 
         return simulate_sailor(instance, plan, est)
     if plan.batch_rounding != "exact":

@@ -12,7 +12,7 @@ from rich.table import Table
 
 
 def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages):
-    from hetplan.planner import PlannerOptions
+    from hetplan.orchestration.planner import PlannerOptions
 
     _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages)
     return PlannerOptions(backend=solver, objective=objective, max_cost_usd=max_cost, min_iters_per_s=min_throughput,
@@ -64,7 +64,7 @@ def _describe(state, unit: str) -> str:
 def _run(instance, opts, quiet: bool):
     """Run the planner; on a terminal, a progress display on stderr shows choices settled,
     incumbent, bound and gap as they move (stdout stays for the requested output)."""
-    from hetplan.planner import plan
+    from hetplan.orchestration.planner import plan
 
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
@@ -96,7 +96,7 @@ def _write_outputs(res, output: Optional[Path], plot: Optional[Path]) -> None:
     if output:
         write_atomic(output, res.plan.to_json() + "\n", "--output")
     if plot:
-        from hetplan.timeline import plot_timeline
+        from hetplan.simulator.timeline import plot_timeline
 
         plot_timeline(res.report, plot)
 
@@ -130,7 +130,7 @@ def _model_vs_simulation_note(res) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from hetplan.cli import console, print_json, render_simulation
+    from hetplan.orchestration.cli import console, print_json, render_simulation
 
     @app.command()
     def solve(instance: str = typer.Argument(..., help="instance file or bundled name"),
@@ -181,7 +181,7 @@ def register(app: typer.Typer) -> None:
         inst = load_instance(instance)
         front = _front(inst, points, solver, time_limit, max_stages, as_json)
         if plot:
-            from hetplan.timeline import plot_pareto
+            from hetplan.simulator.timeline import plot_pareto
 
             plot_pareto(front, plot)
         if as_json:

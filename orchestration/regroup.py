@@ -9,7 +9,7 @@ the last call has passed). Then every process of the new round:
 
 1. tells the others its node (HETPLAN_NODE_ID) and GPU (LOCAL_RANK): `gather_members`;
 2. keeps the spec when every rank of it has its (node, GPU) process; otherwise process 0
-   re-plans (core/replan.py: warm from the compiled plan, every instance node that did not come
+   re-plans (orchestration/replan.py: warm from the compiled plan, every instance node that did not come
    marked failed) and broadcasts the new launch spec, or the reason there is none;
 3. takes the rank of the spec on its (node, GPU), or none (a GPU the plan leaves idle).
 
@@ -73,7 +73,7 @@ def replan_for(spec: LaunchSpec, members: list[Member], instance: Instance, plan
     changed. Nodes of the instance with no process are failed; a present node's GPUs without a
     process (it was started with fewer) are refused afterwards with the reason."""
     from hetplan.cluster_state import ClusterState, NodeFailure
-    from hetplan.replan import ReplanOptions, replan
+    from hetplan.orchestration.replan import ReplanOptions, replan
 
     t0 = time.perf_counter()
     present = {n for n, _ in members}

@@ -27,8 +27,8 @@ GIB = 1024**3
 
 # Modules that add commands (solvers; compile, launch; solve, pareto; replay). They import the
 # heavy packages (Pyomo, torch) inside the commands, so `hetplan --help` or a usage error starts fast.
-_COMMAND_MODULES = ["hetplan.solvers_cli", "hetplan.runtime_cli", "hetplan.planner_cli", "hetplan.replay_cli",
-                    "hetplan.sailor_cli", "hetplan.measure_cli", "hetplan.profile_cli"]
+_COMMAND_MODULES = ["hetplan.orchestration.solvers_cli", "hetplan.orchestration.runtime_cli", "hetplan.orchestration.planner_cli", "hetplan.orchestration.replay_cli",
+                    "hetplan.orchestration.sailor_cli", "hetplan.orchestration.measure_cli", "hetplan.orchestration.profile_cli"]
 
 
 def print_json(data: object) -> None:
@@ -129,7 +129,7 @@ def simulate(instance: str = typer.Argument(..., help="instance file or bundled 
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate one iteration of a plan: time, throughput, cost and per-rank memory."""
     from hetplan.instance import load_instance
-    from hetplan.sailor_cli import load_any_plan
+    from hetplan.orchestration.sailor_cli import load_any_plan
     from hetplan.simulator import simulate as run_simulation
 
     inst = load_instance(instance)

@@ -4,7 +4,7 @@
     hetplan launch --local INSTANCE PLAN --steps 10 --hidden 64 --heads 4 --ffn 256 --vocab 512 --seq-len 32
     hetplan run INSTANCE [PLAN] --local --elastic --steps 12 --checkpoint-dir ckpt/ --events events.yaml
 
-Instances and plans are paths or bundled short names. Errors reach `hetplan.cli.main`, which prints
+Instances and plans are paths or bundled short names. Errors reach `hetplan.orchestration.cli.main`, which prints
 one line and exits with the error's status.
 """
 from __future__ import annotations
@@ -167,12 +167,12 @@ def register(app: typer.Typer) -> None:
         overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len)
         import sys
 
-        from hetplan.cli import print_json
+        from hetplan.orchestration.cli import print_json
         from hetplan.cluster_state import event_stream
         from hetplan.instance import load_instance
         from hetplan.plan import load_plan
-        from hetplan.replan import ReplanOptions
-        from hetplan.runtime.elastic import ElasticOptions, read_events, run_elastic
+        from hetplan.orchestration.replan import ReplanOptions
+        from hetplan.orchestration.elastic import ElasticOptions, read_events, run_elastic
 
         inst = load_instance(instance)
         start = load_plan(plan) if plan is not None else None

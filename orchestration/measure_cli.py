@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetplan.errors import PlanError
-from hetplan.runtime_cli import local_run_overrides
+from hetplan.orchestration.runtime_cli import local_run_overrides
 
 MIB = 2**20
 
@@ -38,7 +38,7 @@ def _format_error(value: float | None) -> str:
 
 
 def render_measure(result, title: str) -> None:
-    from hetplan.cli import console
+    from hetplan.orchestration.cli import console
 
     table = Table(title=title)
     for col in ("part", "measured", "simulated", "(sim - meas) / meas"):
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
             result = measure_plan(instance, plan, steps, warmup, overrides, schedule=schedule, dtype=dtype,
                                   optimizer=optimizer, lr=lr, seed=seed, out_dir=out, on_progress=on_progress)
         if as_json:
-            from hetplan.cli import print_json
+            from hetplan.orchestration.cli import print_json
 
             print_json(result.to_json())
         else:

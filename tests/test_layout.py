@@ -1,0 +1,74 @@
+"""The folders show the one-way flow of the README: every import of a hetplan module, at the top
+of a file or inside a function, points to its own layer or to one before it:
+
+  core/ (the data model) -> estimators/ -> formulations/ -> solvers/ -> simulator/ -> runtime/
+  -> orchestration/ (planner, re-planning, replay, elastic runs, the CLI)
+
+The imports are read from the source files with `ast`, so the test fails on any new edge that
+points up the flow, lazy imports included."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# folder -> (layer, the package it holds)
+LAYERS = {"core": (0, "hetplan"), "estimators": (1, "hetplan.estimators"), "formulations": (2, "hetplan.formulations"),
+          "solvers": (3, "hetplan.solvers"), "simulator": (4, "hetplan.simulator"), "runtime": (5, "hetplan.runtime"),
+          "orchestration": (6, "hetplan.orchestration")}
+# Edges that point up the flow and are known, each with why it is still there: a research
+# formulation's own driver (build -> solve -> decode) calls the solver layer from its module.
+KNOWN_UP = {
+    ("formulations/cluster_partition.py", "hetplan.solvers"),
+    ("formulations/device_grouping.py", "hetplan.solvers"),
+    ("formulations/opsched.py", "hetplan.solvers"),
+}
+
+
+def package_of(name: str) -> tuple[int, str]:
+    """(layer, package) of an imported module name (hetplan.x.y): the longest package of LAYERS
+    it lies in (hetplan itself, the data model, when no other)."""
+    best = (0, "hetplan")
+    for layer, package in LAYERS.values():
+        if (name == package or name.startswith(package + ".")) and len(package) > len(best[1]):
+            best = (layer, package)
+    return best
+
+
+def layer_of_module(name: str) -> int:
+    return package_of(name)[0]
+
+
+def imports(path: Path) -> set[str]:
+    """The hetplan modules `path` imports (a `from hetplan.x import y` counts as hetplan.x.y when
+    that is a module, else hetplan.x; only the package prefix matters for the layer)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("hetplan")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hetplan"):
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_imports_point_down_the_flow():
+    checked, up = 0, set()
+    for folder, (layer, _) in LAYERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            for name in imports(path):
+                checked += 1
+                if layer_of_module(name) > layer:
+                    up.add((rel, package_of(name)[1]))
+    assert checked > 300  # the walk found the package's imports
+    assert up <= KNOWN_UP, sorted(up - KNOWN_UP)
+    assert up == KNOWN_UP, f"no longer up the flow, drop from KNOWN_UP: {sorted(KNOWN_UP - up)}"
+
+
+@pytest.mark.parametrize("name,layer", [("hetplan.plan", 0), ("hetplan.importers.sailor", 0),
+                                        ("hetplan.formulations.joint.bounds", 2), ("hetplan.simulator.sailor", 4),
+                                        ("hetplan.orchestration.planner", 6), ("hetplan.runtime.pieces", 5)])
+def test_module_names_map_to_their_folders_layer(name, layer):
+    assert layer_of_module(name) == layer
