@@ -10,7 +10,8 @@ import time
 from hetplan.estimators import build_estimators
 from hetplan.formulations import joint
 from hetplan.instance import load_instance
-from hetplan.orchestration.planner import Combo, PlannerOptions, _quotas, _Tables, joint_inputs
+from hetplan.orchestration.planner import Combo, PlannerOptions, joint_inputs
+from hetplan.orchestration.planner.inputs import _quotas, _Tables
 from hetplan.solvers import SolveOptions, get_backend, solve
 
 

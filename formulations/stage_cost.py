@@ -4,7 +4,7 @@ joint formulation's plan scoring both read (issue "One cost model").
 `simulator/pipeline.py` composes these figures into an iteration (1F1B or GPipe) and a report;
 `formulations/joint/evaluation.py` `evaluate_placed` composes the same figures with the MILP's own time and cost
 rows, so a change to how a stage is priced reaches both at once. The MILP's coefficients come from
-the same estimator calls (`replica_times` sums `layer_time` per unit, as `planner._Tables.step`
+the same estimator calls (`replica_times` sums `layer_time` per unit, as `planner.inputs._Tables.step`
 stores per unit); where the MILP cannot see the placement (boundary links, all-reduce rings) it
 takes floors over every placement (`joint` docstring, "Relaxed").
 

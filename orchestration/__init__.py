@@ -1,6 +1,6 @@
 """Orchestration: what drives the layers below it and is driven by the user.
 
-  planner.py         the joint planner's search: outer choices -> bound -> heuristic incumbent ->
+  planner/           the joint planner's search: outer choices -> bound -> heuristic incumbent ->
                      MILP with a cutoff -> stop at the gap (formulations/joint/, solvers/, simulator/)
   replan.py          re-planning after a cluster change: repair the running plan or plan again
   replay.py          replays an availability trace through the re-planner and the migration costs

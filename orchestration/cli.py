@@ -186,7 +186,7 @@ def _interrupted(code: int) -> str:
 def _on_sigterm(signum: int, frame: object) -> None:
     # SIGTERM takes the path of Ctrl-C (KeyboardInterrupt), so the planner stops its helper and
     # no output file is written; main() then exits 143 instead of 130. (The planner's forked
-    # helper is born with the signal blocked and sets its own handlers: planner._helper_main.)
+    # helper is born with the signal blocked and sets its own handlers: planner.helper._helper_main.)
     _signal_exit.append(EXIT_SIGTERM)
     raise KeyboardInterrupt
 

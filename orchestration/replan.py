@@ -80,6 +80,7 @@ from hetplan.estimators.memo import memoised
 from hetplan.estimators.base import Endpoint
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.instance import Instance
+from hetplan.orchestration.planner import PlannerOptions, plan as joint_plan, planner_tables
 from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan
 from hetplan.formulations.stage_cost import node_endpoint
 from hetplan.runtime.pieces import Piece, holdings, holds_all, moved_ranks, rank_pieces
@@ -286,8 +287,6 @@ class _Figures:
     planner: list = field(default_factory=list)  # [planner_tables(view, est)] once the planner ran
 
     def planner_tables(self) -> Any:
-        from hetplan.orchestration.planner import planner_tables  # (the planner imports this module)
-
         if not self.planner:
             self.planner.append(planner_tables(self.view, self.est))
         return self.planner[0]
@@ -524,8 +523,6 @@ def _planner_candidate(instance: Instance, figs: _Figures, state: ClusterState,
 
 def _run_planner(figs: _Figures, opts: ReplanOptions, available: dict, min_its: float | None,
                  max_cost: float | None, limit_s: float) -> tuple[Plan | None, str | None, float]:
-    from hetplan.orchestration.planner import PlannerOptions, plan as joint_plan
-
     t0 = time.perf_counter()
     # under HELPER_MIN_S the planner runs in this process alone: its helper's fork and hand-offs
     # cost more than they bring there, and the other core may run the repair (`_Beside`)

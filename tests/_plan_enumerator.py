@@ -3,18 +3,18 @@
 Brute force for tiny instances (a few GPUs, a few blocks). It shares no code with the planner's
 model (`formulations/joint/milp.py`): the space is rebuilt here from the instance, rule by rule, and
 every plan is scored by the simulator, which is the reference. The rules, with the place in
-orchestration/planner.py (and formulations/joint/milp.py) each one mirrors:
+orchestration/planner/ (and formulations/joint/milp.py) each one mirrors:
 
-  R1 quotas (planner.py `_quotas`): GPUs per (GPU type, zone) after allowed_gpu_types /
+  R1 quotas (planner/inputs.py `_quotas`): GPUs per (GPU type, zone) after allowed_gpu_types /
      allowed_zones; GPUs per node = the least over the zone's node groups of that type.
-  R2 pools (planner.py `_Tables.pool_rows`): (type, zone) in sorted order, then each TP of
+  R2 pools (planner/inputs.py `_Tables.pool_rows`): (type, zone) in sorted order, then each TP of
      `tp_choices` in its order, with t <= GPUs per node, GPUs per node % t == 0 and t <= the
      quota. (Pools whose memory cannot hold a single unit are dropped there; here their plans
      are simply OOM in simulation and skipped, R10.)
-  R3 outer choices (planner.py `enumerate_combos`): P = 1..min(U, max_stages), b in
+  R3 outer choices (planner/inputs.py `enumerate_combos`): P = 1..min(U, max_stages), b in
      `microbatch_sizes` dividing B, D dividing B / b, P x D <= sum over quotas of
      GPUs // min(tp_choices).
-  R4 batch (planner.py `joint_inputs`: m = B // (D b); joint/evaluation.py `to_plan`): every replica takes b
+  R4 batch (planner/inputs.py `joint_inputs`: m = B // (D b); joint/evaluation.py `to_plan`): every replica takes b
      sequences, m = B / (D b) microbatches, 1F1B.
   R5 replicas (joint/milp.py `_replica_constraints`: sum_k x[i,k] = D): exactly D replicas per stage,
      any mix of pools (types, TP degrees and zones may differ inside a stage).
@@ -24,7 +24,7 @@ orchestration/planner.py (and formulations/joint/milp.py) each one mirrors:
      sit in one region.
   R8 layers (joint/milp.py `_layer_constraints`, joint/tables.py `block_counts`): contiguous non-empty unit ranges in
      stage order; when the blocks are identical (the compact form, joint/tables.py `blocks_identical`,
-     U >= 4) stage 0 holds the embedding and at least one block (planner.py module docstring,
+     U >= 4) stage 0 holds the embedding and at least one block (the planner package docstring,
      "Reported bound").
   R9 decoding (joint/evaluation.py `to_plan`): a stage lists its replicas pool by pool in pool order, no node
      given, so `validate_plan` places them first fit in (stage, replica) order.
@@ -42,7 +42,7 @@ from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage
 from hetplan.simulator import simulate
 
-# the planner's defaults (planner.py `PlannerOptions`)
+# the planner's defaults (planner/options.py `PlannerOptions`)
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
 MICROBATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16)
 MAX_STAGES = 16

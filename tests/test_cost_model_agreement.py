@@ -38,8 +38,9 @@ from hetplan.formulations import joint
 from hetplan.importers.sailor import sailor_instance_dict
 from hetplan.instance import Instance, instance_from_dict, load_instance
 from hetplan.plan import Plan, Replica, Stage
-from hetplan.orchestration.planner import (Combo, PlannerOptions, PlannerResult, _quotas, _Tables, enumerate_combos, joint_inputs,
-                             plan, with_sync_table)
+from hetplan.orchestration.planner import (Combo, PlannerOptions, PlannerResult, enumerate_combos, joint_inputs, plan,
+                                          with_sync_table)
+from hetplan.orchestration.planner.inputs import _quotas, _Tables
 from hetplan.simulator import SimulationReport, simulate
 
 REL_TOL = 1e-6  # model vs simulator figures (b, c)
@@ -599,7 +600,7 @@ def test_limits_are_checked_with_the_simulators_tolerance() -> None:
 # ---- (d) the crash --------------------------------------------------------------------------------------
 # It crashed: P = U (every unit its own stage) is enumerated (planner.enumerate_combos: P up to
 # min(U, max_stages)) but the compact form has no stage-0 block count for it, and
-# joint.bounds._make_extra_lower_bound looked up pair (0, 1): KeyError. planner._prepare_one now records
+# joint.bounds._make_extra_lower_bound looked up pair (0, 1): KeyError. planner.search._prepare_one now records
 # such a choice as infeasible.
 def test_solve_with_as_many_gpus_as_units() -> None:
     # 2 blocks -> U = 4 units; 4 GPUs allow P x D = 4 x 1

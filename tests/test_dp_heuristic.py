@@ -211,7 +211,8 @@ def test_dp_heuristic_lightens_the_heaviest_stage_at_a_slower_cap():
     from hetplan.estimators import build_estimators
     from hetplan.importers.sailor import sailor_instance_dict
     from hetplan.instance import instance_from_dict
-    from hetplan.orchestration.planner import Combo, PlannerOptions, _quotas, _Tables, joint_inputs, with_sync_table
+    from hetplan.orchestration.planner import Combo, PlannerOptions, joint_inputs, with_sync_table
+    from hetplan.orchestration.planner.inputs import _quotas, _Tables
     from hetplan.solvers import SolveOptions, solve
 
     ref = shared_dir() / "reference" / "sailor"
@@ -243,7 +244,8 @@ def test_dp_heuristic_keeps_a_pipeline_in_one_region_when_crossing_costs_every_s
     from hetplan.estimators import build_estimators
     from hetplan.importers.sailor import sailor_instance_dict
     from hetplan.instance import instance_from_dict
-    from hetplan.orchestration.planner import Combo, PlannerOptions, _quotas, _Tables, joint_inputs, with_sync_table
+    from hetplan.orchestration.planner import Combo, PlannerOptions, joint_inputs, with_sync_table
+    from hetplan.orchestration.planner.inputs import _quotas, _Tables
 
     ref = shared_dir() / "reference" / "sailor"
     if not (ref / "profiles").is_dir():

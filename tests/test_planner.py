@@ -12,8 +12,8 @@ import pytest
 from hetplan.estimators import build_estimators
 from hetplan.formulations import joint
 from hetplan.instance import instance_from_dict
-from hetplan.orchestration.planner import (Combo, PlannerOptions, _quotas, _Tables, enumerate_combos, joint_inputs, plan,
-                             with_sync_table)
+from hetplan.orchestration.planner import Combo, PlannerOptions, enumerate_combos, joint_inputs, plan, with_sync_table
+from hetplan.orchestration.planner.inputs import _quotas, _Tables
 from hetplan.solvers import SolveOptions, get_backend, solve
 
 
@@ -177,7 +177,7 @@ def test_the_helper_process_changes_the_speed_not_the_search(instance, monkeypat
     so every record, bound and plan is the same; and the helper's results are really used."""
     import os
 
-    import hetplan.orchestration.planner as planner_module
+    import hetplan.orchestration.planner.helper as planner_module  # the helper and the steps it takes
 
     taken = []
     take = planner_module._Helper.take
@@ -224,7 +224,7 @@ def _silent_helper(conn, *args):
 def test_a_failing_helper_changes_nothing(failure, monkeypatch):
     """If the helper process dies at once, never answers, or fails every step, the main process
     takes those steps itself: the same decisions as with a working helper."""
-    import hetplan.orchestration.planner as planner_module
+    import hetplan.orchestration.planner.helper as planner_module  # the helper and the steps it takes
 
     opts = PlannerOptions(max_stages=3, time_limit_s=60, workers=2)
     normal = plan(tiny(), opts)
@@ -564,7 +564,9 @@ def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_bes
     of them, which an independent run of the same heuristics on the same choices confirms."""
     from hetplan.bundled import bundled_instance_path
     from hetplan.instance import load_instance
-    from hetplan.orchestration.planner import _best_heuristic, _dive, _Outcome, _prepare_one, _Scorer, with_sync_table
+    from hetplan.orchestration.planner import with_sync_table
+    from hetplan.orchestration.planner.steps import _best_heuristic
+    from hetplan.orchestration.planner.search import _dive, _Outcome, _prepare_one, _Scorer
     from hetplan.simulator import simulate
 
     inst = load_instance(bundled_instance_path("geo_2region_egress"))
@@ -596,7 +598,7 @@ def test_helper_reads_while_its_reply_goes_out() -> None:
     import multiprocessing
     import threading
 
-    from hetplan.orchestration.planner import _Sender
+    from hetplan.orchestration.planner.helper import _Sender
 
     main, helper = multiprocessing.Pipe()
     big = b"x" * 8_000_000

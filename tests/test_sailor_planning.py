@@ -19,7 +19,8 @@ from hetplan.formulations import joint
 from hetplan.importers.sailor import sailor_instance_dict
 from hetplan.instance import Instance, instance_from_dict
 from hetplan.plan import Plan, Replica, Stage
-from hetplan.orchestration.planner import PlannerOptions, _tight_bound, plan
+from hetplan.orchestration.planner import PlannerOptions, plan
+from hetplan.orchestration.planner.steps import _tight_bound
 from hetplan.estimators.memo import memoised
 from hetplan.simulator import simulate
 from hetplan.simulator.sailor import ring_ordered

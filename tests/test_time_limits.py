@@ -19,7 +19,9 @@ import yaml
 from hetplan.errors import InfeasibleError
 from hetplan.estimators import build_estimators
 from hetplan.instance import instance_from_dict, load_instance
-from hetplan.orchestration.planner import PlannerOptions, _floor, _quotas, _Tables, plan
+from hetplan.orchestration.planner import PlannerOptions, plan
+from hetplan.orchestration.planner.search import _floor
+from hetplan.orchestration.planner.inputs import _quotas, _Tables
 from test_planner import tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,13 +203,14 @@ def test_sigterm_reaches_a_library_caller_as_search_terminated():
 BLOCKED = """
 import os, sys, time
 import hetplan.orchestration.planner as planner
+from hetplan.orchestration.planner import helper as H, inputs as I, steps as S
 from hetplan.estimators import build_estimators
 from hetplan.formulations import joint
 sys.path.insert(0, {tests!r})
 from test_planner import tiny
 
 MAIN = os.getpid()
-refine = planner._refine
+refine = H._refine
 
 
 def endless(*args):  # the helper's step never ends: the main process waits on the pipe
@@ -216,13 +219,13 @@ def endless(*args):  # the helper's step never ends: the main process waits on t
     return refine(*args)
 
 
-planner._refine = endless
+H._refine = endless  # what the helper's loop calls
 inst, opts = tiny(), planner.PlannerOptions()
-tables = planner._Tables(inst, build_estimators(inst))
+tables = I._Tables(inst, build_estimators(inst))
 combo = planner.Combo(2, 1, 1)
-inp = planner.joint_inputs(inst, tables, planner._quotas(inst, opts), combo, "max_throughput", None, None, (1, 2))
-helper = planner._Helper.start({{combo: inp}}, tables, "max_throughput", None, None, joint.Deadline.after(600))
-step = planner._Step(combo, 0, 0.0, None, False)
+inp = planner.joint_inputs(inst, tables, I._quotas(inst, opts), combo, "max_throughput", None, None, (1, 2))
+helper = H._Helper.start({{combo: inp}}, tables, "max_throughput", None, None, joint.Deadline.after(600))
+step = S._Step(combo, 0, 0.0, None, False)
 helper.add([(step, inp)])
 while not helper.computing(step):
     helper.wait()

@@ -166,7 +166,7 @@ class JointInputs:
     # depend on the sender's TP group (a TP 1 sender is ~4x slower than a TP 4 one); empty: none
     send_floor_s: tuple[float, ...] = ()
     # [k] (Sailor's composition) the same floors on a send from a replica of pool k to a node of another
-    # zone / another region (`planner._Tables.send_floor_s`): a TP 1 sender over zones is far slower than
+    # zone / another region (`planner.inputs._Tables.send_floor_s`): a TP 1 sender over zones is far slower than
     # the least send between zones over every TP group size (c_zone); empty: none
     send_away_s: tuple[tuple[float, float], ...] = ()
     # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a

@@ -85,7 +85,7 @@ milliseconds and cost rows in micro-dollars (`in_model_units`), for the solvers'
 
 One cost model (`formulations/stage_cost.py`): the simulator (`hetplan.simulator`) composes the
 figures of `StageCosts` for a placed plan; the rows above read the same estimator calls per layer
-unit (`planner._Tables`), and `evaluate_placed` scores a solution of this model by placing it as
+unit (`planner.inputs._Tables`), and `evaluate_placed` scores a solution of this model by placing it as
 the simulator does (first fit) and composing the same `StageCosts` figures with this model's rates:
 it equals `simulate` (tests/test_cost_model_agreement.py: 2,657 random plans). The MILP
 itself is a relaxation of that evaluation: for every plan of its space, each figure it computes
@@ -97,7 +97,7 @@ Relaxed, because the model does not place replicas on nodes (first fit does, in 
   - a stage's time is its slowest replica's fwd + bwd (the simulator adds the slowest fwd and the
     slowest bwd, which may come from different replicas);
   - c_node is the fastest boundary transfer inside a zone, between two nodes or two GPUs of one node
-    (`planner._Tables.effective_link`); c_zone, c_region the fastest pair of their class;
+    (`planner.inputs._Tables.effective_link`); c_zone, c_region the fastest pair of their class;
   - all-reduces are the communication estimator's floor over every placement the stage's pools
     allow (`planner.with_sync_table`, `planner.tied_floors_s`, `allreduce_floor_s` of the estimator:
     one node of the pool's type, or >= 2 nodes of its zone, or of its region when spanning zones),

@@ -1,0 +1,93 @@
+"""The joint planner (`hetplan solve`): resource allocation + parallelization with a proven bound.
+
+Decomposition. The outer loop enumerates (P pipeline stages, b microbatch size, D replicas per
+stage) with B % (D b) == 0; TP per stage and GPU type, replica counts per (stage, GPU type, zone)
+and layer ranges are decided inside one MILP per outer choice (`formulations/joint/`).
+
+Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
+lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
+the search, the heuristics (the greedy and the stage DP of `formulations/joint/stage_dp.py`)
+run on the choices with the least cheap bound, and on the most promising choice (least medium
+bound) of `heuristic_degrees` other data-parallel degrees; the best plan becomes the incumbent
+(`_first_incumbent`): the strong bounds then only have to rule out a target. The choice at the
+head is refined twice, going back in the queue each time: first with the medium bound
+(`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a
+few milliseconds), then with the strong bound; the first `heuristic_choices` choices the strong
+bound keeps also get the stage-DP heuristic. The strong bound (`exact=True`: a dynamic program
+over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone and with a cap
+on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage
+times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`;
+for cost also `joint.cost_lower_bound_dp_usd`). Each (slowest stage, all-reduce + update) cell of the
+sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
+a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice that comes out at the
+head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
+GPU type exactly and price the others), and only a choice still at the head after that is solved:
+heuristic warm start, then the MILP with the incumbent as a cutoff (which also drops stage choices
+too slow to beat it). The search stops when the head's bound
+cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
+Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
+least bound first, in equal shares. With several regions the strong time bound also splits the
+plans by the regions they use (`joint.region_split_time_bound_s`).
+One cost model: the MILPs, bounds and heuristics read a relaxation of the simulator (its figures
+are at most the simulator's on every plan of the space: formulations/joint/milp.py), whose all-reduce
+and boundary figures are the communication estimator's floors over the placements first fit may
+make (`with_sync_table`, `tied_floors_s`, `_Tables.effective_link`). Every plan the search keeps
+is scored by `simulate` (`_Scorer`): the limits, the plan returned, its objective and gap are the
+simulator's, and a bound on the relaxation is one on the simulator. The search itself compares
+model figures with model figures: its incumbent and the MILP cutoffs are the model objective of the
+plan the model rates best (`_Outcome.lead`). Cutting with the simulated objective instead (a few
+tenths of a percent to ~2 % above the model's) closed fewer choices by their bounds and made the
+MILPs slower: 2-5x longer searches on opt350-geo-5zones-32/-80, neo27-types-3 and
+opt350-het-80+240 (benchmarks/planner.py).
+
+With `estimators: {preset: sailor}` the model is Sailor's composition (formulations/joint/milp.py,
+"Sailor's composition"), every plan is scored by `simulate_sailor`, and a stage spread over zones
+or GPU types gets the replica order whose slowest neighbour pair is fastest
+(`simulator_sailor.ring_ordered`; Sailor's all-reduce reads the pairs in replica order), kept when
+the simulation says it is better; the plan returned carries that order.
+
+Two cores: with `workers=2` (the default) a forked helper process takes refinement steps ahead
+of the search: the medium bounds of the queued choices while the main process runs the first
+incumbent's heuristics, then the later steps of the choices under the target, in queue order. A
+step's result depends only on the step (`_Step`) and is used only when the search reaches it, so
+the search makes exactly the decisions it makes in one process (`_Refiner`, `_Helper`, `_refine`).
+
+Time limit: `time_limit_s` bounds the whole call (measured within 10 % + 1 s where the final
+plan's simulation is short). One `joint.Deadline` is checked by the preparation of the choices'
+inputs (at most PREPARE_SHARE of the limit, the most promising choices first by `_Floor`, a bound
+from the layer times alone), by every heuristic and bound in its long loops (`joint.deadline_scope`:
+a computation the deadline stops is dropped, so every bound kept is valid; the stage DP keeps the
+best plan it had), by the helper's steps and the waits for them, and by the MILPs' limits. The
+search then returns the best plan found with status "time_limit" and the bound proven so far; with
+no plan yet, the greedy looks for one on the queued choices for RESCUE_S (or a quarter of the
+limit) before SolverError says the time ran out. A budget or throughput floor beyond every plan
+fails at once (`_Floor`, `_check_reachable`). `progress` receives a `SearchProgress` (choices
+settled, incumbent, bound, gap) at most every PROGRESS_EVERY_S seconds.
+
+Signals: SIGINT raises KeyboardInterrupt in the main process (a wait for the helper or a HiGHS
+solve included: `solvers.highs_backend` runs HiGHS in a thread); a SIGTERM left at its default
+action raises `SearchTerminated` (a KeyboardInterrupt) during the search. Either way the helper is
+stopped before the exception leaves `plan()`; the helper itself ignores SIGINT (Ctrl-C reaches the
+whole process group), dies at SIGTERM without a traceback and dies with the main process.
+
+Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
+within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
+This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
+same D on every stage, per-stage DP traffic inside one region and, where the blocks are identical
+(the compact form of `formulations/joint/milp.py`), at least one block on the first stage.
+
+Files, each importing only the ones listed before it:
+  options.py  PlannerOptions, Combo, ComboRecord, PlannerResult, SearchProgress
+  inputs.py   the estimator tables and one outer choice's JointInputs (all-reduce and tied floors)
+  steps.py    one refinement step: the next bound of a choice, and the stage-DP heuristic
+  helper.py   the forked helper process that takes steps ahead, and the _Refiner
+  search.py   `plan`: preparation, first incumbent, best-first refinement, MILPs, the result
+"""
+from hetplan.orchestration.planner.options import (Combo, ComboRecord, PlannerOptions, PlannerResult, SearchProgress,
+                                                   TP_CHOICES)
+from hetplan.orchestration.planner.inputs import (enumerate_combos, joint_inputs, planner_tables, tied_floors_s,
+                                                  with_sync_table)
+from hetplan.orchestration.planner.search import SearchTerminated, plan
+
+__all__ = ["Combo", "ComboRecord", "PlannerOptions", "PlannerResult", "SearchProgress", "TP_CHOICES", "enumerate_combos",
+           "joint_inputs", "planner_tables", "tied_floors_s", "with_sync_table", "SearchTerminated", "plan"]

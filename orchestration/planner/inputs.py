@@ -1,0 +1,447 @@
+"""The planner's estimator tables and one outer choice's `JointInputs`: per pool and layer unit the step,
+update, memory and send figures, and the communication estimator's all-reduce floors over the
+placements first fit may make (`with_sync_table`, `tied_floors_s`), so that the model stays a
+relaxation of the simulator (formulations/joint/milp.py)."""
+from __future__ import annotations
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+
+from hetplan.errors import EstimatorError
+from hetplan.estimators import EstimatorSet
+from hetplan.estimators.base import spans_pair
+from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
+from hetplan.formulations import joint
+from hetplan.instance import Instance
+from hetplan.formulations.stage_cost import StageCosts, node_endpoint
+from hetplan.orchestration.planner.options import Combo, PlannerOptions, TP_CHOICES
+
+
+class _Tables:
+    """Estimator figures per (gpu type, tp, b) and per layer unit, computed once and reused."""
+
+    def __init__(self, instance: Instance, est: EstimatorSet):
+        self.inst, self.est = instance, est
+        self.costs = StageCosts(instance, est)  # the simulator's stage evaluation: the rows below read it
+        # Sailor's composition (simulator/sailor.py) reads llm_info's sizes, not the architecture's
+        self.sailor = est.iteration == "sailor"
+        self.info = est.memory.info if self.sailor else None
+        self.arch = instance.model_arch
+        self.U = self.arch.num_units
+        self._step: dict = {}
+        self._upd: dict = {}
+        self._mem: dict = {}
+        self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
+        self._node_sets: dict = {}
+        self._node_sizes: dict = {}  # (zone, gpu type) -> GPUs per node, largest first
+        self._least_nodes: dict = {}  # `_least_nodes` answers
+        self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
+        self._links: dict = {}
+        self._sends: dict = {}  # send_floor_s: (gpu type, zone, tp, b) -> seconds
+        self._groups: dict | None = None  # _node_groups
+        self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
+        self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
+        self._grad: tuple[float, ...] | None = None
+        self._stage_grad: dict = {}  # stage_grad_bytes: P -> bytes per (position, blocks)
+
+    @property
+    def grad_bytes(self) -> tuple[float, ...]:
+        """Gradient bytes of every layer unit (all TP shards)."""
+        if self._grad is None:
+            if self.sailor:  # Sailor all-reduces and prices the full parameter bytes
+                self._grad = tuple(self.info.param_bytes(range(l, l + 1)) for l in range(self.U))
+            else:
+                prec = self.inst.workload.precision
+                self._grad = tuple(gradient_bytes(self.arch, range(l, l + 1), prec) for l in range(self.U))
+        return self._grad
+
+    @property
+    def sync_factor(self) -> float:
+        """All-reduce bytes per gradient byte (ZeRO-3: 1.5); Sailor's composition counts 1."""
+        return 1.0 if self.sailor else sync_volume_factor(self.inst.workload.zero_stage)
+
+    @property
+    def tied_bytes(self) -> float:
+        """Bytes of the tied embedding's all-reduce; Sailor's composition has none."""
+        return 0.0 if self.sailor else self.costs.tied_bytes
+
+    def boundary_bytes(self, b: int) -> float:
+        """The activation bytes of one microbatch over a boundary; for Sailor's composition the least a
+        stage can send (llm_info's unit outputs; a stage ends on a block or the embedding)."""
+        if self.sailor:
+            return min(self.info.output_bytes(u, b) for u in range(self.U - 1))
+        return boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
+
+    def pool_rows(self, quotas: dict, tp_choices: tuple[int, ...], b: int, D: int) -> tuple | None:
+        """(pools, step, upd, stat, act, cap, fixed update, send floor, send floors away, shared cache) of
+        the outer choices with microbatch b and D replicas per stage (P changes none of them: the
+        choices of every depth share these tuples); None when no pool can hold even one unit. A pool
+        that cannot hold its lightest unit on the last stage (1 microbatch in flight) is useless and
+        left out."""
+        ordered = tuple(sorted(quotas.items()))
+        key = (b, D, tuple(tp_choices), ordered)
+        if key not in self._rows:
+            rows: tuple[list, ...] = ([], [], [], [], [], [], [], [], [])
+            for (g, z), (avail, per_node, price, region) in ordered:
+                for t in tp_choices:
+                    if not self.usable(g, t, b, per_node, avail):
+                        continue
+                    s_b, a_b, c_b = self.mem(g, t, b, D)
+                    if min(s + a for s, a in zip(s_b, a_b)) > c_b:
+                        continue
+                    upd, fixed, send, away = self.upd(g, t, D), 0.0, 0.0, (0.0, 0.0)
+                    if self.sailor:  # the profile's whole-model step, taken by every stage as is
+                        upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
+                        send = self.send_floor_s(g, z, t, b)
+                        away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
+                    for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
+                                                 upd, s_b, a_b, c_b, fixed, send, away)):
+                        row.append(value)
+            if not self.sailor:  # JointInputs.upd_fixed_s, send_floor_s and send_away_s stay empty
+                for row in rows[6:]:
+                    row.clear()
+            # the last entry: `JointInputs.shared`, one cache for every choice built from these rows
+            self._rows[key] = (*(tuple(row) for row in rows), {}) if rows[0] else None
+        return self._rows[key]
+
+    def stage_grad_bytes(self, inp: joint.JointInputs) -> dict[tuple[str, int], float]:
+        """(stage position, blocks) -> gradient bytes of such a stage, for every position and block
+        count of P stages (blocks form; the same for every choice of that depth)."""
+        if inp.P not in self._stage_grad:
+            stages = sorted({0, min(1, inp.P - 1), inp.P - 1})  # one stage of each position
+            grad = [0.0]
+            for g in inp.grad_bytes:  # prefix sums: a stage's units are one contiguous range
+                grad.append(grad[-1] + g)
+            self._stage_grad[inp.P] = {(joint.position(inp, i), n): grad[u.stop] - grad[u.start] for i in stages
+                                       for n in joint.block_counts(inp, i) for u in [joint.stage_units(inp, i, n)]}
+        return self._stage_grad[inp.P]
+
+    def usable(self, g: str, t: int, b: int, per_node: int, avail: int) -> bool:
+        """Whether TP t on g's nodes of per_node GPUs (avail of them) can run microbatch b: t divides
+        the node, and the time estimator prices (b, t) (Sailor's profiles have some (b, TP) only; an
+        estimator without `covers` prices every one)."""
+        if t > per_node or per_node % t or t > avail:
+            return False
+        covers = getattr(self.est.time, "covers", None)
+        return covers is None or covers(g, b, t)
+
+    def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
+        key = (g, t, b)
+        if key not in self._step:
+            self._step[key] = tuple(sum(self.costs.replica_times(g, t, range(l, l + 1), b)) for l in range(self.U))
+        return self._step[key]
+
+    def upd(self, g: str, t: int, D: int) -> tuple[float, ...]:
+        key = (g, t, D)
+        if key not in self._upd:
+            self._upd[key] = tuple(self.est.time.update_time_s(g, range(l, l + 1), t, D) for l in range(self.U))
+        return self._upd[key]
+
+    def floor_s(self, nodes: tuple, members: int, sizes: list[float], spans: str = "node",
+                min_nodes: int = 1) -> list[float]:
+        """The communication estimator's lower bound on an all-reduce of each of `sizes` bytes over
+        `members` endpoints drawn from `nodes` ((endpoint, slots), `_nodes`), for every placement
+        (`allreduce_floor_s`; inf where no placement exists; 0 for an estimator that has none: a
+        valid, weak floor)."""
+        floor = getattr(self.est.comm, "allreduce_floor_s", None)
+        if members <= 1:
+            return [0.0] * len(sizes)
+        if floor is None or not nodes:
+            return [0.0 if floor is None else math.inf] * len(sizes)
+        key = (nodes, members, spans, min_nodes)
+        cache = self._sync.setdefault(key, {})
+        missing = [n for n in dict.fromkeys(sizes) if n not in cache]
+        if missing:
+            cache.update(zip(missing, floor(list(nodes), members, missing, spans, min_nodes)))
+        return [cache[n] for n in sizes]
+
+    def node_sizes(self, zone: str | None, gpu_type: str | None) -> list[int]:
+        """GPUs per node of `zone` and `gpu_type` (None: any), largest first."""
+        key = (zone, gpu_type)
+        if key not in self._node_sizes:
+            self._node_sizes[key] = sorted((n.num_gpus for n in self.inst.nodes
+                                            if zone in (None, n.zone) and gpu_type in (None, n.gpu_type)), reverse=True)
+        return self._node_sizes[key]
+
+    def nodes(self, pools: tuple, zone: str | None = None, region: str | None = None,
+              gpu_type: str | None = None) -> tuple:
+        """(node endpoint, the most replicas it holds) for the nodes of the pools' (type, zone)
+        groups in `zone` / `region` / of `gpu_type` (None: any); a node holds num_gpus // (the least
+        TP of its type's pools), since every replica takes at least that many GPUs."""
+        key = (pools, zone, region, gpu_type)
+        if key not in self._node_sets:
+            least: dict = {}
+            for p in pools:
+                if (zone or p.zone) == p.zone and (region or p.region) == p.region and (gpu_type or p.gpu_type) == p.gpu_type:
+                    least[p.gpu_type, p.zone] = min(least.get((p.gpu_type, p.zone), p.tp), p.tp)
+            self._node_sets[key] = tuple((node_endpoint(n), n.num_gpus // least[n.gpu_type, n.zone])
+                                         for n in self.inst.nodes if (n.gpu_type, n.zone) in least)
+        return self._node_sets[key]
+
+    def effective_link(self, kind: str, b: int) -> joint.LinkCost | None:
+        """One microbatch's boundary transfer inside a zone ("node": between two nodes or two GPUs of
+        one node), between two zones of a region ("zone") or two regions, timed by the communication
+        estimator (the simulator's) between the fastest pair found: a lower bound on the transfer of
+        every placement, exact at this message size (the time, not the link, is what the model
+        reads: `JointInputs.p2p_s`); None when the cluster has no such pair."""
+        key = (kind, b)
+        if key not in self._links:
+            times = [self._least_send_s(a, c, b) for a in self._group_firsts() for c in self._receivers(a)
+                     if spans_pair(kind, a, c)]
+            best = min([t for t in times if t < math.inf], default=None)
+            self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
+        return self._links[key]
+
+    def send_floor_s(self, g: str, z: str, t: int, b: int, away: str | None = None) -> float:
+        """(Sailor's composition) The least time of one send from a TP-t replica of g in zone z to any
+        node (its own included) at any TP group size, of any unit output at microbatch b: a floor
+        on every send a stage holding such a replica makes (`JointInputs.send_floor_s`). With `away`
+        "zone" / "region", to nodes of another zone / region only (`JointInputs.send_away_s`; inf
+        where there is none)."""
+        key = (g, z, t, b, away)
+        if key not in self._sends:
+            src = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
+            far = {None: lambda c: True, "zone": lambda c: c.zone != src.zone,
+                   "region": lambda c: c.region != src.region}[away]
+            self._sends[key] = min((self._least_send_s(src, c, b, (t,)) for c in self._receivers(src) if far(c)),
+                                   default=math.inf)
+        return self._sends[key]
+
+    def _node_groups(self) -> dict[tuple[str, str], list]:
+        """Nodes per (GPU type, zone): a group's nodes are alike to the estimator but for their id."""
+        if self._groups is None:
+            self._groups = {}
+            for n in self.inst.nodes:
+                self._groups.setdefault((n.gpu_type, n.zone), []).append(n)
+        return self._groups
+
+    def _group_firsts(self) -> list:
+        return [nodes[0] for nodes in self._node_groups().values()]
+
+    def _receivers(self, a) -> list:
+        """The nodes a boundary's transfer from node a may reach, one of each kind: another node of
+        every group, and node a itself (first fit may put both stages there) when it has 2 GPUs."""
+        out = [next((n for n in nodes if n.node_id != a.node_id), None) for nodes in self._node_groups().values()]
+        return [c for c in out if c is not None] + ([a] if a.num_gpus >= 2 else [])
+
+    def _least_send_s(self, a, c, b: int, src_tps: tuple[int, ...] | None = None) -> float:
+        """The least transfer the estimator gives from node a to node c at microbatch b (inf where its
+        table has no such pair). The hetplan composition sends the boundary bytes between endpoints
+        of no stated size; Sailor's sends any unit output (the head's logits back, too) between TP
+        groups whose sizes pick the bandwidth fit: the least over those sizes, over `src_tps` (every
+        TP degree when None) at a and every TP degree at c."""
+        if not self.sailor:
+            return self._p2p_s(a, c, self.boundary_bytes(b), None, None)
+        sizes = {self.info.output_bytes(u, b) for u in range(self.U)}
+        return min((self._p2p_s(a, c, size, ga, gc) for size in sizes for ga in src_tps or TP_CHOICES
+                    for gc in TP_CHOICES if ga <= a.num_gpus and gc <= c.num_gpus), default=math.inf)
+
+    def _p2p_s(self, a, c, nbytes: float, gpus_a: int | None, gpus_c: int | None) -> float:
+        """The estimator's transfer between nodes a and c at TP groups of these sizes (None: not said);
+        inf where its table has no such pair."""
+        try:
+            return self.est.comm.p2p_time_s(replace(node_endpoint(a), gpus=gpus_a),
+                                            replace(node_endpoint(c), gpus=gpus_c), nbytes)
+        except EstimatorError:
+            return math.inf
+
+    def mem(self, g: str, t: int, b: int, D: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+        key = (g, t, b, D)
+        if key not in self._mem:
+            stat, act, over = [], [], 0.0
+            for l in range(self.U):
+                mb = self.est.memory.worker_memory(g, range(l, l + 1), t, b, D, 1)
+                stat.append(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes)
+                act.append(mb.activations_bytes)
+                # what the simulator's out-of-memory rule counts besides these (MemoryBreakdown.oom:
+                # Sailor's check_config_fits adds 2-3 GB, not its footprint's 5.06 GB)
+                counted = mb.total_bytes if mb.fit_bytes is None else mb.fit_bytes
+                over, cap = counted - stat[-1] - act[-1], mb.capacity_bytes
+            self._mem[key] = (tuple(stat), tuple(act), cap - over)
+        return self._mem[key]
+
+
+
+def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], tuple[int, int, float, str]]:
+    """(gpu type, zone) -> (available GPUs, GPUs per node, price, region), after allowed types/zones."""
+    c = instance.constraints
+    out: dict[tuple[str, str], tuple[int, int, float, str]] = {}
+    for g in instance.cluster.node_groups:
+        if c.allowed_gpu_types is not None and g.gpu_type not in c.allowed_gpu_types:
+            continue
+        if c.allowed_zones is not None and g.zone not in c.allowed_zones:
+            continue
+        key = (g.gpu_type, g.zone)
+        n, per_node, price, region = out.get(key, (0, g.gpus_per_node, g.price_per_gpu_hour_usd, g.region_name))
+        out[key] = (n + g.count * g.gpus_per_node, min(per_node, g.gpus_per_node), max(price, g.price_per_gpu_hour_usd), region)
+    if opts.available is not None:
+        out = {k: (min(v[0], opts.available.get(k, 0)), *v[1:]) for k, v in out.items()}
+    return {k: v for k, v in out.items() if v[0] > 0}
+
+
+
+def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
+                 max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> joint.JointInputs | None:
+    """Fill the MILP's numbers for one outer choice; None when no pool can hold even one unit."""
+    wl, net = instance.workload, instance.cluster.network
+    B = wl.global_batch_size
+    m = B // (combo.D * combo.b)
+    rows = tables.pool_rows(quotas, tp_choices, combo.b, combo.D)
+    if rows is None:
+        return None
+    pools, step, upd, stat, act, cap, fixed, send, away, shared = rows
+    tied = tables.tied_bytes if combo.P > 1 else 0.0
+
+    def link(spec) -> joint.LinkCost:
+        return joint.LinkCost(spec.bandwidth_GBps * 1e9, spec.latency_s)
+
+    node_link, zone_link, region_link = (tables.effective_link(cls, combo.b) or link(spec) for cls, spec in (
+        ("node", net.inter_node), ("zone", net.inter_zone), ("region", net.inter_region)))
+    inp = joint.JointInputs(
+        P=combo.P, D=combo.D, b=combo.b, m=m, pools=pools, step_s=step, upd_s=upd,
+        stat_bytes=stat, act_bytes=act, cap_bytes=cap, grad_bytes=tables.grad_bytes,
+        tied_grad_bytes=tied, boundary_bytes=tables.boundary_bytes(combo.b),
+        node=node_link, zone=zone_link, region=region_link,
+        egress_zone_usd_per_GB=net.egress.inter_zone_usd_per_GB,
+        egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
+        sync_factor=tables.sync_factor, objective=objective, max_cost_usd=max_cost,
+        min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
+        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
+        composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send,
+        send_away_s=away)
+    return inp
+
+
+
+def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInputs:
+    """`inp` with lower bounds on the gradient all-reduce per (pool, stage position, blocks) filled in:
+    `sync_table` for a stage in one zone, `span_sync_table` for one spanning zones of its region.
+    A stage holding a replica of pool k all-reduces at least factor x bytes / t_k per member (its
+    least TP is at most t_k) over D members placed on one node of k's type or on two or more nodes
+    of its zone (region, spanning); the estimator's floor over those placements
+    (`_Tables.floor_s`) holds whatever the first-fit placement and the stage's other pools. An
+    entry is inf where no such placement exists (D replicas do not fit in the zone; a region of
+    one zone has no spanning stage): the bounds then rule the pair out, and the MILP reads 0
+    there (`joint.model_coef`), since its quota and region rows already do."""
+    if inp.sync_table is not None or not joint.blocks_identical(inp):
+        return inp
+    # choices with the same D, pools and P share the tables (b changes neither the bytes of a
+    # position's n blocks nor the replicas that all-reduce them)
+    key = (inp.D, inp.pools, inp.P)
+    tabs = tables.sync_tables.get(key)
+    if tabs is None:
+        nbytes = tables.stage_grad_bytes(inp)
+        factor = tables.sync_factor
+        table, span = {}, {}
+        for k, pool in enumerate(inp.pools):
+            joint.check_deadline()
+            sizes = [factor * n / pool.tp for n in nbytes.values()]
+            one = [math.inf] * len(sizes)
+            if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
+                one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
+            many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes,
+                                  min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone)))
+            table.update(((k, pos, n), min(a, b)) for (pos, n), a, b in zip(nbytes, one, many))
+            if len(inp.zones) > 1:
+                far = tables.floor_s(tables.nodes(inp.pools, region=pool.region), inp.D, sizes, spans="zone")
+                span.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, far))
+        tabs = tables.sync_tables[key] = (table, span or None)  # only once complete: a deadline may stop the loop
+    return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
+
+
+
+def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None,
+                 gpu_type: str | None = None) -> int:
+    """The fewest nodes of `zone` and `gpu_type` (None: any) that can hold a ring of `members`
+    replicas, one of them of `pool`: that replica takes t_k GPUs and each other one at least the least
+    TP of the selected pools, so the ring needs t_k + (members - 1) t_least GPUs, counted on the
+    largest nodes first; more than the selection has where it cannot hold them (no placement: any
+    floor holds). Measured: V100 TP 2 x 4 on 4-GPU nodes was floored at one node's ring, 1.0 ms,
+    where two nodes take 8.9 ms; 16 TP 2 replicas on 4-GPU nodes as a 4-node ring, 49.0 ms, where
+    the stage spans 8 nodes, 58.7 ms (the bound is 5 nodes)."""
+    here = lambda p: zone in (None, p.zone) and gpu_type in (None, p.gpu_type)  # noqa: E731
+    least = min(p.tp for p in pools if here(p))
+    key = (least, pool.tp, members, zone, gpu_type)
+    if key not in tables._least_nodes:  # asked for every pool of every outer choice
+        need, held, count = pool.tp + (members - 1) * least, 0, None
+        for count, size in enumerate(tables.node_sizes(zone, gpu_type), start=1):
+            held += size
+            if held >= need:
+                break
+        else:
+            count = max((count or 0) + 1, 2)
+        tables._least_nodes[key] = count
+    return tables._least_nodes[key]
+
+
+
+def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None) -> bool:
+    """Whether that ring can sit on one node of the pool's type (in `zone`; None: any zone)."""
+    return _least_nodes(tables, pools, pool, members, zone, pool.gpu_type) == 1
+
+
+
+def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
+    """Per pool k: lower bounds on the tied-embedding all-reduce of the first and last stage (2 D
+    members, factor x bytes / t_k each: the ring's least TP is at most t_k when pool k serves an
+    end) when both ends sit in one zone, in zones of one region (ez = 1) or in two regions (er = 1):
+    the estimator's floor over every placement of that kind. The ring fits on one node only where a
+    node of k's type holds t_k + (2 D - 1) t_least GPUs (t_least: the least TP of the type); else
+    it spans two nodes or more. Empty without a tied embedding."""
+    if tied_bytes <= 0:
+        return ()
+    key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
+    if key not in tables._tied:
+        kinds = [(p.tp, _fits_one_node(tables, pools, p, 2 * D)) for p in pools]
+        floors = {kind: _tied_floors_s(tables, pools, D, tied_bytes / kind[0], 1 if kind[1] else 2)
+                  for kind in dict.fromkeys(kinds)}
+        tables._tied[key] = tuple(floors[kind] for kind in kinds)
+    return tables._tied[key]
+
+
+
+def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float,
+                   min_nodes: int) -> tuple[float, float, float]:
+    size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
+    zones = sorted({p.zone for p in pools})
+    regions = sorted({p.region for p in pools})
+    node = min(tables.floor_s(tables.nodes(pools, zone=z), 2 * D, size, min_nodes=min_nodes)[0] for z in zones)
+    zone = min((tables.floor_s(tables.nodes(pools, region=r), 2 * D, size, spans="zone")[0] for r in regions
+                if len({p.zone for p in pools if p.region == r}) > 1), default=node)
+    region = tables.floor_s(tables.nodes(pools), 2 * D, size, spans="region")[0] if len(regions) > 1 else zone
+    return _finite(node), _finite(zone), _finite(region)
+
+
+
+def _finite(floor_s: float) -> float:
+    """A floor where no placement exists (inf) is 0 in the model: such plans are ruled out by the
+    quota rows, and an infinite coefficient would break the MILP."""
+    return floor_s if floor_s < math.inf else 0.0
+
+
+
+def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> list[Combo]:
+    B = instance.workload.global_batch_size
+    U = instance.model_arch.num_units
+    max_replicas = sum(n // min(opts.tp_choices) for n, *_ in quotas.values())
+    combos = []
+    for P in range(1, min(U, opts.max_stages) + 1):
+        for b in opts.microbatch_sizes:
+            if B % b:
+                continue
+            for D in range(1, B // b + 1):
+                if (B // b) % D == 0 and P * D <= max_replicas:
+                    combos.append(Combo(P, b, D))
+    return combos
+
+
+
+def planner_tables(instance: Instance, estimators: EstimatorSet) -> _Tables:
+    """The planner's estimator figures for `instance` scored by `estimators`, to hand to several
+    `plan` calls (`tables=`). They depend on the instance (its nodes, network, model, workload) and
+    the estimators only: the availability, the limits and the options key their own entries
+    (`_Tables.pool_rows`, `with_sync_table`), so a re-planner whose events change only the quotas
+    keeps one and skips recomputing them at every event (hetplan.orchestration.replan.ReplanSession)."""
+    return _Tables(instance, estimators)

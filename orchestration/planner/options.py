@@ -1,0 +1,108 @@
+"""What a caller gives the joint planner and gets back: options, outer choices, records, the result."""
+from __future__ import annotations
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+from hetplan.plan import Plan
+from hetplan.simulator import SimulationReport
+
+
+TP_CHOICES = (1, 2, 4, 8)
+
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    backend: str | None = None  # None: HiGHS for the linear model, SCIP when `linearize` is False
+    objective: str | None = None  # override the instance's objective kind
+    max_cost_usd: float | None = None  # override / add constraints
+    min_iters_per_s: float | None = None
+    time_limit_s: float = 60.0  # whole search
+    combo_time_limit_s: float = 5.0  # one outer choice's MILP; its bound enters the reported bound
+    rel_gap: float = 0.01  # on the model's objective (see PlannerResult.status)
+    max_stages: int = 16
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    tp_choices: tuple[int, ...] = TP_CHOICES
+    linearize: bool = True  # False keeps rate x T bilinear (SCIP solves it as an MINLP)
+    available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
+    heuristic_choices: int = 8  # choices (least cheap bound first) the stage DP heuristic runs on first
+    heuristic_degrees: int = 3  # then, of the other data-parallel degrees, this many (least medium bound first)
+    workers: int = 2  # processes refining bounds (2: a forked helper works ahead of the search; 1: none)
+
+
+
+@dataclass(frozen=True)
+class Combo:
+    P: int
+    b: int
+    D: int
+
+
+
+@dataclass
+class ComboRecord:
+    P: int
+    b: int
+    D: int
+    lower_bound: float
+    status: str  # pruned_bound | no_pools | greedy_only | solved:<status> | infeasible | skipped_time
+    objective: float | None = None
+    bound: float | None = None
+    build_s: float = 0.0
+    solve_s: float = 0.0
+
+
+
+@dataclass
+class PlannerResult:
+    plan: Plan
+    report: SimulationReport  # the simulator's figures for the plan
+    objective_kind: str
+    # the plan's iteration time (s) or cost (USD) as the simulator scores it: what `bound` bounds
+    # and `gap` measures (the name is historical: the search keeps plans by this figure)
+    model_objective: float
+    bound: float  # proven lower bound on the simulated objective of every plan in the modelled space
+    gap: float
+    greedy_objective: float | None  # the best heuristic plan (greedy or stage DP) found in the search
+    greedy_report: SimulationReport | None
+    combos_total: int
+    combos_pruned: int
+    combos_solved: int
+    build_s: float
+    solve_s: float
+    wall_s: float
+    backend: str
+    records: list[ComboRecord] = field(default_factory=list)
+    # "complete": every outer choice was settled (solved, pruned or ruled out): the model's gap
+    # is within rel_gap unless a MILP failed, and `gap`, against the simulated objective, adds
+    # how far the simulator rates the plan above the model; "time_limit": the limit stopped the
+    # search first, the plan is the best found by then and `bound` / `gap` what had been proven
+    status: str = "complete"
+    # the planner's model's own figure for the returned plan (`joint.evaluate`): at most
+    # model_objective, below it where the model relaxes the simulator
+    model_estimate: float | None = None
+    plan_source: str = "milp"  # "heuristic": a heuristic found the returned plan (no MILP beat it)
+
+    def summary(self) -> dict:
+        return {"objective": self.objective_kind, "status": self.status, "model_objective": self.model_objective,
+                "model_estimate": self.model_estimate, "plan_source": self.plan_source,
+                "bound": self.bound, "gap": self.gap, "greedy_objective": self.greedy_objective,
+                "combos_total": self.combos_total, "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
+                "build_s": self.build_s, "solve_s": self.solve_s, "wall_s": self.wall_s, "backend": self.backend,
+                "simulated": {k: v for k, v in self.report.summary().items() if k not in ("ranks",)}}
+
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """Where a running search stands: the one argument of `plan(progress=...)`."""
+
+    done: int  # outer choices settled (solved, pruned, ruled out, skipped; while preparing: prepared)
+    total: int  # outer choices enumerated
+    what: str  # the phase, or the choice (P, b, D) being worked on
+    incumbent: float | None  # the best plan's model objective so far (s or USD per iteration)
+    bound: float | None  # the proven lower bound so far over the modelled space
+    gap: float | None  # (incumbent - bound) / incumbent, when both exist
+    elapsed_s: float

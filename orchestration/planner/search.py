@@ -1,0 +1,858 @@
+"""The search over outer choices (the package docstring tells its steps): preparation, the first
+incumbent, best first refinement, the MILPs with a cutoff, the result."""
+from __future__ import annotations
+from __future__ import annotations
+
+import heapq
+import math
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+import pyomo.environ as pyo
+
+from hetplan.errors import EstimatorError, InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
+from hetplan.estimators import EstimatorSet, build_estimators
+from hetplan.estimators.memo import memoised
+from hetplan.formulations import joint
+from hetplan.instance import Instance, relaxed_limits
+from hetplan.plan import Plan, tp_indivisible
+from hetplan.simulator import SimulationReport, simulate
+from hetplan.simulator.sailor import ring_ordered
+from hetplan.orchestration.planner.options import Combo, ComboRecord, PlannerOptions, PlannerResult, SearchProgress
+from hetplan.orchestration.planner.inputs import _Tables, _quotas, enumerate_combos, joint_inputs, with_sync_table
+from hetplan.orchestration.planner.steps import _Step, _best_heuristic, _refine, _tight_bound
+from hetplan.orchestration.planner.helper import _Helper, _Refiner
+
+
+PROGRESS_EVERY_S = 0.1  # the progress callback is called at most this often (and once at the end)
+
+
+
+PREPARE_SHARE = 0.6  # the outer choices' inputs and cheap bounds may take this share of the limit
+
+
+
+RESCUE_S = 0.25  # no plan at the deadline: the greedy looks for one this long, or a quarter of the limit if less
+
+
+
+class _Reporter:
+    """Passes `SearchProgress` to the caller's callback at most every PROGRESS_EVERY_S seconds: a
+    progress display needs no more, and the search calls this at every step."""
+
+    def __init__(self, callback: Callable[[SearchProgress], None] | None, t_start: float):
+        self.callback, self.t_start = callback, t_start
+        self.total = 0
+        self.last = -math.inf
+
+    def __call__(self, done: int, what: str, incumbent: float | None = None, bound: float | None = None,
+                 force: bool = False) -> None:
+        if self.callback is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        gap = None if incumbent is None or bound is None else (incumbent - bound) / max(abs(incumbent), 1e-12)
+        self.callback(SearchProgress(done, self.total, what, incumbent, bound, gap, now - self.t_start))
+
+
+
+class SearchTerminated(KeyboardInterrupt):
+    """SIGTERM stopped `plan()`. Raised only where SIGTERM had its default action (the process
+    would die without stopping the helper or running the caller's clean-up); a KeyboardInterrupt,
+    so whatever handles Ctrl-C handles it too."""
+
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """During the search, a default SIGTERM raises SearchTerminated in this (the main) thread.
+    A handler the caller installed is left alone, and so is SIGTERM off the main thread (Python
+    lets only the main thread set handlers)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SearchTerminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+
+@dataclass(frozen=True)
+class _Floor:
+    """Lower bounds from the layer times alone, before any outer choice is built (~0.1 s on 10,000
+    GPUs), over every pool a choice can use (no memory test, so over a superset of them). Per
+    microbatch size b: F_b, one microbatch through every unit, each on its fastest pool; W_b and
+    C_b, the least GPU-seconds and USD of one microbatch through every unit; R_b, the cheapest
+    replica's USD per second. A plan with D replicas per stage runs every replica's stage
+    m = B / (D b) times and T >= m theta >= m x (any replica's stage time), so summed over the
+    replicas GPUs x T >= m D W_b and rate x T >= m D C_b, with m D = B / b and GPUs at most the
+    available ones (and max_gpus); T >= F_b too. Cost adds egress >= 0."""
+
+    B: int
+    gpus: int
+    per_b: dict[int, tuple[float, float, float, float]]  # b -> (F_b s, W_b GPU-s, C_b USD, R_b USD/s)
+
+    @property
+    def least_time_s(self) -> float:
+        return min((max(f, self.B / b * w / self.gpus) for b, (f, w, _, _) in self.per_b.items()), default=math.inf)
+
+    @property
+    def least_cost_usd(self) -> float:
+        return min((self.B / b * c for b, (_, _, c, _) in self.per_b.items()), default=math.inf)
+
+    def choice_bound(self, combo: Combo, objective: str) -> float:
+        """A bound on one choice's plans without its inputs, the cheap bound's formula
+        (`joint.time_lower_bound_s`, times the least rate for cost) on the superset of pools."""
+        if combo.b not in self.per_b:
+            return math.inf
+        f, w, _, rate = self.per_b[combo.b]
+        m = self.B // (combo.D * combo.b)
+        t_lb = f + (m - 1) * max(f / combo.P, combo.D * w / self.gpus)
+        return t_lb * combo.P * combo.D * rate if objective == "min_cost" else t_lb
+
+
+
+def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptions) -> _Floor:
+    B = instance.workload.global_batch_size
+    gpus = sum(avail for avail, *_ in quotas.values())
+    if instance.constraints.max_gpus is not None:
+        gpus = min(gpus, instance.constraints.max_gpus)
+    per_b = {}
+    for b in opts.microbatch_sizes:
+        pools = [(price * t / 3600, t, tables.step(g, t, b)) for (g, _), (avail, per_node, price, _) in quotas.items()
+                 for t in opts.tp_choices if tables.usable(g, t, b, per_node, avail)]
+        if B % b or not pools:
+            continue
+        units = range(tables.U)
+        per_b[b] = (sum(min(step[l] for *_, step in pools) for l in units),
+                    sum(min(t * step[l] for _, t, step in pools) for l in units),
+                    sum(min(rate * step[l] for rate, _, step in pools) for l in units),
+                    min(rate for rate, *_ in pools))
+    return _Floor(B, gpus, per_b)
+
+
+
+def _budget_message(max_cost: float, least: float) -> str:
+    return (f"max_cost_per_iteration_usd: {max_cost:g} USD is below the least cost of any plan, {least:.4g} USD; "
+            f"raise the budget to at least that")
+
+
+
+def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None) -> None:
+    """InfeasibleError at once when the budget or the throughput floor is beyond every plan
+    (`_Floor`), naming the limit and the best figure any plan can reach."""
+    if max_cost is not None and floor.least_cost_usd > max_cost:
+        raise InfeasibleError(_budget_message(max_cost, floor.least_cost_usd))
+    if min_its is not None and floor.least_time_s * min_its > 1:
+        raise InfeasibleError(f"min_throughput_iters_per_s: {min_its:g} it/s is above the most any plan reaches, "
+                              f"{1 / floor.least_time_s:.4g} it/s; lower the floor to at most that")
+
+
+
+def _check_choices_reachable(queue: list, objective: str, max_cost: float | None) -> None:
+    """With every choice's cheap bound in: InfeasibleError when the budget is below all of their
+    cost bounds (rate_LB x T_LB: unlike `_Floor.least_cost_usd` it counts the P x D replicas a
+    choice pays for while the slowest stage runs)."""
+    if max_cost is None or not queue:
+        return
+    least = min(item[0] if objective == "min_cost" else item[0] * joint.rate_lower_bound_usd_per_s(item[6])
+                for item in queue)
+    if least > max_cost:
+        raise InfeasibleError(_budget_message(max_cost, least))
+
+
+
+def _prepare(instance: Instance, tables: _Tables, quotas: dict, combos: list[Combo], objective: str,
+             max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...], floor: _Floor,
+             until: joint.Deadline, report: _Reporter) -> tuple[list[ComboRecord], list, list[ComboRecord]]:
+    """(records, queue items, skipped): every outer choice's inputs and cheap bound, the least
+    `floor.choice_bound` first, until `until`; a choice not reached by then is skipped with that
+    bound (under a tight limit the most promising choices are the ones prepared). Records and
+    items come back in enumeration order: a preparation that finishes gives the search the same
+    queue whatever the order it took."""
+    bounds = [floor.choice_bound(combo, objective) for combo in combos]
+    made: dict[int, ComboRecord | tuple] = {}
+    for j in sorted(range(len(combos)), key=bounds.__getitem__):
+        if until.expired():
+            break
+        report(len(made), "preparing the outer choices")
+        made[j] = _prepare_one(instance, tables, quotas, combos[j], objective, max_cost, min_its, tp_choices)
+    records: list[ComboRecord] = []
+    queue: list = []  # (bound, P, D, b, exact?, combo, inputs): best first, bounds refined lazily
+    skipped: list[ComboRecord] = []
+    for j, combo in enumerate(combos):
+        got = made.get(j)
+        if got is None:
+            skipped.append(ComboRecord(combo.P, combo.b, combo.D, bounds[j], "skipped_time"))
+        elif isinstance(got, ComboRecord):
+            records.append(got)
+        else:
+            queue.append(got)
+    return records, queue, skipped
+
+
+
+def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
+                 max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> ComboRecord | tuple:
+    """One choice's queue item (cheap bound, P, D, b, level 0, choice, inputs), or its record
+    when no pool holds a unit or the cheap bound misses the throughput floor."""
+    inp = joint_inputs(instance, tables, quotas, combo, objective, max_cost, min_its, tp_choices)
+    if inp is None:
+        return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools")
+    if joint.blocks_identical(inp) and any(not joint.block_counts(inp, i) for i in range(combo.P)):
+        # The compact form puts a block with the embedding, so P = L + 2 (one unit a stage) has no
+        # layout there; its bounds looked up a stage-0 block count that does not exist (KeyError).
+        return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "infeasible")
+    t_lb = joint.time_lower_bound_s(inp)
+    lb = t_lb * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else t_lb
+    if min_its is not None and t_lb > 1 / min_its:
+        return ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound")
+    return (lb, combo.P, combo.D, combo.b, 0, combo, inp)
+
+
+
+class _Scorer:
+    """The objective of a candidate plan as the simulator says (the model is a relaxation of it:
+    formulations/joint/milp.py), or None when the simulator finds it over a limit, out of memory or
+    unplaceable. Every plan the search keeps is scored here: the plan returned and its gap read the
+    simulator's figure; the cutoffs read the model's (`_Outcome.lead`)."""
+
+    def __init__(self, instance: Instance, est: EstimatorSet, objective: str, max_cost: float | None,
+                 min_its: float | None):
+        self.instance, self.est, self.objective = instance, memoised(est), objective
+        self.max_cost, self.min_its = max_cost, min_its
+        self.reports: dict = {}  # (pools, P, D, b, ranges, replicas) -> SimulationReport or None
+
+    def __call__(self, candidate: tuple | None) -> tuple | None:
+        if candidate is None:
+            return None
+        _, sol, inp = candidate
+        rep = self.report(sol, inp)
+        if rep is None:
+            return None
+        return (self._objective(rep), sol, inp)
+
+    def _objective(self, rep: SimulationReport) -> float:
+        return rep.cost_per_iteration_usd if self.objective == "min_cost" else rep.iteration_time_s
+
+    def report(self, sol: joint.JointSolution, inp: joint.JointInputs, named: Plan | None = None
+               ) -> SimulationReport | None:
+        """The simulation of `sol` (None as in `__call__`), once per plan; with `named` (the same plan
+        with a name and metadata), the report's placed plan carries them."""
+        key = (inp.pools, inp.P, inp.D, inp.b, sol.ranges, sol.replicas)
+        if key not in self.reports:
+            self.reports[key] = self._simulate(sol, inp)
+        rep = self.reports[key]
+        if rep is None or named is None:
+            return rep
+        return replace(rep, plan=rep.plan.model_copy(
+            update={"name": named.name, "instance": named.instance, "metadata": named.metadata}))
+
+    def _simulate(self, sol: joint.JointSolution, inp: joint.JointInputs) -> SimulationReport | None:
+        try:
+            rep = simulate(self.instance, joint.to_plan(sol, inp), self.est)
+        except PlanError:  # first fit found no node for some replica (TP degrees mixed on a node group)
+            return None
+        except EstimatorError:  # e.g. Sailor's bandwidth fit is negative at some message size
+            return None
+        if self.est.iteration == "sailor":  # Sailor's all-reduce reads the replica order: try the best one
+            ordered = ring_ordered(self.instance, rep.plan, self.est)
+            if ordered is not rep.plan:
+                again = simulate(self.instance, ordered, self.est)
+                rep = again if self._objective(again) < self._objective(rep) else rep
+        if rep.oom_ranks or (self.max_cost is not None and rep.cost_per_iteration_usd > self.max_cost) or (
+                self.min_its is not None and rep.iters_per_s < self.min_its):
+            return None
+        return rep
+
+
+
+@dataclass
+class _Outcome:
+    """What the search has found and proven so far."""
+
+    records: list[ComboRecord]
+    score: _Scorer
+    best: tuple | None = None  # (simulated objective, solution, inputs): the plan returned
+    # (model objective, solution, inputs) of the plan the model rates best among those the simulator
+    # accepts: the search's incumbent (cutoffs, pruning), so that the model's bounds are compared
+    # with a figure of the model (`bound`)
+    lead: tuple | None = None
+    greedy_best: tuple | None = None  # the best heuristic plan
+    open_bounds: list[float] = field(default_factory=list)  # bounds of choices not solved to the end
+    unfinished: list = field(default_factory=list)  # `_ChoiceResult`s whose MILP stopped at its limit
+    solved: int = 0
+    pruned: int = 0
+    cut: bool = False  # the time limit stopped the search before every choice was settled
+
+    @property
+    def timed_out(self) -> bool:
+        return self.cut or any(r.status == "skipped_time" for r in self.records)
+
+    def found(self, candidate: tuple | None, heuristic: bool = False) -> None:
+        """Score `candidate` (model objective, solution, inputs) with the simulator; keep it as the
+        plan to return if the simulator finds it better, and as the lead if the model does. The
+        model's figure is at most the simulator's (formulations/joint/milp.py), so a candidate whose
+        model figure already ties or loses to every plan it could replace is not simulated."""
+        if candidate is None or self._cannot_win(candidate[0], heuristic):
+            return
+        scored = self.score(candidate)
+        if scored is None:
+            return
+        self.best = joint.better(self.best, scored)
+        self.lead = joint.better(self.lead, candidate)
+        if heuristic:
+            self.greedy_best = joint.better(self.greedy_best, scored)
+
+    def _cannot_win(self, model_objective: float, heuristic: bool) -> bool:
+        kept = [self.lead, self.best] + ([self.greedy_best] if heuristic else [])
+        return all(k is not None and k[0] <= model_objective for k in kept)
+
+    @property
+    def incumbent(self) -> float | None:
+        """The lead's model objective: what a choice's bound must beat to be worth solving."""
+        return self.lead[0] if self.lead else None
+
+    def bound(self, head: float | None = None) -> float | None:
+        """The least of everything still open (the head of the queue: `head`) and the lead's model
+        objective: a choice was closed when nothing in it has a model objective below a lead's, so
+        this bounds the model objective, and so the simulated one, of every plan of the space."""
+        values = self.open_bounds + [item.bound for item in self.unfinished]
+        values += [v for v in (head, self.incumbent) if v is not None]
+        return min(values) if values else None
+
+    def skip_rest(self, entry: tuple, queue: list) -> None:
+        """The deadline: the popped choice (queue `entry`) and every queued one are skipped with
+        their bounds; the entry goes back to the list for `_rescue`."""
+        _settle_rest(self.records, entry[0], entry[5], queue, "skipped_time")
+        self.open_bounds += [entry[0]] + [item[0] for item in queue]
+        queue.append(entry)
+        self.cut = True
+
+
+
+def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: EstimatorSet | None = None,
+         progress: Callable[[SearchProgress], None] | None = None, tables: _Tables | None = None) -> PlannerResult:
+    """The best plan found within `opts.time_limit_s`, with its proven bound (module docstring).
+
+    The limit covers the whole call: estimator tables, the choices' inputs, heuristics, bounds,
+    MILPs, the helper process and the final simulation (measured within 10 % + 1 s). `progress`
+    gets a `SearchProgress` at most every PROGRESS_EVERY_S seconds and once at the end. Raises
+    InfeasibleError when the constraints cannot be met (at once when a bound shows a budget or a
+    throughput floor out of reach), SolverError when the time ran out before any plan was found,
+    KeyboardInterrupt on SIGINT and `SearchTerminated` on a SIGTERM left at its default; the
+    helper process is stopped before any of them leaves. `tables` (`planner_tables` of this very
+    instance and estimators) carries figures over from earlier calls; the search is the same."""
+    if tables is not None and (tables.inst is not instance or estimators is None or tables.est is not estimators):
+        raise PlanError("tables were made for another instance or other estimators", "tables")
+    opts = _splittable_tps(instance, opts or PlannerOptions())
+    t_start = time.perf_counter()
+    deadline = joint.Deadline.after(opts.time_limit_s)
+    with _sigterm_as_interrupt():
+        return _plan(instance, opts, estimators, _Reporter(progress, t_start), deadline, tables)
+
+
+
+def _splittable_tps(instance: Instance, opts: PlannerOptions) -> PlannerOptions:
+    """Only TP degrees that split the model's heads and MLP evenly (plan.tp_indivisible): the plan
+    validator refuses the others, so the search must not offer them (e.g. TP 8 for 20 heads)."""
+    arch = instance.model_arch
+    tps = tuple(t for t in opts.tp_choices if not tp_indivisible(arch, t))
+    if not tps:
+        raise InstanceError(f"no TP degree of {opts.tp_choices} splits {arch.name} evenly "
+                            f"({'; '.join(tp_indivisible(arch, max(opts.tp_choices)))})", "tp_choices")
+    return opts if tps == tuple(opts.tp_choices) else replace(opts, tp_choices=tps)
+
+
+
+def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | None, report: _Reporter,
+          deadline: joint.Deadline, tables: _Tables | None = None) -> PlannerResult:
+    est = estimators or build_estimators(instance)
+    objective = opts.objective or instance.objective.kind
+    max_cost, min_its = relaxed_limits(  # the simulator's tolerance, so both call the same plans feasible
+        opts.max_cost_usd if opts.max_cost_usd is not None else instance.constraints.max_cost_per_iteration_usd,
+        opts.min_iters_per_s if opts.min_iters_per_s is not None else instance.constraints.min_throughput_iters_per_s)
+    quotas = _quotas(instance, opts)
+    if not quotas:
+        raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
+    tables = tables or _Tables(instance, est)
+    floor = _floor(instance, tables, quotas, opts)
+    _check_reachable(floor, max_cost, min_its)
+    combos = enumerate_combos(instance, quotas, opts)
+    report.total = len(combos)
+    linear = opts.linearize or opts.backend not in (None, "scip")
+    milp = _MilpSettings(opts.backend or ("highs" if linear else "scip"), linear, opts.rel_gap)
+    # the heuristics need part of the limit for a first plan, whatever the preparation takes
+    until = joint.Deadline(deadline.at - (1 - PREPARE_SHARE) * opts.time_limit_s)
+    records, queue, skipped = _prepare(instance, tables, quotas, combos, objective, max_cost, min_its,
+                                       opts.tp_choices, floor, until, report)
+    out = _Outcome(records + skipped, _Scorer(instance, est, objective, max_cost, min_its))
+    if skipped:  # their bounds from the layer times stand in the reported bound
+        out.open_bounds.append(min(r.lower_bound for r in skipped))
+        out.cut = True
+    else:
+        _check_choices_reachable(queue, objective, max_cost)
+    heapq.heapify(queue)
+    with joint.deadline_scope(deadline):
+        _search(queue, tables, objective, max_cost, min_its, opts, milp, deadline, report, out)
+    if out.best is None and out.timed_out:  # outside the search's scope: the rescue has a deadline of its own
+        out.found(_rescue(queue, objective, max_cost, min_its, opts.time_limit_s), heuristic=True)
+    return _result(instance, objective, (max_cost, min_its), opts, milp.backend, len(combos), out, deadline,
+                   report)
+
+
+
+def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
+            opts: PlannerOptions, milp: "_MilpSettings", deadline: joint.Deadline, report: _Reporter,
+            out: _Outcome) -> None:
+    """Best first over the queued choices (module docstring), into `out`. At the deadline every
+    choice left is recorded "skipped_time" with the bound it has (a computation the deadline cut
+    is dropped, so every bound kept is valid)."""
+    helper = refiner = None
+    try:
+        # a helper process (two cores) computes the medium bounds of the queued choices, in queue
+        # order, while this one runs the heuristics of the first incumbent, and then the later steps
+        # of the choices under the target (`_Refiner`)
+        if opts.workers >= 2 and not deadline.expired():  # (the preparation may have used the time up)
+            helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its,
+                                   deadline)
+        refiner = _Refiner(tables, objective, max_cost, min_its, helper)
+        # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
+        refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6])
+                         for item in sorted(queue)[opts.heuristic_choices:]])
+        # the first incumbent: heuristics on the most promising choices, so the bounds have a target
+        greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
+
+        def tick(what: str, best: tuple | None) -> None:
+            report(len(out.records), what, best[0] if best else None, out.bound(queue[0][0] if queue else None))
+
+        out.found(_first_incumbent(queue, tables, objective, max_cost, min_its, greedies, opts.heuristic_choices,
+                                   opts.heuristic_degrees, opts.rel_gap, tick), heuristic=True)
+        dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
+        strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
+
+        def target_now() -> float | None:
+            return None if out.lead is None else out.incumbent * (1 - opts.rel_gap)
+
+        def step_of(item: tuple) -> _Step:
+            """The step the search takes when queued `item` comes out at the head, as things stand."""
+            i_lb, i_level, i_combo = item[0], item[4], item[5]
+            allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
+            return _Step(i_combo, i_level, i_lb, target_now() if i_level > 0 else None, allowed)
+
+        def live(item: tuple) -> bool:
+            """Whether `item` will be refined if the target does not change."""
+            target = target_now()
+            return item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None)
+
+        def steps_ahead(items) -> list:
+            return [(step_of(item), item[6]) for item in items if live(item)]
+
+        def follow(pushed: tuple | None = None) -> None:
+            """Keep the helper's steps those of the queue: all again when the target or the DP
+            allowance changed (its other steps are stale), else the choice just queued."""
+            state = (target_now(), dp_runs_left > 0)
+            if state != refiner.state:  # (the medium-bound steps need no target: those queued stay)
+                refiner.reset(state, target_now(), steps_ahead(item for item in queue if item[4] > 0))
+            elif pushed is not None:
+                refiner.enqueue(steps_ahead([pushed]))
+
+        follow()
+        while queue:
+            entry = heapq.heappop(queue)
+            lb, _, _, _, level, combo, inp = entry
+            incumbent = out.incumbent
+            report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}", out.best[0] if out.best else None,
+                   out.bound(lb))
+            if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
+                # best first: every choice left has a bound at least this one
+                out.pruned += _settle_rest(out.records, lb, combo, queue, "pruned_bound")
+                out.open_bounds.append(lb)
+                break
+            if deadline.remaining() < 0.05:
+                out.skip_rest(entry, queue)
+                break
+            try:
+                if level < 3:
+                    # refine in three steps, each choice going back in the queue: the medium bound
+                    # (quota aware, no DP: a few milliseconds), the strong one (dynamic programs over
+                    # stages, tens of milliseconds), the strongest (replica-level DPs on the sum of
+                    # stage times, once an incumbent gives them a target); a choice is solved only if
+                    # it is still the most promising one. The step is the same whichever process
+                    # computes it (`_Refiner`). Each choice's inputs get the all-reduce times: the
+                    # same object (and its caches) goes back in the queue
+                    inp = with_sync_table(inp, tables)
+
+                    def ahead() -> list:
+                        """The steps that may come next (the first levels of the heap), with their inputs."""
+                        steps = []
+                        for j in range(min(len(queue), refiner.LOOK)):
+                            if live(queue[j]):
+                                queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
+                                steps.append((step_of(item), item[6]))
+                        return steps
+
+                    step = step_of((lb, 0, 0, 0, level, combo, inp))
+                    new_lb, found, dp_ran = refiner.run(step, inp, ahead)
+                    if level == 2:
+                        strongest_for[combo] = step.target
+                    if dp_ran:
+                        dp_runs_left -= 1
+                        greedies[combo] = (found, True)
+                        if found is not None:
+                            out.found((*found, inp), heuristic=True)
+                    pushed = None
+                    if new_lb == float("inf"):
+                        out.records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
+                    else:
+                        pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
+                        heapq.heappush(queue, pushed)
+                    follow(pushed)
+                    continue
+                target, before = target_now(), strongest_for.get(combo)
+                if target is not None and lb < target and (before is None or before > target):
+                    # the strongest bound stops early at its target: computed for a worse incumbent,
+                    # it may reach this one's (measured: opt350-2zones-budget, P3 b1 D128 went to
+                    # its MILP with 1.6046 s, 12.5 s to reject; at the later target, 1.6149 s >= 1.6144 s)
+                    strongest_for[combo] = target
+                    again = _refine(inp, tables, _Step(combo, 2, lb, target, False), objective, max_cost, min_its)[0]
+                    heapq.heappush(queue, (again, combo.P, combo.D, combo.b, 3, combo, inp))
+                    follow()
+                    continue
+                found, with_dp = greedies.get(combo, (None, False))
+                if not with_dp:
+                    lead = out.incumbent
+                    found = _heuristics_on(combo, inp, greedies, out, objective, max_cost, min_its)
+                    if out.incumbent != lead:  # a better incumbent: the check above first, then maybe the MILP
+                        heapq.heappush(queue, entry)
+                        follow()
+                        continue
+            except joint.DeadlineExceeded:  # a bound or heuristic of this choice reached the deadline
+                out.skip_rest(entry, queue)
+                break
+            rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
+            out.records.append(rec)
+            if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
+                out.found((*found, inp), heuristic=True)
+            item = _solve_choice(rec, inp, found, out.lead, objective, milp, opts.combo_time_limit_s, deadline)
+            out.solved += 1
+            if item is not None:
+                out.found(item.solution)
+                _file(item, out.unfinished, out.open_bounds)
+                if item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
+                    _dive(queue, tables, objective, max_cost, min_its, greedies, opts.heuristic_choices, out,
+                          opts.combo_time_limit_s)
+            follow()
+    finally:  # the helper stops (and the collector's frozen objects come back) whatever happened
+        if refiner is not None:
+            refiner.close()
+        elif helper is not None:
+            helper.close()
+    _resolve_unfinished(out, objective, milp, deadline, opts.rel_gap)
+
+
+
+def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", deadline: joint.Deadline,
+                        rel_gap: float) -> None:
+    """Time left (every choice settled early): the choices whose MILP stopped at its own limit get
+    the rest, least bound first, in equal shares; those left at the deadline keep their bounds."""
+    out.unfinished.sort(key=lambda item: item.bound)
+    while out.unfinished:
+        item = out.unfinished[0]
+        remaining = deadline.remaining()
+        if out.lead is not None and item.bound >= out.incumbent * (1 - rel_gap):
+            out.open_bounds.append(out.unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
+            continue
+        if remaining < 1.0:
+            out.cut = True
+            break
+        out.unfinished.pop(0)
+        again = _solve_choice(item.record, item.inputs, item.start, out.lead, objective, milp,
+                              remaining / (len(out.unfinished) + 1), deadline, item.bound)
+        if again is not None:
+            out.found(again.solution)
+            _file(again, out.unfinished, out.open_bounds)
+            out.unfinished.sort(key=lambda item: item.bound)
+    out.open_bounds += [item.bound for item in out.unfinished]
+    out.unfinished = []
+
+
+
+def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float | None,
+            limit_s: float) -> tuple | None:
+    """No plan at the deadline: the best plan the greedy finds on the queued choices, least bound
+    first, within RESCUE_S or a quarter of the limit (milliseconds per choice: on 10,000 GPUs the
+    second choice had one), or None. Inputs without their all-reduce table keep the ring formula."""
+    best = None
+    with joint.deadline_scope(joint.Deadline.after(min(RESCUE_S, 0.25 * limit_s))):
+        try:
+            for item in sorted(queue, key=lambda item: item[:5]):
+                found = _best_heuristic(item[6], objective, max_cost, min_its, dp=False)
+                if found is not None:
+                    best = joint.better(best, (*found, item[6]))
+        except joint.DeadlineExceeded:
+            pass
+    return best
+
+
+
+def _result(instance: Instance, objective: str, limits: tuple[float | None, float | None],
+            opts: PlannerOptions, backend: str, total: int, out: _Outcome, deadline: joint.Deadline,
+            report: _Reporter) -> PlannerResult:
+    """The result of the search in `out` (`limits`: the budget and the throughput floor), with its
+    plan's simulation; SolverError or InfeasibleError when it has no plan."""
+    if out.best is None:
+        if out.timed_out or any(r.status == "solved:time_limit_no_solution" for r in out.records):
+            raise NoPlanInTimeError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
+                              f"raise --time-limit")
+        raise InfeasibleError(_why_infeasible(out.records, *limits))
+    obj, sol, inp = out.best
+    bound = out.bound()
+    gap = (obj - bound) / max(abs(obj), 1e-12)
+    status = "time_limit" if out.timed_out else "complete"
+    plan_out = joint.to_plan(sol, inp, name=f"{instance.name}-hetplan").model_copy(
+        update={"instance": instance.name,
+                "metadata": {"objective": objective, "model_objective": obj, "bound": bound, "gap": gap,
+                             "status": status, "P": inp.P, "D": inp.D, "b": inp.b}})
+    # every kept plan was simulated when it was scored (and found in memory, not OOM, placeable)
+    report_sim = out.score.report(sol, inp, plan_out)
+    if out.score.est.iteration == "sailor":  # the replica order is part of a Sailor plan (`ring_ordered`)
+        plan_out = report_sim.plan
+    greedy, greedy_report = out.greedy_best, None
+    if greedy is out.best:  # the heuristic's plan won: the same plan
+        greedy_report = report_sim
+    elif greedy is not None and not deadline.expired():
+        greedy_report = out.score.report(greedy[1], greedy[2], joint.to_plan(greedy[1], greedy[2], name="greedy"))
+    records = out.records
+    result = PlannerResult(
+        plan=plan_out, report=report_sim, objective_kind=objective, model_objective=obj, bound=bound, gap=gap,
+        greedy_objective=greedy[0] if greedy else None, greedy_report=greedy_report, combos_total=total,
+        combos_pruned=out.pruned, combos_solved=out.solved, build_s=sum(r.build_s for r in records),
+        solve_s=sum(r.solve_s for r in records), wall_s=time.perf_counter() - report.t_start, backend=backend,
+        records=records, status=status,
+        model_estimate=joint.evaluate(inp, sol)["cost" if objective == "min_cost" else "T"],
+        plan_source="heuristic" if greedy is out.best else "milp")
+    report(len(records), "done", obj, bound, force=True)
+    return result
+
+
+
+@dataclass(frozen=True)
+class _MilpSettings:
+    backend: str
+    linear: bool
+    rel_gap: float
+
+
+
+@dataclass
+class _ChoiceResult:
+    """One choice's MILP outcome: its proven bound, the plan found, and how to go on if it stopped
+    at its time limit (`open`: worth solving again)."""
+    bound: float
+    record: ComboRecord
+    inputs: joint.JointInputs
+    start: tuple | None  # (objective, solution) to warm-start from
+    solution: tuple | None  # (objective, solution, inputs) found, or None
+    open: bool = True
+
+
+
+def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
+                  objective: str, milp: _MilpSettings, limit_s: float, deadline: joint.Deadline,
+                  lb: float | None = None) -> _ChoiceResult | None:
+    """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
+    `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
+    proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
+    None when nothing in the choice beats the cutoff (infeasible under it). The solver gets
+    `limit_s`, or what the build left of the search's `deadline` if that is less."""
+    from hetplan.solvers import SolveOptions, solve
+
+    lb = rec.lower_bound if lb is None else lb
+    cutoff = best[0] if best else None
+    t0 = time.perf_counter()
+    try:
+        model = joint.build(inp, linearize=milp.linear, time_cutoff_s=cutoff if objective != "min_cost" else None,
+                            cost_cutoff_usd=cutoff if objective == "min_cost" else None)
+    except joint.NoStageChoice:  # some stage position fits no pool (within the cutoff): nothing to solve
+        rec.status, rec.bound = "infeasible", cutoff
+        return None
+    if cutoff is not None and objective == "min_cost":
+        model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
+    start = None
+    if found is not None and found[0] <= (cutoff if cutoff is not None else found[0]):
+        start = joint.warm_start(model, inp, found[1])
+    rec.build_s += time.perf_counter() - t0
+    left = deadline.remaining()
+    if left < 0.05:  # the build took the time left
+        rec.status = "skipped_time"
+        return _ChoiceResult(lb, rec, inp, found, None, open=False)
+    res = solve(model, backend=milp.backend, warm_start=start,
+                options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=milp.rel_gap / 2,
+                                     diagnose_infeasible=False))  # a cutoff makes infeasible normal
+    rec.solve_s += res.solve_s
+    rec.status = f"solved:{res.status.value}"
+    if res.status.has_solution:
+        sol = joint.decode(model, inp)
+        ev = joint.evaluate(inp, sol)
+        obj = ev["cost"] if objective == "min_cost" else ev["T"]
+        rec.objective = obj if rec.objective is None else min(rec.objective, obj)
+        rec.bound = None if res.bound is None else joint.objective_value(inp, res.bound)
+        optimal = res.status.value == "optimal"  # within the MILP's own gap: its bound still counts
+        bound = (obj if optimal else lb) if res.bound is None else max(joint.objective_value(inp, res.bound), lb)
+        return _ChoiceResult(min(bound, obj), rec, inp, (obj, sol), (obj, sol, inp), open=not optimal)
+    if res.status.value == "infeasible":
+        rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
+        return None
+    if res.status.value == "time_limit_no_solution":
+        return _ChoiceResult(lb, rec, inp, found, None)
+    # a back-end error on one choice: not solved again, and its lower bound stays in the bound
+    rec.status = f"error:{res.message[:80]}"
+    return _ChoiceResult(lb, rec, inp, found, None, open=False)
+
+
+
+def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
+          greedies: dict, count: int, out: "_Outcome", limit_s: float) -> None:
+    """After a MILP stopped at its limit with no plan: the heuristics (greedy and stage DP, 0.1-0.5
+    s each) on the `count` queued choices of least bound that have not had the DP yet and may still
+    beat the incumbent, for at most `limit_s`. The search is best first, so under a limit it may
+    spend all its time in MILPs of choices whose bounds are low while a later choice holds a better
+    plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with
+    bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5 b1 D64, whose heuristic plan
+    simulates at 1.756 s against the 1.779 s returned)."""
+    with joint.deadline_scope(joint.Deadline.after(limit_s)):
+        try:
+            for item in sorted(queue, key=lambda item: item[:5]):
+                if count <= 0 or (out.lead is not None and item[0] >= out.incumbent):
+                    break
+                combo = item[5]
+                if greedies.get(combo, (None, False))[1]:
+                    continue
+                _heuristics_on(combo, with_sync_table(item[6], tables), greedies, out, objective, max_cost, min_its)
+                count -= 1
+        except joint.DeadlineExceeded:  # the dive's limit or the search's: the search's loop sees the latter
+            pass
+
+
+
+def _heuristics_on(combo: Combo, inp: joint.JointInputs, greedies: dict, out: "_Outcome", objective: str,
+                   max_cost: float | None, min_its: float | None) -> tuple | None:
+    """`_best_heuristic` on one choice, recorded in `greedies` (with the stage DP) and its plan
+    offered to the search (`out.found`); the plan (objective, solution) or None."""
+    found = _best_heuristic(inp, objective, max_cost, min_its)
+    greedies[combo] = (found, True)
+    if found is not None:
+        out.found((*found, inp), heuristic=True)
+    return found
+
+
+
+def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:
+    """A choice stopped at its limit is solved again if time is left; any other keeps its bound
+    for the reported bound."""
+    if item.open:
+        unfinished.append(item)
+    else:
+        bounds.append(item.bound)
+
+
+
+def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,
+                     min_its: float | None, greedies: dict, heuristic_choices: int, heuristic_degrees: int,
+                     rel_gap: float, tick: Callable[[str, tuple | None], None] | None = None) -> tuple | None:
+    """The best heuristic plan over the most promising queued choices, (objective, solution,
+    inputs), or None. A target from the start lets every strong bound stop early (measured on
+    GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds). The
+    `heuristic_choices` choices with the least cheap bound get the greedy and the stage DP
+    (`joint/stage_dp.py`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
+    and only until some plan is found. Under a budget (maximum throughput) every single-stage choice
+    gets both: the fastest choices are then the dearest, and a plan within the budget may lie far
+    down the order (Sailor's A100 x 128 under 0.3 USD: the best plan, P1 b8 D16, ranks 165th of
+    316 choices and needs the stage DP; the greedy misses it). At the search's deadline it
+    returns the best plan found so far (the search then stops). `tick(what, best)` after each
+    choice: progress."""
+    best = None
+    tick = tick or (lambda what, best: None)
+    every = objective != "min_cost" and max_cost is not None
+    try:
+        order = sorted(range(len(queue)), key=lambda idx: queue[idx][:4])
+        for rank, idx in enumerate(order):
+            single = every and queue[idx][5].P == 1
+            if rank >= heuristic_choices and best is not None and not single:
+                if every:
+                    continue
+                break
+            joint.check_deadline()  # the preparation may have used the time up
+            item = queue[idx]
+            combo, inp = item[5], with_sync_table(item[6], tables)
+            queue[idx] = item[:6] + (inp,)  # the refinement and the solve reuse these inputs and their caches
+            # under a budget a single stage (no bubble) is often the fastest plan within it, and its
+            # stage DP is quick (~2 ms)
+            dp = rank < heuristic_choices or single
+            found = _best_heuristic(inp, objective, max_cost, min_its, dp=dp)
+            greedies[combo] = (found, dp)
+            if found is not None:
+                best = joint.better(best, (*found, inp))
+            tick(f"heuristics P={combo.P} b={combo.b} D={combo.D}", best)
+        # the cheap bound ranks poorly across data-parallel degrees (it ignores memory and quotas per
+        # stage), so the most promising choice of `heuristic_degrees` other D values gets the stage DP
+        # too, by the least medium bound first and only while that bound is below the incumbent
+        # (measured: GPT-Neo on 80 A100 + 240 V100, the 16 first choices all had D >= 32 and no plan or
+        # one 10 % off, the optimum has D = 16; small D with 16 stages make the costliest DPs, 0.6 s
+        # on 2 x 256 GPUs, and rarely win)
+        seen, others = {queue[idx][5].D for idx in order[:heuristic_choices]}, []
+        for idx in order:
+            if queue[idx][5].D not in seen:
+                seen.add(queue[idx][5].D)
+                inp = with_sync_table(queue[idx][6], tables)
+                queue[idx] = queue[idx][:6] + (inp,)
+                others.append((_tight_bound(inp, objective, min_its, exact=False), idx))
+        for lb, idx in sorted(others)[:heuristic_degrees]:
+            if lb == float("inf") or (best is not None and lb >= best[0] * (1 - rel_gap)):
+                break
+            combo, inp = queue[idx][5], queue[idx][6]
+            found = _best_heuristic(inp, objective, max_cost, min_its)
+            greedies[combo] = (found, True)
+            if found is not None:
+                best = joint.better(best, (*found, inp))
+            tick(f"heuristics P={combo.P} b={combo.b} D={combo.D}", best)
+    except joint.DeadlineExceeded:
+        pass
+    return best
+
+
+
+def _settle_rest(records: list[ComboRecord], lb: float, combo: Combo, queue: list, status: str) -> int:
+    """Record the popped choice and every choice still queued with `status`; how many that is."""
+    for bound, choice in [(lb, combo)] + [(item[0], item[5]) for item in queue]:
+        records.append(ComboRecord(choice.P, choice.b, choice.D, bound, status))
+    return 1 + len(queue)
+
+
+
+def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its: float | None) -> str:
+    kinds = {r.status for r in records}
+    if kinds <= {"no_pools"}:
+        return ("no plan fits in memory: no GPU type can hold even one layer unit with any TP degree "
+                "and microbatch size tried (memory constraint group)")
+    parts = []
+    if min_its is not None:
+        parts.append(f"min_throughput_iters_per_s={min_its}")
+    if max_cost is not None:
+        parts.append(f"max_cost_per_iteration_usd={max_cost}")
+    limits = " and ".join(parts) if parts else "the memory and quota constraints"
+    return f"no plan satisfies {limits} over {len(records)} outer choices (P, b, D)"
