@@ -22,6 +22,7 @@ from hetplan.formulations import device_grouping as dg
 from hetplan.formulations import layer_partition as lp
 from hetplan.formulations import stage_parallelism as sp
 from hetplan.instance import instance_from_dict, load_instance
+from hetplan.orchestration.drivers import cluster_partition as cp_driver, device_grouping as dg_driver
 from hetplan.solvers import SolveOptions, solve
 
 
@@ -66,7 +67,7 @@ def bench_device_grouping(sizes: list[int], counts_limit_s: float, per_gpu_limit
         if n <= 64:
             variants.append(("counts", counts_limit_s))
         for variant, limit in variants:
-            sol = dg.optimize(inputs, variant=variant, time_limit_s=limit)
+            sol = dg_driver.optimize(inputs, variant=variant, time_limit_s=limit)
             rows.append([n, variant, inputs.max_groups, sol.models_solved, sol.build_s, sol.solve_s, sol.total_s,
                          "optimal" if sol.proven_optimal else "open", sol.gap, g.objective if g else None,
                          sol.objective, sol.grouping.num_groups if sol.grouping else None,
@@ -113,7 +114,7 @@ def bench_cluster_partition(sizes: list[int], study_graphs: int) -> None:
             cp.split(graph)
             split_s = perf_counter() - t0
             t0 = perf_counter()
-            results = cp.solve_all_k(graph, backend="highs", options=SolveOptions(rel_gap=0.0, time_limit_s=30))
+            results = cp_driver.solve_all_k(graph, backend="highs", options=SolveOptions(rel_gap=0.0, time_limit_s=30))
             total_s = perf_counter() - t0
             ratios = [r.split_ratio for r in results if r.split_ratio is not None]
             worst = max(results, key=lambda r: r.split_ratio or 1.0)

@@ -22,7 +22,7 @@ import argparse
 import time
 
 from hetplan.catalog import model_presets
-from hetplan.formulations.opsched import reschedule_after_bandwidth_change, solve_schedule
+from hetplan.orchestration.drivers.opsched import reschedule_after_bandwidth_change, solve_schedule
 from hetplan.formulations.opsched_graph import Channel, Device, DeviceGraph, OpGraph, transformer_layer_dag
 from hetplan.formulations.opsched_replay import replay
 from hetplan.solvers import SolveOptions

@@ -7,6 +7,7 @@
   elastic.py         the elastic run: watches a local run, re-plans, migrates, resumes
   regroup.py         re-planning at rendezvous for launches compiled with --min-nodes
   worker.py          the executor entry point of such launches (the runtime with the re-planner)
+  drivers/           the research formulations' build -> solve -> decode loops
   cli.py, *_cli.py   the `hetplan` command
 
 Nothing below this package imports it: the data model (hetplan.instance, .plan, ...), estimators/,

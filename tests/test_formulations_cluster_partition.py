@@ -13,10 +13,10 @@ from hetplan.formulations.cluster_partition import (
     inputs_from_instance,
     min_k_cut_exhaustive,
     partitions_into,
-    solve_all_k,
     split,
     warm_start,
 )
+from hetplan.orchestration.drivers.cluster_partition import solve_all_k
 from hetplan.solvers import SolveOptions, Status, solve
 
 

@@ -19,9 +19,9 @@ from hetplan.formulations.device_grouping import (
     greedy,
     inputs_from_instance,
     make_grouping,
-    optimize,
     warm_start,
 )
+from hetplan.orchestration.drivers.device_grouping import optimize
 from hetplan.solvers import SolveOptions, Status, solve
 
 GIB = 1024**3

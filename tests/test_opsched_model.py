@@ -17,6 +17,7 @@ import pytest
 from hetplan.errors import InfeasibleError, InstanceError
 from hetplan.formulations import opsched
 from hetplan.formulations.opsched_graph import Channel, DataEdge, Device, DeviceGraph, OpGraph, Operator
+from hetplan.orchestration.drivers import opsched as driver
 from hetplan.formulations.opsched_replay import (
     OpSlot, Schedule, TransferSlot, channels_conflict, check, memory_use_bytes, replay,
 )
@@ -284,7 +285,7 @@ def test_enumerator_on_hand_computed_cases():
 @pytest.mark.parametrize("name", list(CASES))
 def test_optimum_equals_exhaustive_enumeration(name, backend):
     graph, devices = CASES[name]()
-    res = opsched.solve_schedule(graph, devices, backend=backend, options=EXACT)
+    res = driver.solve_schedule(graph, devices, backend=backend, options=EXACT)
     assert res.solver.status is Status.OPTIMAL
     assert res.objective_s == pytest.approx(enumerated(name), rel=1e-6)
     assert res.solver.objective / 1e3 == pytest.approx(res.objective_s, rel=1e-6)  # model ms == replay
@@ -298,7 +299,7 @@ def test_loose_incumbent_still_reaches_the_optimum(name):
     graph, devices = CASES[name]()
     slow = serial_schedule(graph, devices, "slow")
     for backend in BACKENDS:
-        res = opsched.solve_schedule(graph, devices, backend=backend, options=EXACT, incumbent=slow)
+        res = driver.solve_schedule(graph, devices, backend=backend, options=EXACT, incumbent=slow)
         assert res.solver.status is Status.OPTIMAL
         assert res.objective_s == pytest.approx(enumerated(name), rel=1e-6)
 
@@ -312,7 +313,7 @@ def test_scip_and_highs_agree_on_a_generated_layer():
     devices = DeviceGraph.mesh([Device.from_catalog("a", "RTX-4090"), Device.from_catalog("b", "V100-16")],
                                [Channel(name="pcie", bandwidth_GBps=16.0, latency_s=1e-5),
                                 Channel(name="eth", bandwidth_GBps=3.0, latency_s=5e-5)])
-    got = {b: opsched.solve_schedule(graph, devices, backend=b, options=EXACT) for b in BACKENDS}
+    got = {b: driver.solve_schedule(graph, devices, backend=b, options=EXACT) for b in BACKENDS}
     assert all(r.solver.status is Status.OPTIMAL for r in got.values())
     assert got["scip"].objective_s == pytest.approx(got["highs"].objective_s, rel=1e-6)
 
@@ -321,8 +322,8 @@ def test_weights_change_the_optimum():
     """Weighted makespans (eq. 3). Exchange argument: if S1 is optimal for weights (1, 1) and S5 for
     (5, 1), then A5 <= A1 and B5 >= B1. Here the weight moves model A from 8.667 to 6.5 ms."""
     devices = three_devices(concurrent_slow=False)
-    r1 = opsched.solve_schedule(two_models((1.0, 1.0)), devices, backend="highs", options=EXACT)
-    r5 = opsched.solve_schedule(two_models((5.0, 1.0)), devices, backend="scip", options=EXACT)
+    r1 = driver.solve_schedule(two_models((1.0, 1.0)), devices, backend="highs", options=EXACT)
+    r5 = driver.solve_schedule(two_models((5.0, 1.0)), devices, backend="scip", options=EXACT)
     assert r5.makespans_s["A"] <= r1.makespans_s["A"] + 1e-12
     assert r5.makespans_s["B"] >= r1.makespans_s["B"] - 1e-12
     assert r5.makespans_s["A"] < r1.makespans_s["A"] - 1e-4  # the weight matters on this case
@@ -367,7 +368,7 @@ def test_warm_start_satisfies_every_constraint(name):
 def test_warm_start_is_accepted_by_both_back_ends():
     graph, devices = CASES["fork4"]()
     for backend in BACKENDS:
-        res = opsched.solve_schedule(graph, devices, backend=backend, options=EXACT)
+        res = driver.solve_schedule(graph, devices, backend=backend, options=EXACT)
         assert res.solver.warm_start_given
         assert res.solver.warm_start_accepted in (True, None), res.solver.message  # None: cannot tell
         assert res.solver.warm_start_objective / 1e3 == pytest.approx(res.incumbent_objective_s, rel=1e-9)
@@ -379,8 +380,8 @@ def test_multi_edge_modelling_changes_the_schedule():
     parallel (NVLink and PCIe); the single-link model (fastest channel only) serializes them and
     keeps one branch on the host. Replayed on the real graph, its plan is 12.00 ms against 11.12 ms."""
     graph, devices = host_gpu(concurrent_pcie=True)
-    multi = opsched.solve_schedule(graph, devices, backend="highs", options=EXACT)
-    single = opsched.solve_schedule(graph, devices.single_link(), backend="highs", options=EXACT)
+    multi = driver.solve_schedule(graph, devices, backend="highs", options=EXACT)
+    single = driver.solve_schedule(graph, devices.single_link(), backend="highs", options=EXACT)
     single_real = replay(single.schedule, graph, devices)
     assert multi.objective_s == pytest.approx(enumerate_optimum(graph, devices)[0], rel=1e-9)
     # hand-computed: src 0-1 ms; inputs 1-5.01 (NVLink) and 1-6.01 (PCIe); b0 5.01-7.51, b1 7.51-10.01
@@ -394,15 +395,15 @@ def test_multi_edge_modelling_changes_the_schedule():
     assert {t.channel for t in multi.schedule.transfers.values()} == {"nvlink", "pcie"}
     # when PCIe cannot run beside NVLink the second channel buys nothing: both models agree
     graph, devices = host_gpu(concurrent_pcie=False)
-    multi_nc = opsched.solve_schedule(graph, devices, backend="highs", options=EXACT)
+    multi_nc = driver.solve_schedule(graph, devices, backend="highs", options=EXACT)
     assert multi_nc.objective_s == pytest.approx(single_real.objective_s, rel=1e-9)
 
 
 # ---- dynamic bandwidth -------------------------------------------------------------------------
 def test_bandwidth_drop_reschedule():
     graph, devices = host_gpu(concurrent_pcie=True)
-    base = opsched.solve_schedule(graph, devices, backend="highs", options=EXACT)
-    rep = opsched.reschedule_after_bandwidth_change(graph, devices, base.schedule, ("host", "gpu"), "nvlink",
+    base = driver.solve_schedule(graph, devices, backend="highs", options=EXACT)
+    rep = driver.reschedule_after_bandwidth_change(graph, devices, base.schedule, ("host", "gpu"), "nvlink",
                                                     1.0, backend="scip", options=EXACT)
     assert rep.before_s == pytest.approx(base.objective_s)
     assert rep.kept_s > rep.before_s  # same decisions, slower link
@@ -422,12 +423,12 @@ def test_bandwidth_change_names_a_missing_channel():
     graph, devices = host_gpu(concurrent_pcie=True)
     sched = opsched.greedy(graph, devices)
     with pytest.raises(InstanceError, match="no channel 'ib'"):
-        opsched.reschedule_after_bandwidth_change(graph, devices, sched, ("host", "gpu"), "ib", 1.0)
+        driver.reschedule_after_bandwidth_change(graph, devices, sched, ("host", "gpu"), "ib", 1.0)
 
 
 def test_repair_keeps_assignment_and_reroutes():
     graph, devices = host_gpu(concurrent_pcie=True)
-    base = opsched.solve_schedule(graph, devices, backend="highs", options=EXACT).schedule
+    base = driver.solve_schedule(graph, devices, backend="highs", options=EXACT).schedule
     slow = devices.with_channel_bandwidth("host", "gpu", "nvlink", 0.5)
     fixed = opsched.repair(graph, slow, base)
     assert fixed.assignment() == base.assignment()
@@ -460,7 +461,7 @@ def test_unlinked_pairs_are_avoided():
     partial = DeviceGraph.build(devs, [MultiEdgeLink(endpoints=("d0", "d1"), channels=ch),
                                        MultiEdgeLink(endpoints=("d1", "d2"), channels=ch)])
     g = fork_join(3)
-    res = opsched.solve_schedule(g, partial, backend="highs", options=EXACT)
+    res = driver.solve_schedule(g, partial, backend="highs", options=EXACT)
     assert res.objective_s == pytest.approx(enumerate_optimum(g, partial)[0], rel=1e-9)
     for t in res.schedule.transfers.values():
         assert {t.src_device, t.dst_device} != {"d0", "d2"}
