@@ -89,5 +89,6 @@ from hetplan.orchestration.planner.inputs import (enumerate_combos, joint_inputs
                                                   with_sync_table)
 from hetplan.orchestration.planner.search import SearchTerminated, plan
 
-__all__ = ["Combo", "ComboRecord", "PlannerOptions", "PlannerResult", "SearchProgress", "TP_CHOICES", "enumerate_combos",
-           "joint_inputs", "planner_tables", "tied_floors_s", "with_sync_table", "SearchTerminated", "plan"]
+__all__ = ["Combo", "ComboRecord", "PlannerOptions", "PlannerResult", "SearchProgress", "TP_CHOICES",
+           "enumerate_combos", "joint_inputs", "planner_tables", "tied_floors_s", "with_sync_table",
+           "SearchTerminated", "plan"]

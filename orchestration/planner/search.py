@@ -418,151 +418,203 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
 def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
             opts: PlannerOptions, milp: "_MilpSettings", deadline: joint.Deadline, report: _Reporter,
             out: _Outcome) -> None:
-    """Best first over the queued choices (module docstring), into `out`. At the deadline every
-    choice left is recorded "skipped_time" with the bound it has (a computation the deadline cut
-    is dropped, so every bound kept is valid)."""
-    helper = refiner = None
+    """Best first over the queued choices (module docstring), into `out`:
+
+        first incumbent (heuristics on the most promising choices)
+        while choices are queued: take the one of least bound
+            within the gap of the incumbent?  prune it and every one left; stop
+            not refined three times?          its next bound, back in the queue   (`_Search.refine`)
+            its strongest bound is stale?     again at today's target, back        (`_Search.retarget`)
+            no stage-DP plan yet?             the heuristics; a better incumbent sends it back
+            else                              its MILP with the incumbent as cutoff (`_Search.solve`)
+        the time left goes to the MILPs stopped at their own limit
+
+    At the deadline every choice left is recorded "skipped_time" with the bound it has (a
+    computation the deadline cut is dropped, so every bound kept is valid)."""
+    search = _Search(queue, tables, objective, max_cost, min_its, opts, milp, deadline, report, out)
     try:
-        # a helper process (two cores) computes the medium bounds of the queued choices, in queue
-        # order, while this one runs the heuristics of the first incumbent, and then the later steps
-        # of the choices under the target (`_Refiner`)
-        if opts.workers >= 2 and not deadline.expired():  # (the preparation may have used the time up)
-            helper = _Helper.start({item[5]: item[6] for item in queue}, tables, objective, max_cost, min_its,
-                                   deadline)
-        refiner = _Refiner(tables, objective, max_cost, min_its, helper)
-        # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
-        refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6])
-                         for item in sorted(queue)[opts.heuristic_choices:]])
-        # the first incumbent: heuristics on the most promising choices, so the bounds have a target
-        greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
+        search.run()
+    finally:  # the helper stops (and the collector's frozen objects come back) whatever happened
+        search.close()
+    _resolve_unfinished(out, objective, milp, deadline, opts.rel_gap)
 
-        def tick(what: str, best: tuple | None) -> None:
-            report(len(out.records), what, best[0] if best else None, out.bound(queue[0][0] if queue else None))
 
-        out.found(_first_incumbent(queue, tables, objective, max_cost, min_its, greedies, opts.heuristic_choices,
-                                   opts.heuristic_degrees, opts.rel_gap, tick), heuristic=True)
-        dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
-        strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
+class _Search:
+    """The state of one best-first search: the queue of (bound, P, D, b, level, combo, inputs), what
+    was found (`out`), the refinement steps' executor (`_Refiner`, with the helper process when
+    there is one), the heuristics' results per choice and how many stage-DP runs are left."""
 
-        def target_now() -> float | None:
-            return None if out.lead is None else out.incumbent * (1 - opts.rel_gap)
+    def __init__(self, queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
+                 opts: PlannerOptions, milp: "_MilpSettings", deadline: joint.Deadline, report: _Reporter,
+                 out: _Outcome):
+        self.queue, self.tables, self.objective = queue, tables, objective
+        self.max_cost, self.min_its = max_cost, min_its
+        self.opts, self.milp, self.deadline, self.report, self.out = opts, milp, deadline, report, out
+        self.greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
+        self.dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
+        self.strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
+        self.helper = self.refiner = None
 
-        def step_of(item: tuple) -> _Step:
-            """The step the search takes when queued `item` comes out at the head, as things stand."""
-            i_lb, i_level, i_combo = item[0], item[4], item[5]
-            allowed = i_level == 1 and dp_runs_left > 0 and not greedies.get(i_combo, (None, False))[1]
-            return _Step(i_combo, i_level, i_lb, target_now() if i_level > 0 else None, allowed)
-
-        def live(item: tuple) -> bool:
-            """Whether `item` will be refined if the target does not change."""
-            target = target_now()
-            return item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None)
-
-        def steps_ahead(items) -> list:
-            return [(step_of(item), item[6]) for item in items if live(item)]
-
-        def follow(pushed: tuple | None = None) -> None:
-            """Keep the helper's steps those of the queue: all again when the target or the DP
-            allowance changed (its other steps are stale), else the choice just queued."""
-            state = (target_now(), dp_runs_left > 0)
-            if state != refiner.state:  # (the medium-bound steps need no target: those queued stay)
-                refiner.reset(state, target_now(), steps_ahead(item for item in queue if item[4] > 0))
-            elif pushed is not None:
-                refiner.enqueue(steps_ahead([pushed]))
-
-        follow()
+    # ---- the search ------------------------------------------------------------------------------
+    def run(self) -> None:
+        queue, out, opts = self.queue, self.out, self.opts
+        self._start_refiner()
+        out.found(_first_incumbent(queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
+                                   opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap, self._tick),
+                  heuristic=True)
+        self._follow()
         while queue:
             entry = heapq.heappop(queue)
-            lb, _, _, _, level, combo, inp = entry
+            lb, _, _, _, level, combo, _ = entry
             incumbent = out.incumbent
-            report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}", out.best[0] if out.best else None,
-                   out.bound(lb))
+            self.report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}",
+                        out.best[0] if out.best else None, out.bound(lb))
             if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
                 # best first: every choice left has a bound at least this one
                 out.pruned += _settle_rest(out.records, lb, combo, queue, "pruned_bound")
                 out.open_bounds.append(lb)
-                break
-            if deadline.remaining() < 0.05:
+                return
+            if self.deadline.remaining() < 0.05:
                 out.skip_rest(entry, queue)
-                break
+                return
             try:
                 if level < 3:
-                    # refine in three steps, each choice going back in the queue: the medium bound
-                    # (quota aware, no DP: a few milliseconds), the strong one (dynamic programs over
-                    # stages, tens of milliseconds), the strongest (replica-level DPs on the sum of
-                    # stage times, once an incumbent gives them a target); a choice is solved only if
-                    # it is still the most promising one. The step is the same whichever process
-                    # computes it (`_Refiner`). Each choice's inputs get the all-reduce times: the
-                    # same object (and its caches) goes back in the queue
-                    inp = with_sync_table(inp, tables)
-
-                    def ahead() -> list:
-                        """The steps that may come next (the first levels of the heap), with their inputs."""
-                        steps = []
-                        for j in range(min(len(queue), refiner.LOOK)):
-                            if live(queue[j]):
-                                queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], tables),)  # same key
-                                steps.append((step_of(item), item[6]))
-                        return steps
-
-                    step = step_of((lb, 0, 0, 0, level, combo, inp))
-                    new_lb, found, dp_ran = refiner.run(step, inp, ahead)
-                    if level == 2:
-                        strongest_for[combo] = step.target
-                    if dp_ran:
-                        dp_runs_left -= 1
-                        greedies[combo] = (found, True)
-                        if found is not None:
-                            out.found((*found, inp), heuristic=True)
-                    pushed = None
-                    if new_lb == float("inf"):
-                        out.records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
-                    else:
-                        pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
-                        heapq.heappush(queue, pushed)
-                    follow(pushed)
+                    self.refine(entry)
                     continue
-                target, before = target_now(), strongest_for.get(combo)
-                if target is not None and lb < target and (before is None or before > target):
-                    # the strongest bound stops early at its target: computed for a worse incumbent,
-                    # it may reach this one's (measured: opt350-2zones-budget, P3 b1 D128 went to
-                    # its MILP with 1.6046 s, 12.5 s to reject; at the later target, 1.6149 s >= 1.6144 s)
-                    strongest_for[combo] = target
-                    again = _refine(inp, tables, _Step(combo, 2, lb, target, False), objective, max_cost, min_its)[0]
-                    heapq.heappush(queue, (again, combo.P, combo.D, combo.b, 3, combo, inp))
-                    follow()
+                if self.retarget(entry):
                     continue
-                found, with_dp = greedies.get(combo, (None, False))
+                found, with_dp = self.greedies.get(combo, (None, False))
                 if not with_dp:
                     lead = out.incumbent
-                    found = _heuristics_on(combo, inp, greedies, out, objective, max_cost, min_its)
+                    found = _heuristics_on(combo, entry[6], self.greedies, out, self.objective, self.max_cost,
+                                           self.min_its)
                     if out.incumbent != lead:  # a better incumbent: the check above first, then maybe the MILP
                         heapq.heappush(queue, entry)
-                        follow()
+                        self._follow()
                         continue
             except joint.DeadlineExceeded:  # a bound or heuristic of this choice reached the deadline
                 out.skip_rest(entry, queue)
-                break
-            rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
-            out.records.append(rec)
-            if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
-                out.found((*found, inp), heuristic=True)
-            item = _solve_choice(rec, inp, found, out.lead, objective, milp, opts.combo_time_limit_s, deadline)
-            out.solved += 1
-            if item is not None:
-                out.found(item.solution)
-                _file(item, out.unfinished, out.open_bounds)
-                if item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
-                    _dive(queue, tables, objective, max_cost, min_its, greedies, opts.heuristic_choices, out,
-                          opts.combo_time_limit_s)
-            follow()
-    finally:  # the helper stops (and the collector's frozen objects come back) whatever happened
-        if refiner is not None:
-            refiner.close()
-        elif helper is not None:
-            helper.close()
-    _resolve_unfinished(out, objective, milp, deadline, opts.rel_gap)
+                return
+            self.solve(entry, found, with_dp)
 
+    def refine(self, entry: tuple) -> None:
+        """The choice's next bound, in three steps, each choice going back in the queue: the medium
+        bound (quota aware, no DP: a few milliseconds), the strong one (dynamic programs over stages,
+        tens of milliseconds), the strongest (replica-level DPs on the sum of stage times, once an
+        incumbent gives them a target); a choice is solved only if it is still the most promising
+        one. The step is the same whichever process computes it (`_Refiner`). Each choice's inputs
+        get the all-reduce times: the same object (and its caches) goes back in the queue."""
+        lb, _, _, _, level, combo, inp = entry
+        inp = with_sync_table(inp, self.tables)
+        step = self._step_of((lb, 0, 0, 0, level, combo, inp))
+        new_lb, found, dp_ran = self.refiner.run(step, inp, self._ahead)
+        if level == 2:
+            self.strongest_for[combo] = step.target
+        if dp_ran:
+            self.dp_runs_left -= 1
+            self.greedies[combo] = (found, True)
+            if found is not None:
+                self.out.found((*found, inp), heuristic=True)
+        pushed = None
+        if new_lb == float("inf"):
+            self.out.records.append(ComboRecord(combo.P, combo.b, combo.D, new_lb, "infeasible_by_bound"))
+        else:
+            pushed = (new_lb, combo.P, combo.D, combo.b, level + 1, combo, inp)
+            heapq.heappush(self.queue, pushed)
+        self._follow(pushed)
+
+    def retarget(self, entry: tuple) -> bool:
+        """The strongest bound stops early at its target: computed for a worse incumbent, it may
+        reach this one's (measured: opt350-2zones-budget, P3 b1 D128 went to its MILP with
+        1.6046 s, 12.5 s to reject; at the later target, 1.6149 s >= 1.6144 s). True when it was
+        computed again and the choice went back in the queue with it."""
+        lb, _, _, _, _, combo, inp = entry
+        target, before = self._target_now(), self.strongest_for.get(combo)
+        if target is None or lb >= target or (before is not None and before <= target):
+            return False
+        self.strongest_for[combo] = target
+        again = _refine(inp, self.tables, _Step(combo, 2, lb, target, False), self.objective, self.max_cost,
+                        self.min_its)[0]
+        heapq.heappush(self.queue, (again, combo.P, combo.D, combo.b, 3, combo, inp))
+        self._follow()
+        return True
+
+    def solve(self, entry: tuple, found: tuple | None, with_dp: bool) -> None:
+        """The choice's MILP with the incumbent as cutoff, warm-started from its heuristic plan."""
+        lb, _, _, _, _, combo, inp = entry
+        out = self.out
+        rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
+        out.records.append(rec)
+        if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
+            out.found((*found, inp), heuristic=True)
+        item = _solve_choice(rec, inp, found, out.lead, self.objective, self.milp, self.opts.combo_time_limit_s,
+                             self.deadline)
+        out.solved += 1
+        if item is not None:
+            out.found(item.solution)
+            _file(item, out.unfinished, out.open_bounds)
+            if item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
+                _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
+                      self.opts.heuristic_choices, out, self.opts.combo_time_limit_s)
+        self._follow()
+
+    def close(self) -> None:
+        if self.refiner is not None:
+            self.refiner.close()
+        elif self.helper is not None:
+            self.helper.close()
+
+    # ---- the refinement steps ahead (the helper's queue) ----------------------------------------
+    def _start_refiner(self) -> None:
+        """A helper process (two cores) computes the medium bounds of the queued choices, in queue
+        order, while this one runs the heuristics of the first incumbent, and then the later steps
+        of the choices under the target (`_Refiner`)."""
+        if self.opts.workers >= 2 and not self.deadline.expired():  # (the preparation may have used the time up)
+            self.helper = _Helper.start({item[5]: item[6] for item in self.queue}, self.tables, self.objective,
+                                        self.max_cost, self.min_its, self.deadline)
+        self.refiner = _Refiner(self.tables, self.objective, self.max_cost, self.min_its, self.helper)
+        # the medium bounds ahead, in queue order; the first choices get warm caches from the heuristics
+        self.refiner.enqueue([(_Step(item[5], 0, item[0], None, False), item[6])
+                              for item in sorted(self.queue)[self.opts.heuristic_choices:]])
+
+    def _tick(self, what: str, best: tuple | None) -> None:
+        self.report(len(self.out.records), what, best[0] if best else None,
+                    self.out.bound(self.queue[0][0] if self.queue else None))
+
+    def _target_now(self) -> float | None:
+        return None if self.out.lead is None else self.out.incumbent * (1 - self.opts.rel_gap)
+
+    def _step_of(self, item: tuple) -> _Step:
+        """The step the search takes when queued `item` comes out at the head, as things stand."""
+        i_lb, i_level, i_combo = item[0], item[4], item[5]
+        allowed = i_level == 1 and self.dp_runs_left > 0 and not self.greedies.get(i_combo, (None, False))[1]
+        return _Step(i_combo, i_level, i_lb, self._target_now() if i_level > 0 else None, allowed)
+
+    def _live(self, item: tuple) -> bool:
+        """Whether `item` will be refined if the target does not change."""
+        target = self._target_now()
+        return item[4] < 3 and (target is None or item[0] < target) and (item[4] < 2 or target is not None)
+
+    def _steps_ahead(self, items) -> list:
+        return [(self._step_of(item), item[6]) for item in items if self._live(item)]
+
+    def _ahead(self) -> list:
+        """The steps that may come next (the first levels of the heap), with their inputs."""
+        steps, queue = [], self.queue
+        for j in range(min(len(queue), self.refiner.LOOK)):
+            if self._live(queue[j]):
+                queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], self.tables),)  # same key
+                steps.append((self._step_of(item), item[6]))
+        return steps
+
+    def _follow(self, pushed: tuple | None = None) -> None:
+        """Keep the helper's steps those of the queue: all again when the target or the DP
+        allowance changed (its other steps are stale), else the choice just queued."""
+        state = (self._target_now(), self.dp_runs_left > 0)
+        if state != self.refiner.state:  # (the medium-bound steps need no target: those queued stay)
+            self.refiner.reset(state, self._target_now(), self._steps_ahead(item for item in self.queue if item[4] > 0))
+        elif pushed is not None:
+            self.refiner.enqueue(self._steps_ahead([pushed]))
 
 
 def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", deadline: joint.Deadline,
