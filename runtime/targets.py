@@ -30,10 +30,6 @@ EXECUTOR_MODULE = "hetplan.runtime.execute"
 # Launches that re-plan at rendezvous (--min-nodes) run the executor with the re-planner plugged in:
 # the runtime itself does not import the planner (orchestration/worker.py)
 REGROUP_EXECUTOR_MODULE = "hetplan.orchestration.worker"
-
-
-def executor_module(resilience: "Resilience | None") -> str:
-    return REGROUP_EXECUTOR_MODULE if resilience and resilience.regroups else EXECUTOR_MODULE
 K8S_GPU_LABEL = "hetplan.io/gpu-type"  # node label the cluster admin sets to the GPU type name
 K8S_ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known label; cloud providers set it on every node
 K8S_SPEC_DIR = "/etc/hetplan"
@@ -104,6 +100,10 @@ def _restart_env(res: Resilience | None) -> dict[str, str]:
 
 def _restart_flags(res: Resilience | None) -> list[str]:
     return [f"--max-restarts={res.max_restarts}"] if res else []
+
+
+def executor_module(resilience: Resilience | None) -> str:
+    return REGROUP_EXECUTOR_MODULE if resilience and resilience.regroups else EXECUTOR_MODULE
 
 
 def _resume_flags(res: Resilience | None, replan_path: str | None = None) -> list[str]:

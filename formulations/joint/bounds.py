@@ -464,8 +464,6 @@ def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, flo
         for (wa, wb), per_n in choices:
             w = cols if math.isinf(wa) else min(width, cols + D * int(wa))
             contrib = _stage_contrib(best[r0:r1 + 1, :w], wa, wb, D)  # the same for every n: only the rows shift
-            if contrib is None:
-                continue
             reach = max(reach, w)
             for n, add in per_n:
                 lo, hi = max(q0, r0 + n), min(q1, r0 + n + len(contrib) - 1)
@@ -497,15 +495,13 @@ def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
 
 
 
-def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray | None:
+def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray:
     """out[s, a'] = min over x = 0..D of best[s, a' - x wa] + (D - x) wb: one stage with x replicas
     on the left resource (wa GPUs each) and D - x on the right (wb each); the caller shifts s by the
     stage's block count. With j = (a' - r) / wa on each residue class r mod wa, the inner min is
     D wb - J wb + min_{J - D <= j <= J} (best_j + j wb): a running minimum along j, one array
-    operation instead of D + 1. None when neither resource can serve the stage."""
+    operation instead of D + 1. At least one of wa, wb is finite (`_replica_dp` drops the others)."""
     rows, width = best.shape
-    if math.isinf(wa) and math.isinf(wb):
-        return None
     if math.isinf(wa):  # all D replicas on the right
         return best + D * wb
     if math.isinf(wb):  # all D on the left: shift by D wa
