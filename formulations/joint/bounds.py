@@ -30,17 +30,20 @@ def time_upper_bound_s(inp: JointInputs) -> float:
 
 
 def time_lower_bound_s(inp: JointInputs) -> float:
-    """T >= sum_i tau_i + (m-1) theta with sum_i tau_i >= F = sum_l min_k step[k,l] and
-    theta >= max(F / P, D W / N): a stage with G_i GPUs has tau_i G_i >= sum_k x[i,k] t_k step_i(k)
-    >= D W_i, where W_i = sum_{l in i} min_k step[k,l] t_k (GPU-seconds of the cheapest way to run a
-    unit), so max_i tau_i >= D sum_i W_i / sum_i G_i >= D W / N with N the GPUs available.
+    """T >= sum_i tau_i + (m-1) theta with sum_i tau_i >= max(F, theta_w) and theta >= theta_w =
+    max(F / P, D x `fluid_gpu_seconds_s`), F = sum_l min_k step[k,l]: a replica on pool k of stage i
+    is busy t_k step_i(k) GPU-seconds of at most t_k tau_i, and every unit runs on D replicas, so the
+    GPUs' work bounds the slowest stage (`fluid_gpu_seconds_s`), which is one of the tau_i.
     With Sailor's composition plus `sailor_transfer_floor_s`."""
     return _work_bound_s(inp) + sailor_transfer_floor_s(inp)
 
 
 
 def _work_bound_s(inp: JointInputs) -> float:
-    return _fastest_work_s(inp) + (inp.m - 1) * _theta_work_bound_s(inp)
+    """sum tau >= max(F, theta_w) with theta_w the work bound on the slowest stage time (itself
+    one of the stage times): with m = 1 (D b = B) the work term alone is what is left."""
+    theta = _theta_work_bound_s(inp)
+    return max(_fastest_work_s(inp), theta) + (inp.m - 1) * theta
 
 
 
@@ -70,16 +73,46 @@ def _fastest_work_s(inp: JointInputs) -> float:
 
 
 def _theta_work_bound_s(inp: JointInputs) -> float:
-    """theta >= max(F / P, D W / N) (see `time_lower_bound_s`)."""
-    gpu_work = _shared_for(inp, "gpu_work", lambda inp: sum(
-        min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U)))
-    gpus = sum(_gpus_per_type(inp).values())
-    if inp.max_gpus is not None:
-        gpus = min(gpus, inp.max_gpus)
-    return max(_fastest_work_s(inp) / inp.P, inp.D * gpu_work / gpus)
+    """theta >= max(F / P, D x `fluid_gpu_seconds_s`) (see `time_lower_bound_s`): the GPU types'
+    per-unit GPU-seconds (the least over their TP degrees), their GPUs available and max_gpus."""
+    def work_by_type(inp: JointInputs) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for k, p in enumerate(inp.pools):
+            row = [inp.step_s[k][l] * p.tp for l in range(inp.U)]
+            out[p.gpu_type] = [min(a, b) for a, b in zip(out[p.gpu_type], row)] if p.gpu_type in out else row
+        return out
+    per_replica = _shared_for(inp, "fluid_work", lambda inp: fluid_gpu_seconds_s(
+        work_by_type(inp), _gpus_per_type(inp), inp.max_gpus))
+    return max(_fastest_work_s(inp) / inp.P, inp.D * per_replica)
 
 
 
+def fluid_gpu_seconds_s(work_by_type: dict[str, list[float]], gpus: dict[str, int],
+                        max_gpus: int | None = None) -> float:
+    """A lower bound on theta / D, the slowest stage time per replica, from the work alone.
+
+    c[g][l] >= 0 is the least GPU-seconds one microbatch of unit l takes on GPU type g (step time
+    x TP), n_g its GPUs available. Every replica of a stage is busy at most theta per microbatch, so
+    the GPU-seconds that type g's replicas spend, sum over the units they hold of c[g][l], are at
+    most u_g theta, u_g <= n_g the GPUs of type g the plan uses (sum_g u_g <= max_gpus). Each unit
+    is held by D replicas in all: with f[l][g] the share of them on g, D sum_l f[l][g] c[g][l] <=
+    u_g theta. Weighting type g by 1 / C_g (C_g = sum_l c[g][l], one microbatch through the whole
+    model on g) and summing over g (weak LP duality):
+        theta sum_g u_g / C_g >= D sum_l sum_g f[l][g] c[g][l] / C_g >= D sum_l min_g c[g][l] / C_g,
+    and sum_g u_g / C_g is at most its greedy maximum (the fastest types first, up to max_gpus).
+    On one GPU type this is D W / N; on several it counts a slow GPU as the fraction of a fast one
+    that it is (measured: Llama-7B on large_5type_2k, theta >= D / 3,476 s per microbatch of one
+    sample against D / 10,369 s from D W / N with every GPU as fast as an H100 at TP 1)."""
+    whole = {g: sum(row) for g, row in work_by_type.items() if sum(row) > 0}
+    if not whole:
+        return 0.0
+    units = len(next(iter(work_by_type.values())))
+    need = sum(min(work_by_type[g][l] / whole[g] for g in whole) for l in range(units))
+    left, rate = (max_gpus if max_gpus is not None else math.inf), 0.0
+    for g in sorted(whole, key=whole.__getitem__):  # the fastest (least GPU-seconds) first
+        take = min(gpus.get(g, 0), left)
+        rate, left = rate + take / whole[g], left - take
+    return need / rate if rate > 0 else math.inf
 def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
     """(seconds, bytes) stage position i adds on pool k besides its generic blocks: the embedding
     (and unit 1's difference from a generic block, only where it is lighter) on stage 0, the head
@@ -289,7 +322,7 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
 
 def _hall_theta_s(inp: JointInputs) -> float:
     """max(the least candidate stage time at which `blocks_coverable` reaches the L blocks, the work
-    bound D W / N of `_theta_work_bound_s`), inf if no time reaches them. Both bound the slowest
+    bound of `_theta_work_bound_s`), inf if no time reaches them. Both bound the slowest
     stage time of every plan; taking the larger one lets the search start at the work bound: the
     Hall count is only needed above it (usually a probe or two, where bisecting over every
     candidate took about eight)."""

@@ -94,20 +94,20 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 class _Floor:
     """Lower bounds from the layer times alone, before any outer choice is built (~0.1 s on 10,000
     GPUs), over every pool a choice can use (no memory test, so over a superset of them). Per
-    microbatch size b: F_b, one microbatch through every unit, each on its fastest pool; W_b and
-    C_b, the least GPU-seconds and USD of one microbatch through every unit; R_b, the cheapest
-    replica's USD per second. A plan with D replicas per stage runs every replica's stage
-    m = B / (D b) times and T >= m theta >= m x (any replica's stage time), so summed over the
-    replicas GPUs x T >= m D W_b and rate x T >= m D C_b, with m D = B / b and GPUs at most the
-    available ones (and max_gpus); T >= F_b too. Cost adds egress >= 0."""
+    microbatch size b: F_b, one microbatch through every unit, each on its fastest pool; V_b, the
+    least slowest-stage time per replica from the GPUs' work (`joint.fluid_gpu_seconds_s`); C_b,
+    the least USD of one microbatch through every unit; R_b, the cheapest replica's USD per second.
+    A plan with D replicas per stage runs every replica's stage m = B / (D b) times, its slowest
+    stage theta >= max(F_b / P, D V_b) and T >= max(F_b, theta) + (m - 1) theta
+    (`joint.time_lower_bound_s`), so T >= m D V_b = B V_b / b; summed over the replicas
+    rate x T >= m D C_b with m D = B / b. Cost adds egress >= 0."""
 
     B: int
-    gpus: int
-    per_b: dict[int, tuple[float, float, float, float]]  # b -> (F_b s, W_b GPU-s, C_b USD, R_b USD/s)
+    per_b: dict[int, tuple[float, float, float, float]]  # b -> (F_b s, V_b s, C_b USD, R_b USD/s)
 
     @property
     def least_time_s(self) -> float:
-        return min((max(f, self.B / b * w / self.gpus) for b, (f, w, _, _) in self.per_b.items()), default=math.inf)
+        return min((max(f, self.B / b * v) for b, (f, v, _, _) in self.per_b.items()), default=math.inf)
 
     @property
     def least_cost_usd(self) -> float:
@@ -118,30 +118,35 @@ class _Floor:
         (`joint.time_lower_bound_s`, times the least rate for cost) on the superset of pools."""
         if combo.b not in self.per_b:
             return math.inf
-        f, w, _, rate = self.per_b[combo.b]
+        f, v, _, rate = self.per_b[combo.b]
         m = self.B // (combo.D * combo.b)
-        t_lb = f + (m - 1) * max(f / combo.P, combo.D * w / self.gpus)
+        theta = max(f / combo.P, combo.D * v)
+        t_lb = max(f, theta) + (m - 1) * theta
         return t_lb * combo.P * combo.D * rate if objective == "min_cost" else t_lb
 
 
 
 def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptions) -> _Floor:
     B = instance.workload.global_batch_size
-    gpus = sum(avail for avail, *_ in quotas.values())
-    if instance.constraints.max_gpus is not None:
-        gpus = min(gpus, instance.constraints.max_gpus)
+    gpus: dict[str, int] = {}
+    for (g, _), (avail, *_) in quotas.items():
+        gpus[g] = gpus.get(g, 0) + avail
     per_b = {}
     for b in opts.microbatch_sizes:
-        pools = [(price * t / 3600, t, tables.step(g, t, b)) for (g, _), (avail, per_node, price, _) in quotas.items()
+        pools = [(g, price * t / 3600, t, tables.step(g, t, b)) for (g, _), (avail, per_node, price, _) in quotas.items()
                  for t in opts.tp_choices if tables.usable(g, t, b, per_node, avail)]
         if B % b or not pools:
             continue
         units = range(tables.U)
+        work: dict[str, list[float]] = {}
+        for g, _, t, step in pools:
+            row = [t * step[l] for l in units]
+            work[g] = [min(a, c) for a, c in zip(work[g], row)] if g in work else row
         per_b[b] = (sum(min(step[l] for *_, step in pools) for l in units),
-                    sum(min(t * step[l] for _, t, step in pools) for l in units),
-                    sum(min(rate * step[l] for rate, _, step in pools) for l in units),
-                    min(rate for rate, *_ in pools))
-    return _Floor(B, gpus, per_b)
+                    joint.fluid_gpu_seconds_s(work, gpus, instance.constraints.max_gpus),
+                    sum(min(rate * step[l] for _, rate, _, step in pools) for l in units),
+                    min(rate for _, rate, *_ in pools))
+    return _Floor(B, per_b)
 
 
 
@@ -829,19 +834,19 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     """The best heuristic plan over the most promising queued choices, (objective, solution,
     inputs), or None. A target from the start lets every strong bound stop early (measured on
     GPT-Neo, 3 x 256 GPUs: without one, the first 40 s of search went to bounds). The
-    `heuristic_choices` choices with the least cheap bound get the greedy and the stage DP
+    `heuristic_choices` choices with the least `_promise` get the greedy and the stage DP
     (`joint/stage_dp.py`, 10-100 ms each); past them, only the greedy (about a millisecond) runs,
     and only until some plan is found. Under a budget (maximum throughput) every single-stage choice
     gets both: the fastest choices are then the dearest, and a plan within the budget may lie far
     down the order (Sailor's A100 x 128 under 0.3 USD: the best plan, P1 b8 D16, ranks 165th of
     316 choices and needs the stage DP; the greedy misses it). At the search's deadline it
     returns the best plan found so far (the search then stops). `tick(what, best)` after each
-    choice: progress."""
+    choice: progress. The choices are ranked by `_promise`, an estimate, not by their bounds."""
     best = None
     tick = tick or (lambda what, best: None)
     every = objective != "min_cost" and max_cost is not None
     try:
-        order = sorted(range(len(queue)), key=lambda idx: queue[idx][:4])
+        order = sorted(range(len(queue)), key=lambda idx: (_promise(queue[idx][6], objective), queue[idx][:4]))
         for rank, idx in enumerate(order):
             single = every and queue[idx][5].P == 1
             if rank >= heuristic_choices and best is not None and not single:
@@ -885,6 +890,14 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     except joint.DeadlineExceeded:
         pass
     return best
+
+
+
+def _promise(inp: joint.JointInputs, objective: str) -> float:
+    """The order in which the first heuristics try the choices (`joint.promise_s`; for cost times
+    the least rate)."""
+    time_s = joint.promise_s(inp)
+    return time_s * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else time_s
 
 
 
