@@ -34,8 +34,44 @@ def time_lower_bound_s(inp: JointInputs) -> float:
     max(F / P, D x `fluid_gpu_seconds_s`), F = sum_l min_k step[k,l]: a replica on pool k of stage i
     is busy t_k step_i(k) GPU-seconds of at most t_k tau_i, and every unit runs on D replicas, so the
     GPUs' work bounds the slowest stage (`fluid_gpu_seconds_s`), which is one of the tau_i.
+    With several regions, the least of this bound per region and `_crossing_work_bound_s`.
     With Sailor's composition plus `sailor_transfer_floor_s`."""
-    return _work_bound_s(inp) + sailor_transfer_floor_s(inp)
+    return _regional_work_bound_s(inp) + sailor_transfer_floor_s(inp)
+
+
+
+def _regional_work_bound_s(inp: JointInputs) -> float:
+    """A stage's replicas sit in one region (H5), so a plan either lies in one region r, where the
+    work bound of r's pools alone holds (fewer GPUs, so a larger bound; none if r has too few GPUs
+    for the P D replicas, `_holds_replicas`), or has a boundary between
+    regions (P > 1: `_crossing_work_bound_s`). Measured, large_5type_2k (Llama-7B, the H100s in the
+    smaller region): most choices' cheap bound from 0.59 s to the central region's."""
+    out = _work_bound_s(inp)
+    if len(inp.regions) < 2:
+        return out
+    regional = min(_work_bound_s(sub) if _holds_replicas(sub) else math.inf for sub in _region_inputs(inp).values())
+    return max(out, regional if inp.P == 1 else min(regional, _crossing_work_bound_s(inp)))
+
+
+
+def _holds_replicas(inp: JointInputs) -> bool:
+    """Whether these pools have GPUs for the P D replicas, each of at least its type's least TP."""
+    min_tp: dict[str, int] = {}
+    for p in inp.pools:
+        min_tp[p.gpu_type] = min(min_tp.get(p.gpu_type, p.tp), p.tp)
+    return bool(inp.pools) and _replicas(_gpus_per_type(inp), min_tp, inp.max_gpus) >= inp.P * inp.D
+
+
+
+def _crossing_work_bound_s(inp: JointInputs) -> float:
+    """A plan with a boundary between regions: that boundary takes c = c_node + (c_zone - c_node) dz
+    + (c_region - c_zone) with dz in {0, 1} (0 where both neighbours span zones), every other one at
+    least c_node, and theta >= c / 2 (theta >= c_i / 2; in Sailor's composition too: milp.py).
+    T >= max(F, theta) + (m - 1) theta + sum_i c_i with theta >= the work bound as well."""
+    c_node, c_zone, c_region = (inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region))
+    cross = c_node + min(0.0, c_zone - c_node) + (c_region - c_zone)
+    theta = max(_theta_work_bound_s(inp), cross / 2)
+    return max(_fastest_work_s(inp), theta) + (inp.m - 1) * theta + (inp.P - 2) * c_node + cross
 
 
 
