@@ -3,6 +3,9 @@
 Files, in the order data flows through them (each imports only the ones above it):
   inputs.py        `JointInputs` (one outer choice's figures from the estimators), `JointSolution`,
                    the search deadline
+  composition.py   how an iteration is composed, stated once: memory of a worker, boundary time,
+                   the bottleneck, T, cost, egress bytes; applied to numbers by `evaluate`, to
+                   Pyomo expressions by `build`, to lower bounds on the parts by the bounds
   tables.py        the stage-cost tables of the blocks form: per (time class, stage, block count)
                    stage time, memory fit, all-reduce and update, built once with numpy and read
                    by the MILP rows, the bounds and the heuristics alike
@@ -28,7 +31,9 @@ from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bo
     blocks_coverable, bottleneck_lower_bound_s, stages_fit_dp, time_lower_bound_tight_s,
     region_split_time_bound_s, in_region, sync_aware_time_bound_s, extra_lower_bound_s, sum_tau_lower_bound_s,
     capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s)
-from hetplan.formulations.joint.evaluation import (sailor_p2p, sailor_sends, to_plan, evaluate, evaluate_placed,
+from hetplan.formulations.joint.composition import (worker_bytes, boundary_s, sailor_p2p, bottleneck_terms,
+    pipeline_transfers_s, iteration_time_s, theta_for_time_s, replica_rate_usd_per_s, iteration_cost_usd)
+from hetplan.formulations.joint.evaluation import (sailor_sends, to_plan, evaluate, evaluate_placed,
     better, objective_within_limits, solution_blocks)
 from hetplan.formulations.joint.milp import (build, in_model_units, objective_value, NoStageChoice, decode,
     warm_start)
@@ -39,10 +44,14 @@ __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "Deadlin
            "NO_DEADLINE", "deadline_scope", "check_deadline", "Pool", "LinkCost", "JointInputs", "JointSolution",
            "cache_export", "cache_import", "blocks_identical", "block_counts", "position", "stage_units",
            "stage_sum", "time_classes", "ends_forced", "time_upper_bound_s", "time_lower_bound_s",
-           "sailor_transfer_floor_s", "fluid_gpu_seconds_s", "blocks_coverable", "bottleneck_lower_bound_s", "stages_fit_dp",
+           "sailor_transfer_floor_s", "fluid_gpu_seconds_s", "blocks_coverable", "bottleneck_lower_bound_s",
+           "stages_fit_dp",
            "time_lower_bound_tight_s", "region_split_time_bound_s", "in_region", "sync_aware_time_bound_s",
            "extra_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "stage_time_cap_s",
-           "cost_lower_bound_usd", "cost_lower_bound_dp_usd", "rate_lower_bound_usd_per_s", "sailor_p2p",
+           "cost_lower_bound_usd", "cost_lower_bound_dp_usd", "rate_lower_bound_usd_per_s", "worker_bytes",
+           "boundary_s", "sailor_p2p",
+           "bottleneck_terms", "pipeline_transfers_s", "iteration_time_s", "theta_for_time_s",
+           "replica_rate_usd_per_s", "iteration_cost_usd",
            "sailor_sends", "to_plan", "evaluate", "evaluate_placed", "better", "objective_within_limits",
            "solution_blocks", "build", "in_model_units", "objective_value", "NoStageChoice", "decode",
            "warm_start", "greedy", "promise_s", "POLISH_EVALS", "polish", "dp_heuristic"]

@@ -1,5 +1,7 @@
-"""Lower bounds on the iteration time and cost of every plan of one outer choice. Each public
-function states its bound and why it is valid in its docstring; tests/test_planner.py and
+"""Lower bounds on the iteration time and cost of every plan of one outer choice. Each composes
+lower bounds on the parts of an iteration with composition.py's functions (nondecreasing in every
+part, so the result is a lower bound); each public function states its bound and why it is valid
+in its docstring; tests/test_planner.py and
 tests/test_cost_model_agreement.py check them against enumeration on small instances."""
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline, model_coef
+from hetplan.formulations.joint.composition import (boundary_s, iteration_cost_usd, iteration_time_s,
+    replica_rate_usd_per_s, theta_for_time_s, worker_bytes)
 from hetplan.formulations.joint.tables import (_cached_for, _class_figures, _class_tables, _gpus_per_group,
     _most_replicas, _pair_layout, _per_inputs_cache, _per_table, _shared_for, block_counts, blocks_identical)
 
@@ -68,10 +72,10 @@ def _crossing_work_bound_s(inp: JointInputs) -> float:
     + (c_region - c_zone) with dz in {0, 1} (0 where both neighbours span zones), every other one at
     least c_node, and theta >= c / 2 (theta >= c_i / 2; in Sailor's composition too: milp.py).
     T >= max(F, theta) + (m - 1) theta + sum_i c_i with theta >= the work bound as well."""
-    c_node, c_zone, c_region = (inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region))
-    cross = c_node + min(0.0, c_zone - c_node) + (c_region - c_zone)
+    cross = min(boundary_s(inp, 0, 1), boundary_s(inp, 1, 1))
     theta = max(_theta_work_bound_s(inp), cross / 2)
-    return max(_fastest_work_s(inp), theta) + (inp.m - 1) * theta + (inp.P - 2) * c_node + cross
+    links = (inp.P - 2) * _c_node_s(inp) + cross
+    return iteration_time_s(inp.m, max(_fastest_work_s(inp), theta), links, theta, 0.0)
 
 
 
@@ -79,7 +83,7 @@ def _work_bound_s(inp: JointInputs) -> float:
     """sum tau >= max(F, theta_w) with theta_w the work bound on the slowest stage time (itself
     one of the stage times): with m = 1 (D b = B) the work term alone is what is left."""
     theta = _theta_work_bound_s(inp)
-    return max(_fastest_work_s(inp), theta) + (inp.m - 1) * theta
+    return iteration_time_s(inp.m, max(_fastest_work_s(inp), theta), 0.0, theta, 0.0)
 
 
 
@@ -97,7 +101,7 @@ def sailor_transfer_floor_s(inp: JointInputs) -> float:
         return 0.0
     half = max(min(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) / 2,
                min(inp.send_floor_s, default=0.0))  # every send is at least both
-    return (inp.m - 1) * half + (2 if inp.P > 3 else 1) * half
+    return iteration_time_s(inp.m, 0.0, (2 if inp.P > 3 else 1) * half, half, 0.0)
 
 
 
@@ -155,7 +159,7 @@ def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
     on the last stage."""
     t = mem = 0.0
     nf = inp.in_flight(i)
-    unit = lambda l: (inp.step_s[k][l], inp.stat_bytes[k][l] + nf * inp.act_bytes[k][l])  # noqa: E731
+    unit = lambda l: (inp.step_s[k][l], worker_bytes(inp.stat_bytes[k][l], inp.act_bytes[k][l], nf))  # noqa: E731
     if i == 0:
         t0, m0 = unit(0)
         t1, m1 = unit(1)
@@ -285,7 +289,7 @@ def _make_coverable_tables(inp: JointInputs) -> _CoverableTables:
     for k in range(inp.K):
         for i in range(inp.P):
             et, em = _position_extras(inp, k, i)
-            per_blk = inp.stat_bytes[k][2] + inp.in_flight(i) * inp.act_bytes[k][2]
+            per_blk = worker_bytes(inp.stat_bytes[k][2], inp.act_bytes[k][2], inp.in_flight(i))
             extra[k, i] = et
             by_mem[k, i] = math.floor((inp.cap_bytes[k] - em) / per_blk) if per_blk > 0 else inp.U
     block = np.array([inp.step_s[k][2] for k in range(inp.K)])
@@ -653,11 +657,13 @@ def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float
     hop = c_region - c_node
     theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, True), c_region / 2)
     sum_tau = sum_tau_lower_bound_s(inp)
-    ends_apart = sum_tau + (inp.P - 1) * c_node + hop + (inp.m - 1) * theta + inp.tied_s[2] + _mu_lower_bound_s(inp)
+    ends_apart = iteration_time_s(inp.m, sum_tau, (inp.P - 1) * c_node + hop, theta,
+                                  inp.tied_s[2] + _mu_lower_bound_s(inp))
     # two crossings: their boundaries take c_region, so theta >= c_region / 2 there too (measured:
     # OPT-350M, 5 zones x 80 A100, P13 b2 D16, m = 64: 1.52 s -> 2.57 s, above the 1.98 s of the
     # plans inside one region; the MILPs of P13-P16 D16 each stopped at their 5 s limit)
-    two_hops = max(merged_s, sum_tau + (inp.m - 1) * theta + _rest_lower_bound_s(inp)) + 2 * hop
+    two_hops = max(merged_s, iteration_time_s(inp.m, sum_tau, _links_lower_bound_s(inp), theta,
+                                              _sync_update_lower_bound_s(inp))) + 2 * hop
     out = min(two_hops, ends_apart)
     for sub in _region_inputs(inp).values():
         if target_s is not None and out < target_s:
@@ -700,16 +706,16 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
     # most choices (measured: 60 of the 67 that reached the strong bound on GPT-Neo, 32 A100 + 96
     # V100), and the Lagrangian sum-tau bound costs five times as much; a hint from the smaller F
     # base is larger, so the theta found is at least the one a hint from the full base gives
-    base = _fastest_work_s(inp) + _rest_lower_bound_s(inp)
-    hint = None if target_s is None or inp.m <= 1 else (target_s - base) / (inp.m - 1)
+    links, sync_update = _links_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
+    fastest = _fastest_work_s(inp)
+    hint = None if target_s is None or inp.m <= 1 else theta_for_time_s(inp.m, target_s, fastest, links, sync_update)
     theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint), _c_node_s(inp) / 2)
     if math.isinf(theta):
         return math.inf
-    out = base + (inp.m - 1) * theta
+    out = iteration_time_s(inp.m, fastest, links, theta, sync_update)
     if not exact or (target_s is not None and out >= target_s):
         return out
-    base = sum_tau_lower_bound_s(inp) + _rest_lower_bound_s(inp)
-    out = base + (inp.m - 1) * theta
+    out = iteration_time_s(inp.m, sum_tau_lower_bound_s(inp), links, theta, sync_update)
     if exact and blocks_identical(inp) and (target_s is None or out < target_s):
         out = max(out, sync_aware_time_bound_s(inp, theta, target_s, strongest=strongest))
     return out
@@ -728,17 +734,16 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     theta*(s), the least feasible theta with cap s, does not grow with s. The s axis is cut at a
     few grid values s_0 < ... < s_q (s_0 = `extra_lower_bound_s`); a plan whose largest
     extra lies in [s_j, s_j+1) fits with cap s'_j (the largest extra value below s_j+1), so
-    T >= base + (m - 1) theta*(s'_j) + s_j, and the bound is the least over the cells (the last
-    cell has no cap: theta*(inf) >= theta_lo_s, the caller's bottleneck bound). With `target_s`,
-    a cell is only tested at the theta that would beat the target (one DP call), and the grid
+    T >= sum tau + links + (m - 1) theta*(s'_j) + s_j (`iteration_time_s`), and the bound is the
+    least over the cells (the last cell has no cap: theta*(inf) >= theta_lo_s, the caller's
+    bottleneck bound). With `target_s`, a cell is only tested at the theta that would beat the target (one DP call), and the grid
     ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
     (its lower end is a valid bound). A cell's theta is also at least the fastest (stage, class)
-    pair whose extra reaches s_j, and base is lifted by the least sum tau under the cell's caps
+    pair whose extra reaches s_j, and sum tau is lifted to the least under the cell's caps
     (`_lifted_cell_s`; only for cells within 10 % below the target when there is one)."""
     tab = _class_tables(inp)
     sum_tau = sum_tau_lower_bound_s(inp)
-    links = (inp.P - 1) * _c_node_s(inp)
-    base = sum_tau + links
+    links = _links_lower_bound_s(inp)
     caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
     caps = caps[np.isfinite(caps)].tolist()  # inf: a placement that does not exist
     thetas = np.unique(tab.time_s)
@@ -746,7 +751,6 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     s_first = extra_lower_bound_s(inp)
     if not thetas or not caps or s_first > caps[-1]:
         return math.inf
-    w = max(inp.m - 1, 0)
 
     arr = _class_arrays(inp)
 
@@ -756,16 +760,16 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
         slowest = arr.time_s[arr.extra_hi_s >= s_lo]
         j = max(j, _first_true(lambda t: t >= float(slowest.min()), thetas + [math.inf], 0)) if slowest.size \
             else len(thetas)
-        out = base + w * (thetas[j] if j < len(thetas) else math.inf) + s_lo
+        out = iteration_time_s(inp.m, sum_tau, links, thetas[j] if j < len(thetas) else math.inf, s_lo)
         if target_s is not None and not 0.9 * target_s <= out < target_s:
             return out  # reached, or too far below for the DPs to lift it there (a min-cost floor)
         goal = None if target_s is None else target_s - links - s_lo
-        return max(out, _lifted_cell_s(inp, thetas, j, cap, sum_tau, w, goal, 8 if target_s is not None else 3,
+        return max(out, _lifted_cell_s(inp, thetas, j, cap, sum_tau, goal, 8 if target_s is not None else 3,
                                        strongest) + links + s_lo)
 
     no_cap = cell(0, 0.0, math.inf)  # + s for s >= the last grid value
     s_end = caps[-1] if target_s is None else min(caps[-1], target_s - no_cap)
-    if w == 0 or s_first >= s_end:
+    if inp.m <= 1 or s_first >= s_end:
         return no_cap + s_first
     j0 = _first_true(lambda c: c >= s_first, caps, 0)
     # grid values: extras between s_first and s_end, evenly spread in value
@@ -778,7 +782,7 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
         cap = caps[_first_true(lambda c: c >= s_next, caps, j0) - 1]  # largest extra < s_next
         fits = lambda t, cap=cap: stages_fit_dp(inp, t, cap)  # noqa: E731
         if target_s is not None:
-            need = (target_s - base - s_lo) / w  # theta must be below this to beat the target
+            need = theta_for_time_s(inp.m, target_s, sum_tau, links, s_lo)  # theta must be below this to beat it
             below = _first_true(lambda t: t >= need, thetas + [math.inf], 0) - 1
             if below < 0 or not fits(thetas[below]):
                 best = min(best, cell(below + 1, s_lo, cap))
@@ -792,17 +796,19 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
 
 
 
-def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, sum_tau: float, w: int,
+def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, sum_tau: float,
                    goal: float | None = None, depth: int = 6, strong: bool = False) -> float:
-    """min over the plans with theta >= thetas[j] and every extra <= cap of sum tau + w theta.
+    """min over the plans with theta >= thetas[j] and every extra <= cap of sum tau + (m - 1) theta.
     A plan's slowest stage takes one of `thetas`; if that is among thetas[lo:hi], its sum tau is
     >= `capped_sum_tau_s`(thetas[hi - 1], cap) and its theta >= thetas[lo]. The range is halved
     (at most `depth` times) until each part's bound reaches `goal` (the value the caller needs).
     `strong`: a part the plain DP leaves below the goal also gets the replica-level DPs."""
     def bound(lo: int, hi: int, d: int) -> float:
-        out = max(sum_tau, capped_sum_tau_s(inp, thetas[hi - 1], cap)) + w * thetas[lo]
+        def at(stages_s: float) -> float:  # the stages and the bottleneck's part of T
+            return iteration_time_s(inp.m, stages_s, 0.0, thetas[lo], 0.0)
+        out = at(max(sum_tau, capped_sum_tau_s(inp, thetas[hi - 1], cap)))
         if strong and (goal is None or out < goal):
-            out = max(out, capped_sum_tau_s(inp, thetas[hi - 1], cap, True) + w * thetas[lo])
+            out = max(out, at(capped_sum_tau_s(inp, thetas[hi - 1], cap, True)))
         if d == 0 or hi - lo == 1 or (goal is not None and out >= goal):
             return out
         mid = (lo + hi) // 2
@@ -1134,12 +1140,24 @@ def _c_node_s(inp: JointInputs) -> float:
 
 
 def _rest_lower_bound_s(inp: JointInputs) -> float:
-    """sum_i c_i + sigma + mu >= (P - 1) c_node + the larger of `_sigma_lower_bound_s` +
-    `_mu_lower_bound_s` and (blocks form) `extra_lower_bound_s`."""
+    """sum_i c_i + sigma + mu >= `_links_lower_bound_s` + `_sync_update_lower_bound_s`."""
+    return _links_lower_bound_s(inp) + _sync_update_lower_bound_s(inp)
+
+
+
+def _links_lower_bound_s(inp: JointInputs) -> float:
+    """sum_i c_i >= (P - 1) c_node (every boundary costs at least the one inside a zone)."""
+    return (inp.P - 1) * _c_node_s(inp)
+
+
+
+def _sync_update_lower_bound_s(inp: JointInputs) -> float:
+    """sigma + mu >= the larger of `_sigma_lower_bound_s` + `_mu_lower_bound_s` and (blocks form)
+    `extra_lower_bound_s`."""
     sync_update = _sigma_lower_bound_s(inp) + _mu_lower_bound_s(inp)
     if blocks_identical(inp):
         sync_update = max(sync_update, extra_lower_bound_s(inp))
-    return (inp.P - 1) * _c_node_s(inp) + sync_update
+    return sync_update
 
 
 
@@ -1178,10 +1196,10 @@ def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float
     ((m - 1) theta + sum tau >= m tau_i) and tau_i >= the stage's step time on each of its replicas,
     so rate x T >= sum_i sum_{r in i} price_r t_r m step_r(i) / 3600
     >= m D sum_l min_k price_k t_k step[k,l] / 3600. `time_lb_s`: a time bound the caller already has."""
-    work = inp.m * inp.D * sum(min(p.price_per_gpu_hour_usd * p.tp * inp.step_s[k][l] for k, p in enumerate(inp.pools))
-                               for l in range(inp.U)) / 3600
+    work = inp.m * inp.D * sum(min(replica_rate_usd_per_s(p) * inp.step_s[k][l] for k, p in enumerate(inp.pools))
+                               for l in range(inp.U))
     t_lb = time_lower_bound_tight_s(inp, exact) if time_lb_s is None else time_lb_s
-    out = max(t_lb * rate_lower_bound_usd_per_s(inp), work)
+    out = max(iteration_cost_usd(rate_lower_bound_usd_per_s(inp), t_lb, 0.0), work)
     return max(out, cost_lower_bound_dp_usd(inp)) if exact else out
 
 
@@ -1215,7 +1233,7 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
     price = {}
     for p in inp.pools:
         c = (p.gpu_type, p.tp)
-        price[c] = min(price.get(c, math.inf), p.price_per_gpu_hour_usd * p.tp / 3600)
+        price[c] = min(price.get(c, math.inf), replica_rate_usd_per_s(p))
     classes = sorted(price)
     L = inp.U - 2
     r = np.array([inp.D * price[c] for c in classes])  # USD/s of D replicas per class
@@ -1244,7 +1262,7 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
 
     r0 = dp(lambda i, n: stage_rate[i, n].min(axis=1))
     s0 = np.maximum(dp(lambda i, n: stage_time[i, n].min(axis=1)), np.maximum(thetas, sum_tau_lower_bound_s(inp)))
-    a = (inp.m - 1) * thetas + _rest_lower_bound_s(inp)
+    a = iteration_time_s(inp.m, 0.0, _links_lower_bound_s(inp), thetas, _sync_update_lower_bound_s(inp))
     simple = r0 * (a + s0)
     with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
         coupled = dp(lambda i, n: (r0[:, None] * stage_time[i, n] + (a + s0)[:, None] * stage_rate[i, n]).min(axis=1)) \
@@ -1255,4 +1273,5 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
 
 
 def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:
-    return inp.P * inp.D * min(p.price_per_gpu_hour_usd * p.tp for p in inp.pools) / 3600
+    """rate >= P D x the cheapest replica's USD per second (every stage has D replicas)."""
+    return inp.P * inp.D * min(replica_rate_usd_per_s(p) for p in inp.pools)

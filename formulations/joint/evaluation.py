@@ -1,6 +1,6 @@
-"""The model's own figures for a solution (`evaluate`), the same solution placed as the simulator
-places it (`evaluate_placed`), Sailor's send and p2p composition, and the comparisons the
-search keeps plans by."""
+"""The model's own figures for a solution (`evaluate`: composition.py applied to its numbers), the
+same solution placed as the simulator places it (`evaluate_placed`), Sailor's sends, and the
+comparisons the search keeps plans by."""
 from __future__ import annotations
 
 
@@ -8,18 +8,9 @@ from __future__ import annotations
 from hetplan.plan import Plan, Replica, Stage, validate_plan
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, model_coef
 from hetplan.formulations.joint.tables import position
-
-
-def sailor_p2p(A: list, G: list) -> list:
-    """Sailor's per-stage transfer time (`estimate_p2p_pipeline_times`, simulator/sailor.py) from
-    the sends A[i] (stage i's activation to stage i + 1, i < P - 1) and G[j] (stage j + 1's gradient
-    back, j < P - 1): a middle stage sends its activation on and its gradient back, the first its
-    activation (counted twice when P > 3), the last its gradient twice. Numbers or expressions."""
-    P = len(A) + 1
-    if P == 1:
-        return [0.0]
-    return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
-
+from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
+    iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor,
+    sailor_p2p, tied_at, tied_egress_bytes)
 
 
 def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones: list[set], regions: list[set]
@@ -34,13 +25,6 @@ def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones
                    + [0.0])
     return (send, [max(c[i] / 2, send[i], away(i, i + 1)) for i in range(inp.P - 1)],
             [max(c[i - 1] / 2, send[i], away(i, i - 1)) for i in range(1, inp.P)])
-
-
-
-def _tied_at(floors: tuple[float, float, float], ez, er):
-    """A tied-embedding floor (node, zone, region) where the ends differ in zone (ez) / region (er)."""
-    t_node, t_zone, t_region = floors
-    return t_node + (t_zone - t_node) * ez + (t_region - t_zone) * er
 
 
 
@@ -70,18 +54,17 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     dr = [1 if regions[i] != regions[i + 1] else 0 for i in range(inp.P - 1)]
     dz_all = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] or span[i + 1])) else 0
               for i in range(inp.P - 1)]
-    c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
-    c = [c_node + (c_zone - c_node) * dz[i] + (c_region - c_zone) * dr[i] for i in range(inp.P - 1)]
+    c = [boundary_s(inp, dz[i], dr[i]) for i in range(inp.P - 1)]
     send, A, G = sailor_sends(inp, c, used, zones, regions) if inp.sailor else ([], [], [])
     p2p = sailor_p2p(A, G) if inp.sailor else [0.0] * inp.P
-    theta = max([t + p for t, p in zip(tau, p2p)] + ([] if inp.sailor else [ci / 2 for ci in c]))
+    theta = max(bottleneck_terms(inp, tau, c, p2p))
     last = inp.P - 1
     ez = 1 if (span[0] or span[last] or zones[0] != zones[last]) else 0
     er = 1 if regions[0] != regions[last] else 0
     tied = {0: 0.0, last: 0.0}
     if inp.P > 1:
         ends = [k for k in range(inp.K) if used[0][k] or used[last][k]] if inp.tied_pool_s else []
-        t = max((_tied_at(inp.tied_pool_s[k], ez, er) for k in ends), default=0.0)
+        t = max((tied_at(inp.tied_pool_s[k], ez, er) for k in ends), default=0.0)
         tied = {0: t, last: t}
     else:
         ez = er = 0
@@ -95,17 +78,15 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
         sync.append(max(own) + tied.get(i, 0.0))
     mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) + inp.upd_fixed(k)
              for i in range(inp.P) for k in range(inp.K) if used[i][k])
-    T = sum(tau) + (sum(p2p) if inp.sailor else sum(c)) + (inp.m - 1) * theta + max(sync) + mu
-    rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * sol.replicas[i][k] / 3600
-               for i in range(inp.P) for k in range(inp.K))
+    T = iteration_time_s(inp.m, sum(tau), pipeline_transfers_s(inp, c, p2p), theta, max(sync) + mu)
+    rate = sum(replica_rate_usd_per_s(inp.pools[k]) * sol.replicas[i][k] for i in range(inp.P) for k in range(inp.K))
     pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
-    egress = sum(inp.m * inp.D * 2 * inp.boundary_bytes * (pz * dz_all[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
-    ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
-    egress += sum(ring * pz * len(zones[i]) * sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
+    egress = sum(pipeline_egress_bytes(inp) * (pz * dz_all[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
+    egress += sum(ring_factor(inp) * pz * len(zones[i]) * sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
                   for i in range(inp.P) if span[i])
-    if inp.P > 1:
-        egress += 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes * (pz * ez + (pr - pz) * er)
-    return {"ez": ez, "er": er, "T": T, "cost": rate * T + egress, "egress": egress, "rate": rate, "tau": tau, "c": c,
+    egress += tied_egress_bytes(inp) * (pz * ez + (pr - pz) * er)
+    return {"ez": ez, "er": er, "T": T, "cost": iteration_cost_usd(rate, T, egress), "egress": egress, "rate": rate,
+            "tau": tau, "c": c,
             "p2p": p2p, "send": send, "A": A, "G": G, "theta": theta,
             "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
@@ -124,10 +105,9 @@ def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
         raise ValueError("evaluate_placed composes the hetplan iteration; the sailor composition's plans are "
                          "scored by simulate")
     it = costs.iteration(validate_plan(costs.inst, to_plan(sol, inp)))
-    rate = sum(inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp * n / 3600
-               for row in sol.replicas for k, n in enumerate(row))
+    rate = sum(replica_rate_usd_per_s(inp.pools[k]) * n for row in sol.replicas for k, n in enumerate(row))
     T = it.iteration_s
-    return {"T": T, "cost": rate * T + it.egress_usd, "rate": rate, "egress": it.egress_usd,
+    return {"T": T, "cost": iteration_cost_usd(rate, T, it.egress_usd), "rate": rate, "egress": it.egress_usd,
             "tau": [x + y for x, y in zip(it.f, it.b)], "c": [x.fwd_s + x.bwd_s for x in it.links],
             "sync": [x.time_s for x in it.syncs], "sigma": it.sync_s, "mu": it.update_s}
 

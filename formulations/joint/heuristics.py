@@ -8,6 +8,7 @@ from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADL
 from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
 from hetplan.formulations.joint.evaluation import objective_within_limits, solution_blocks
 from hetplan.formulations.joint.bounds import _gpus_per_type
+from hetplan.formulations.joint.composition import iteration_time_s, worker_bytes
 
 
 def promise_s(inp: JointInputs) -> float:
@@ -24,7 +25,7 @@ def promise_s(inp: JointInputs) -> float:
     gpus = sum(_gpus_per_type(inp).values())
     if inp.max_gpus is not None:
         gpus = min(gpus, inp.max_gpus)
-    return fastest + (inp.m - 1) * max(fastest / inp.P, inp.D * gpu_work / max(gpus, 1))
+    return iteration_time_s(inp.m, fastest, 0.0, max(fastest / inp.P, inp.D * gpu_work / max(gpus, 1)), 0.0)
 
 
 
@@ -170,7 +171,8 @@ def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) 
     stat, act = _shared_for(inp, "memory_prefix", lambda inp: (_prefix_rows(inp.stat_bytes).tolist(),
                                                                _prefix_rows(inp.act_bytes).tolist()))
     nf = inp.in_flight(i)
-    return all(not row[k] or (stat[k][end] - stat[k][start]) + nf * (act[k][end] - act[k][start]) <= inp.cap_bytes[k]
+    return all(not row[k] or worker_bytes(stat[k][end] - stat[k][start], act[k][end] - act[k][start], nf)
+               <= inp.cap_bytes[k]
                for k in range(inp.K))
 
 

@@ -58,6 +58,8 @@ Constraints
                (`tied_pool_s`), t their least over k;  sigma >= sync[i]
   update:      mu >= sum_l upd[k,l] y[i,l] - Mupd[k] (1 - u[i,k])
   time (1F1B): T = sum_i tau[i] + sum_i c[i] + (m - 1) theta + sigma + mu
+  (the boundary, bottleneck, time, memory and cost rows are written with composition.py's functions,
+  which `evaluate` and the bounds apply too: the composition is stated once)
   cost:        rate = sum_{i,k} price[k] t_k x[i,k] / 3600 (USD/s);  egress = bytes crossing zones x price (boundaries: D transfers where dz_all)
                cost = rate * T + egress   (bilinear: kept for SCIP; exact binary-expansion
                linearisation of x[i,k] * T for HiGHS when `linearize=True`)
@@ -143,7 +145,10 @@ from hetplan.formulations.joint.inputs import (COST_SCALE, JointInputs, JointSol
 from hetplan.formulations.joint.tables import (_class_figures, _class_sync_update, block_counts, blocks_identical,
     ends_forced, position, stage_sum, time_classes)
 from hetplan.formulations.joint.bounds import rate_lower_bound_usd_per_s, stage_time_cap_s, time_upper_bound_s
-from hetplan.formulations.joint.evaluation import _tied_at, evaluate, sailor_p2p, solution_blocks
+from hetplan.formulations.joint.evaluation import evaluate, solution_blocks
+from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
+    iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor, sailor_p2p,
+    tied_at, tied_egress_bytes, worker_bytes)
 
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
@@ -266,8 +271,9 @@ def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         m, inp, i, inp.step_s[k]) - big_step[k] * (1 - m.u[i, k]))
 
     def memory(m, i, k):
-        load = sum((inp.stat_bytes[k][l] + inp.in_flight(i) * inp.act_bytes[k][l]) * m.y[i, l] for l in m.L)
-        big = max(0.0, sum(inp.stat_bytes[k]) + inp.in_flight(i) * sum(inp.act_bytes[k]) - inp.cap_bytes[k])
+        nf = inp.in_flight(i)
+        load = sum(worker_bytes(inp.stat_bytes[k][l], inp.act_bytes[k][l], nf) * m.y[i, l] for l in m.L)
+        big = max(0.0, worker_bytes(sum(inp.stat_bytes[k]), sum(inp.act_bytes[k]), nf) - inp.cap_bytes[k])
         # scaled to GiB so that the coefficients stay near 1 for the solvers
         return load / 2**30 <= (inp.cap_bytes[k] + big * (1 - m.u[i, k])) / 2**30
 
@@ -390,26 +396,20 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
 
 
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
-    c_node, c_zone, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.zone), inp.p2p_s(inp.region)
     B = range(inp.P - 1)
-    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == c_node + (c_zone - c_node) * m.dz[i]
-                                + (c_region - c_zone) * m.dr[i])
-    if inp.sailor:
-        p2p = _sailor_send_rows(m, inp)
-        m.bottleneck = pyo.Constraint(m.I, rule=lambda m, i: m.theta >= m.tau[i] + p2p[i])
-        pipeline = sum(p2p)
-    else:
-        m.bottleneck = pyo.Constraint(m.I, rule=lambda m, i: m.theta >= m.tau[i])
-        m.bottleneck_link = pyo.Constraint(B, rule=lambda m, i: m.theta >= m.c[i] / 2)
-        pipeline = sum(m.c[i] for i in B)
+    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, m.dz[i], m.dr[i]))
+    tau, c = [m.tau[i] for i in m.I], [m.c[i] for i in B]
+    p2p = _sailor_send_rows(m, inp) if inp.sailor else [0.0] * inp.P
+    terms = bottleneck_terms(inp, tau, c, p2p)
+    m.bottleneck = pyo.Constraint(range(len(terms)), rule=lambda m, j: m.theta >= terms[j])
     m.bottleneck_mean = pyo.Constraint(expr=inp.P * m.theta >= sum(m.tau[i] for i in m.I))  # valid cut
     _sync_constraints(m, inp)
     m.sync_max = pyo.Constraint(m.I, rule=lambda m, i: m.sigma >= m.sync[i])
     big_upd = [sum(inp.upd_s[k]) + inp.upd_fixed(k) for k in m.K]
     m.update = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.mu >= stage_sum(
         m, inp, i, inp.upd_s[k]) + inp.upd_fixed(k) - big_upd[k] * (1 - m.u[i, k]))
-    m.iteration = pyo.Constraint(expr=m.T == sum(m.tau[i] for i in m.I) + pipeline
-                                 + (inp.m - 1) * m.theta + m.sigma + m.mu)
+    m.iteration = pyo.Constraint(expr=m.T == iteration_time_s(inp.m, sum(tau), pipeline_transfers_s(inp, c, p2p),
+                                                              m.theta, m.sigma + m.mu))
 
 
 
@@ -452,8 +452,8 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         # pool serving an end (at t_k) and of any pool (`tied_s`)
         last, big_t = inp.P - 1, max(map(max, inp.tied_pool_s))
         m.tied = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, big_t))
-        m.tied_any = pyo.Constraint(expr=m.tied >= _tied_at(inp.tied_s, m.ez, m.er))
-        m.tied_pool = pyo.Constraint([0, last], m.K, rule=lambda m, j, k: m.tied >= _tied_at(
+        m.tied_any = pyo.Constraint(expr=m.tied >= tied_at(inp.tied_s, m.ez, m.er))
+        m.tied_pool = pyo.Constraint([0, last], m.K, rule=lambda m, j, k: m.tied >= tied_at(
             inp.tied_pool_s[k], m.ez, m.er) - big_t * (1 - m.u[j, k]))
         tied[0] = tied[last] = m.tied
     m.sync_tied = pyo.Constraint(m.I, rule=lambda m, i: m.sync[i] >= tied[i])
@@ -495,16 +495,16 @@ def _mean_sync_update_rows(m: pyo.ConcreteModel, inp: JointInputs, tied: dict) -
 
 
 def _cost_and_objective(m: pyo.ConcreteModel, inp: JointInputs, linearize: bool, Zs: list[str]) -> None:
-    rate = {(i, k): inp.pools[k].price_per_gpu_hour_usd * inp.pools[k].tp / 3600 for i in m.I for k in m.K}
+    rate = {(i, k): replica_rate_usd_per_s(inp.pools[k]) for i in m.I for k in m.K}
     m.egress = pyo.Var(domain=pyo.NonNegativeReals)
     _egress_constraints(m, inp, Zs)
     need_cost = inp.objective == "min_cost" or inp.max_cost_usd is not None
     if need_cost:
-        if linearize:
-            compute = _linear_rate_times_T(m, inp, rate)
+        if linearize:  # rate x T, exactly, in linear rows
+            m.cost = pyo.Expression(expr=iteration_cost_usd(1.0, _linear_rate_times_T(m, inp, rate), m.egress))
         else:
-            compute = sum(rate[i, k] * m.x[i, k] for i in m.I for k in m.K) * m.T
-        m.cost = pyo.Expression(expr=compute + m.egress)
+            m.cost = pyo.Expression(expr=iteration_cost_usd(sum(rate[i, k] * m.x[i, k] for i in m.I for k in m.K),
+                                                            m.T, m.egress))
         # rows on cost are written in micro-dollars: an iteration costs ~1e-5..1 USD, and absolute
         # feasibility tolerances (1e-6 in SCIP) would otherwise be as large as the cost differences
         if inp.max_cost_usd is not None:
@@ -538,9 +538,9 @@ def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -
     # "primal infeasibilities" on otherwise easy models, while GB let SCIP's 1e-6 feasibility
     # tolerance on wz shave ~1e-5 of the cost
     pz, pr = inp.egress_zone_usd_per_GB / 1e3, inp.egress_region_usd_per_GB / 1e3
-    p2p_bytes = inp.m * inp.D * 2 * inp.boundary_bytes / 1e6
+    p2p_bytes = pipeline_egress_bytes(inp) / 1e6
     B = range(inp.P - 1)
-    ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
+    ring = ring_factor(inp)
     gb = [g / 1e6 for g in inp.grad_bytes]
     gmax = sum(gb)
     m.wz = pyo.Var(m.I, Zs, domain=pyo.NonNegativeReals, bounds=(0, gmax))
@@ -549,7 +549,7 @@ def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -
     m.ring_egress = pyo.Var(m.I, domain=pyo.NonNegativeReals)
     m.ring_egress_def = pyo.Constraint(m.I, rule=lambda m, i: m.ring_egress[i] >= ring * pz * (
         sum(m.wz[i, z] for z in Zs) - len(Zs) * gmax * (1 - m.span[i])))
-    tied = 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes / 1e6 if inp.P > 1 else 0.0
+    tied = tied_egress_bytes(inp) / 1e6
     m.egress_def = pyo.Constraint(expr=m.egress >= sum(
         p2p_bytes * (pz * m.dz_all[i] + (pr - pz) * m.dr[i]) for i in B) + sum(m.ring_egress[i] for i in m.I)
         + tied * (pz * m.ez + (pr - pz) * m.er))
@@ -630,8 +630,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
         for z in inp.zones:
             start[m.wz[i, z]] = gbi / 1e6 if z in ev["zones"][i] else 0.0
-        ring = 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
-        start[m.ring_egress[i]] = ring * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
+        start[m.ring_egress[i]] = ring_factor(inp) * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
         start[m.dz_all[i]] = ev["dz_all"][i]

@@ -10,6 +10,7 @@ import numpy as np
 import pyomo.environ as pyo
 
 from hetplan.formulations.joint.inputs import JointInputs
+from hetplan.formulations.joint.composition import worker_bytes
 
 
 def _per_inputs_cache(inp: JointInputs, name: str) -> dict:
@@ -255,7 +256,7 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     time_s = over_pairs(inp.step_s)
     nf = np.array([inp.in_flight(i) for i in range(inp.P)])[lay.stage]
     cap = np.array([inp.cap_bytes[k] for k in rep])[:, None]
-    fits = over_pairs(inp.stat_bytes) + nf * over_pairs(inp.act_bytes) <= cap
+    fits = worker_bytes(over_pairs(inp.stat_bytes), over_pairs(inp.act_bytes), nf) <= cap
     upd_s = over_pairs(inp.upd_s) + np.array([inp.upd_fixed(k) for k in rep])[:, None]
     in_zone_s = span_s = np.zeros_like(time_s)  # without the tables (layer units that differ): no floor
     if inp.sync_table is not None:

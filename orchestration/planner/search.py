@@ -121,7 +121,7 @@ class _Floor:
         f, v, _, rate = self.per_b[combo.b]
         m = self.B // (combo.D * combo.b)
         theta = max(f / combo.P, combo.D * v)
-        t_lb = max(f, theta) + (m - 1) * theta
+        t_lb = joint.iteration_time_s(m, max(f, theta), 0.0, theta, 0.0)
         return t_lb * combo.P * combo.D * rate if objective == "min_cost" else t_lb
 
 
@@ -133,7 +133,8 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
         gpus[g] = gpus.get(g, 0) + avail
     per_b = {}
     for b in opts.microbatch_sizes:
-        pools = [(g, price * t / 3600, t, tables.step(g, t, b)) for (g, _), (avail, per_node, price, _) in quotas.items()
+        pools = [(g, price * t / 3600, t, tables.step(g, t, b))
+                 for (g, _), (avail, per_node, price, _) in quotas.items()
                  for t in opts.tp_choices if tables.usable(g, t, b, per_node, avail)]
         if B % b or not pools:
             continue

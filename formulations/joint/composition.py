@@ -1,0 +1,129 @@
+"""How the model composes one iteration, stated once. `evaluate` (evaluation.py) applies these
+functions to the numbers of a fixed plan, `build` (milp.py) to Pyomo variables and expressions,
+and the bounds (bounds.py) to lower bounds on the parts. Every function here is nondecreasing in
+each part it takes, so a composition of lower bounds on the parts is a lower bound on the whole:
+that is what makes each bound of bounds.py valid once its parts are.
+
+  worker memory  stat + in_flight(i) x act of the units a worker of stage i holds <= cap[k]
+                                                                        (`worker_bytes`)
+  boundary       c_i = c_node + (c_zone - c_node) dz_i + (c_region - c_zone) dr_i   (`boundary_s`)
+  Sailor's sends p_i from A and G (`sailor_p2p`)
+  bottleneck     theta >= tau_i and c_i / 2, or with Sailor's composition tau_i + p_i
+                                                                        (`bottleneck_terms`)
+  transfers      sum_i c_i, or sum_i p_i                                (`pipeline_transfers_s`)
+  iteration      T = sum_i tau_i + transfers + (m - 1) theta + sigma + mu      (`iteration_time_s`)
+  cost           rate T + egress, rate = sum over replicas of price x TP / 3600
+                                             (`iteration_cost_usd`, `replica_rate_usd_per_s`)
+  egress bytes   pipeline traffic per crossing boundary, the ring of a stage spanning zones, the
+                 tied-embedding all-reduce between the ends (`pipeline_egress_bytes`,
+                 `ring_factor`, `tied_egress_bytes`)
+
+The figures are simulator/pipeline.py's (or with `composition="sailor"`, simulator/sailor.py's)
+composition; milp.py's docstring says where the model relaxes it."""
+from __future__ import annotations
+
+from hetplan.formulations.joint.inputs import JointInputs, Pool
+
+
+def worker_bytes(stat, act, in_flight: int):
+    """Bytes on one worker holding units of static `stat` and per-microbatch activation `act`
+    bytes with `in_flight` microbatches kept (`JointInputs.in_flight`). Numbers, arrays or
+    expressions."""
+    return stat + in_flight * act
+
+
+
+def boundary_s(inp: JointInputs, dz, dr):
+    """One boundary's activation + gradient transfer per microbatch: c_node, plus the step to c_zone
+    where it crosses zones (dz), plus the step to c_region where it crosses regions (dr)."""
+    c_node, c_zone, c_region = _link_times_s(inp)
+    return c_node + (c_zone - c_node) * dz + (c_region - c_zone) * dr
+
+
+
+def _link_times_s(inp: JointInputs) -> tuple[float, float, float]:
+    """(c_node, c_zone, c_region), once per inputs: `evaluate` asks for them at every boundary of
+    every plan the heuristics score."""
+    got = inp._cache.get("link_times_s")
+    if got is None:
+        got = inp._cache["link_times_s"] = tuple(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region))
+    return got
+
+
+
+def sailor_p2p(A: list, G: list) -> list:
+    """Sailor's per-stage transfer time (`estimate_p2p_pipeline_times`, simulator/sailor.py) from
+    the sends A[i] (stage i's activation to stage i + 1, i < P - 1) and G[j] (stage j + 1's gradient
+    back, j < P - 1): a middle stage sends its activation on and its gradient back, the first its
+    activation (counted twice when P > 3), the last its gradient twice. Numbers or expressions."""
+    P = len(A) + 1
+    if P == 1:
+        return [0.0]
+    return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
+
+
+
+def bottleneck_terms(inp: JointInputs, tau: list, c: list, p2p: list) -> list:
+    """What the steady-state bottleneck theta is at least: every stage time, and half of every
+    boundary (links are full duplex); in Sailor's composition every stage time with its sends."""
+    if inp.sailor:
+        return [t + p for t, p in zip(tau, p2p)]
+    return list(tau) + [ci / 2 for ci in c]
+
+
+
+def pipeline_transfers_s(inp: JointInputs, c: list, p2p: list):
+    """The transfers one microbatch's way through the pipeline pays (Sailor's: each stage's sends)."""
+    return sum(p2p) if inp.sailor else sum(c)
+
+
+
+def iteration_time_s(m: int, stages_s, transfers_s, theta_s, sync_update_s):
+    """T (1F1B) with m microbatches: one microbatch through every stage and boundary, m - 1 more at
+    the bottleneck's pace, then the slowest all-reduce and the slowest optimizer step (sigma + mu)."""
+    return stages_s + transfers_s + (m - 1) * theta_s + sync_update_s
+
+
+
+def theta_for_time_s(m: int, time_s: float, stages_s: float, transfers_s: float, sync_update_s: float) -> float:
+    """The bottleneck at which `iteration_time_s` reaches `time_s` with the other parts given (m > 1):
+    a plan with these parts beats `time_s` only with a smaller theta."""
+    return (time_s - stages_s - transfers_s - sync_update_s) / (m - 1)
+
+
+
+def replica_rate_usd_per_s(pool: Pool) -> float:
+    """USD per second of one replica of `pool`: its TP degree's GPUs at the pool's price."""
+    return pool.price_per_gpu_hour_usd * pool.tp / 3600
+
+
+
+def iteration_cost_usd(rate_usd_per_s, time_s, egress_usd):
+    """Cost of one iteration: the GPUs' rate over the iteration time, plus egress."""
+    return rate_usd_per_s * time_s + egress_usd
+
+
+
+def pipeline_egress_bytes(inp: JointInputs) -> float:
+    """Bytes over one boundary per iteration: every replica's activations forward and gradients
+    back, m microbatches each."""
+    return inp.m * inp.D * 2 * inp.boundary_bytes
+
+
+
+def ring_factor(inp: JointInputs) -> float:
+    """Bytes a ring all-reduce sends per byte reduced, over D members (x 1.5 with ZeRO-3)."""
+    return 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
+
+
+
+def tied_egress_bytes(inp: JointInputs) -> float:
+    """Bytes the tied-embedding all-reduce between the first and last stage sends (2 D members)."""
+    return 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes if inp.P > 1 else 0.0
+
+
+
+def tied_at(floors: tuple[float, float, float], ez, er):
+    """A tied-embedding floor (node, zone, region) where the ends differ in zone (ez) / region (er)."""
+    t_node, t_zone, t_region = floors
+    return t_node + (t_zone - t_node) * ez + (t_region - t_zone) * er
