@@ -616,3 +616,22 @@ def test_helper_reads_while_its_reply_goes_out() -> None:
     assert main.recv() == ("reply", big)
     adding.join(5)
     assert not adding.is_alive()
+
+
+def test_budget_bound_never_rules_out_a_plan_within_the_budget():
+    """Max throughput under a budget: the strong bound reads the stage times the budget affords
+    (`joint.budget_time_lower_bound_s`). Against enumeration of every plan within the budget: the
+    bound is below their least T, and it is above the bound without the budget on some choice."""
+    from hetplan.orchestration.planner.steps import _tight_bound
+
+    checked = lifted = 0
+    for make in (tiny, tiny_regions):
+        costs = [brute_force(inp, "cost", "blocks") for _, inp in combos_of(make(), "max_throughput")]
+        budget = sorted(c for c in costs if c < float("inf"))[len(costs) // 3]
+        for combo, inp in combos_of(make(), "max_throughput", max_cost=budget):
+            truth = brute_force(inp, "T", "blocks")  # inf: no plan of the choice within the budget
+            got = _tight_bound(inp, "max_throughput", None, exact=True, max_cost=budget)
+            assert got <= truth * (1 + 1e-9), (make.__name__, combo, got, truth)
+            lifted += got > _tight_bound(inp, "max_throughput", None, exact=True) * (1 + 1e-9)
+            checked += truth < float("inf")
+    assert checked >= 4 and lifted >= 2, (checked, lifted)

@@ -77,7 +77,10 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
         T, cost = rep.iteration_time_s, rep.cost_per_iteration_usd
         bounds = {"cheap": joint.time_lower_bound_s(inp), "extra": joint.extra_lower_bound_s(inp),
                   "medium": joint.time_lower_bound_tight_s(inp, False), "strong": joint.time_lower_bound_tight_s(inp, True),
-                  "strongest": _tight_bound(inp, "max_throughput", None, T * 1.5, strongest=True)}
+                  "strongest": _tight_bound(inp, "max_throughput", None, T * 1.5, strongest=True),
+                  # within a budget of its own simulated cost the plan is affordable
+                  "budget": joint.budget_time_lower_bound_s(inp, rep.cost_per_iteration_usd * (1 + 1e-12)),
+                  "send-aware": joint.sailor_send_aware_time_bound_s(inp) if P > 1 else 0.0}
         findings += [f"P{P} b{b} D{D}: {name} bound {v:.9g} > simulated T {T:.9g}"
                      for name, v in bounds.items() if not below(v, T)]
         c_lb = joint.cost_lower_bound_usd(inp, True, bounds["strong"])

@@ -99,8 +99,7 @@ def sailor_transfer_floor_s(inp: JointInputs) -> float:
     (the bounds' targets are taken back by as much: `time_lower_bound_tight_s`)."""
     if not inp.sailor or inp.P == 1:
         return 0.0
-    half = max(min(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) / 2,
-               min(inp.send_floor_s, default=0.0))  # every send is at least both
+    half = _sailor_send_floor_s(inp)  # every send is at least half the least boundary and the least floor
     return iteration_time_s(inp.m, 0.0, (2 if inp.P > 3 else 1) * half, half, 0.0)
 
 
@@ -418,7 +417,8 @@ def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps:
 
 
 
-def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.inf) -> bool:
+def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.inf,
+                  times_s: np.ndarray | None = None) -> bool:
     """Exact test of a relaxation: can P stages of D replicas hold every block with no stage slower
     than theta_s per microbatch, with GPUs counted per type (zones merged, regions ignored)?
 
@@ -431,10 +431,11 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     Unlike the Hall count of `blocks_coverable`, this sees that GPUs a stage takes are gone for the
     others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject).
     With `extra_cap_s`, a class may serve a stage only if its all-reduce + update there
-    (`_ClassTables.extra_in_s`, `extra_span_s`) is within the cap (used by `sync_aware_time_bound_s`)."""
+    (`_ClassTables.extra_in_s`, `extra_span_s`) is within the cap (used by `sync_aware_time_bound_s`).
+    `times_s` (C, M): what a class's stage takes instead of its compute time (`_sailor_stage_times_s`)."""
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
-    need = _gpus_per_replica(inp, theta_s, types, extra_cap_s)
+    need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times_s)
     if need is None:
         return False
     splits = [(types[:1], types[1:])] if len(types) <= 2 else [
@@ -443,8 +444,8 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
 
 
 
-def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str],
-                      extra_cap_s: float = math.inf) -> dict[str, np.ndarray] | None:
+def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_cap_s: float = math.inf,
+                      times_s: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
     """g -> (M,) fewest GPUs per replica of type g at every (stage i, n blocks) pair of
     `_pair_layout` within theta_s and with its all-reduce + update within extra_cap_s (inf when
     none); None when some stage has no feasible block count at all. Under a cap, a class may serve a
@@ -459,7 +460,7 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str],
         return {g: np.where(mask[ix], tp[ix], np.inf).min(axis=0) if ix else np.full(len(lay.pairs), np.inf)
                 for g, ix in rows.items()}
 
-    ok = tab.fits & (tab.time_s <= theta_s)
+    ok = tab.fits & ((tab.time_s if times_s is None else times_s) <= theta_s)
     if extra_cap_s < math.inf:
         in_zone = ok & (tab.extra_in_s <= extra_cap_s)
         tp_in = least(in_zone)
@@ -634,7 +635,71 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     out = _time_lower_bound_merged_s(inp, exact, target_s, strongest)
     if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
         out = max(out, region_split_time_bound_s(inp, out, target_s, strongest))
-    return out + shift
+    out += shift
+    if exact and inp.sailor and inp.P > 1 and blocks_identical(inp) and out < math.inf and (
+            target_s is None or out < target_s + shift):
+        out = max(out, sailor_send_aware_time_bound_s(inp, None if target_s is None else target_s + shift))
+    return out
+
+
+
+def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = None) -> float:
+    """Sailor's composition: a stage's bottleneck time is its compute plus its own sends,
+    theta >= tau_i + p_i, and p_i >= k_i x (the send floor of every pool the stage uses, and c_node
+    / 2), k_i = 2 for a middle or last stage, 1 or 2 (P > 3) for the first (`sailor_p2p`). So every
+    class c serving stage i with n blocks has time[c, i, n] + k_i max(c_node / 2, sf_c) <= theta,
+    sf_c the least send floor of c's pools (`_sailor_stage_times_s`), and theta is at least the
+    least time at which `stages_fit_dp` fits the blocks with those times. Then
+        T >= sum tau + sum p + (m - 1) theta + sigma + mu
+    with sum p >= (P - 1) c_node + (e or 2 e) (`sailor_transfer_floor_s`). The floor common to all
+    stages that `sailor_transfer_floor_s` adds misses that a slow sender (TP 1: ~4x slower fits)
+    slows its own stage only (measured: Sailor's OPT-350M on 128 A100, the strong bound of P3 b4
+    D16 from 2.337 to 2.388 s, the choice's optimum 2.674 s; of P4 b4 D16 from 2.375 to 2.516 s).
+    `target_s`: stops at the first stage time that rules it out. Blocks form only."""
+    times = _sailor_stage_times_s(inp)
+    sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
+    transfers = _links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * _sailor_send_floor_s(inp)
+    cands = np.unique(times[np.isfinite(times)])
+    cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
+    if not cands:
+        return math.inf
+    fits = lambda t: stages_fit_dp(inp, t, times_s=times)  # noqa: E731
+    hi = len(cands) - 1
+    if target_s is not None and inp.m > 1:
+        need = theta_for_time_s(inp.m, target_s, sum_tau, transfers, sync_update)
+        below = bisect.bisect_left(cands, need) - 1  # the last candidate that would beat the target
+        if below < 0:
+            return iteration_time_s(inp.m, sum_tau, transfers, cands[0], sync_update)
+        if not fits(cands[below]):
+            theta = cands[below + 1] if below + 1 < len(cands) else math.inf
+            return iteration_time_s(inp.m, sum_tau, transfers, theta, sync_update)
+        hi = below
+    elif not fits(cands[hi]):
+        return math.inf
+    theta = cands[_first_true_from(fits, cands, 0, hi)]
+    return iteration_time_s(inp.m, sum_tau, transfers, theta, sync_update)
+
+
+
+def _sailor_send_floor_s(inp: JointInputs) -> float:
+    """e of `sailor_transfer_floor_s`: every send is at least half the least boundary and the least
+    send floor."""
+    return max(min(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) / 2,
+               min(inp.send_floor_s, default=0.0))
+
+
+
+def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
+    """(C, M): a class's compute time on each (stage, blocks) pair plus the least its stage's sends
+    take when it serves the stage (`sailor_send_aware_time_bound_s`)."""
+    def make(inp: JointInputs) -> np.ndarray:
+        tab, lay = _class_tables(inp), _pair_layout(inp)
+        floor = np.array([min(inp.send_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
+                          for c in tab.classes])
+        per_send = np.maximum(floor, _c_node_s(inp) / 2)[:, None]
+        sends = np.where(lay.stage == 0, 1 if inp.P <= 3 else 2, 2)[None, :]
+        return tab.time_s + sends * per_send
+    return _cached_for(inp, "sailor_stage_times", make)
 
 
 
@@ -1221,15 +1286,53 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
     time, which the per-unit bound of `cost_lower_bound_usd` misses; the coupled DP sees that a
     stage run fast costs more per second (measured: OPT-350M on 2 zones x (128 A100 + 128 V100),
     P2 b2 D64, min cost under 0.2 it/s: 0.4388 -> 0.4637 USD, above the 0.4480 optimum of P1, where
-    the MILP had found no plan in 34 s). Blocks form only."""
+    the MILP had found no plan in 34 s). Blocks form only. In Sailor's composition a stage's time is
+    its compute plus the least its own sends take (`_sailor_stage_times_s`: theta >= tau_i + p_i,
+    T = sum (tau_i + p_i) + (m - 1) theta + sigma + mu, so A holds no boundary term)."""
     if not blocks_identical(inp):
         return cost_lower_bound_usd(inp)
+    _, cost_usd, _ = _per_theta_bounds(inp)
+    return float(np.min(cost_usd)) if cost_usd.size else math.inf
+
+
+
+def budget_time_lower_bound_s(inp: JointInputs, max_cost_usd: float) -> float:
+    """T of the plans that cost at most `max_cost_usd`: a plan whose slowest stage time is theta
+    (one of the class stage times, at least `bottleneck_lower_bound_s`) costs at least the bound
+    `cost_lower_bound_dp_usd` computes at theta and takes T >= A + S0 there (its docstring), so
+        T >= min over the thetas whose cost bound is within the budget of A + S0,
+    +inf when none is: a max-throughput search under a budget sees which stage times it can afford
+    (the fast ones need more or dearer replicas). Blocks form only (0 otherwise)."""
+    if not blocks_identical(inp):
+        return 0.0
+    _, cost_usd, time_s = _per_theta_bounds(inp)
+    ok = cost_usd <= max_cost_usd
+    return float(np.min(time_s[ok])) if ok.any() else math.inf
+
+
+
+def _per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(thetas, cost bound, time bound A + S0) per candidate slowest stage time theta
+    (`cost_lower_bound_dp_usd`), computed once per inputs."""
+    return _cached_for(inp, "per_theta", _make_per_theta_bounds)
+
+
+
+def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     time_s, fits = _class_figures(inp)
+    rest = _rest_lower_bound_s(inp)
+    if inp.sailor and inp.P > 1:  # a stage's sends join its time; sum p takes the boundaries' place
+        tab, lay = _class_tables(inp), _pair_layout(inp)
+        with_sends = _sailor_stage_times_s(inp)
+        time_s = {(c, i, n): float(with_sends[ci, j]) for ci, c in enumerate(tab.classes)
+                  for j, (i, n) in enumerate(lay.pairs)}
+        rest = _sync_update_lower_bound_s(inp)
     lo = bottleneck_lower_bound_s(inp, exact=True)
-    cap = math.inf if not inp.min_iters_per_s else stage_time_cap_s(inp, 1 / inp.min_iters_per_s)
+    # T >= m x (a stage's time) + rest (`stage_time_cap_s`, with this composition's rest)
+    cap = math.inf if not inp.min_iters_per_s else (1 / inp.min_iters_per_s - rest) / inp.m
     thetas = np.array(sorted(t for t in set(time_s.values()) if lo <= t <= cap))
     if thetas.size == 0:
-        return math.inf
+        return thetas, thetas, thetas
     price = {}
     for p in inp.pools:
         c = (p.gpu_type, p.tp)
@@ -1262,13 +1365,13 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
 
     r0 = dp(lambda i, n: stage_rate[i, n].min(axis=1))
     s0 = np.maximum(dp(lambda i, n: stage_time[i, n].min(axis=1)), np.maximum(thetas, sum_tau_lower_bound_s(inp)))
-    a = iteration_time_s(inp.m, 0.0, _links_lower_bound_s(inp), thetas, _sync_update_lower_bound_s(inp))
+    a = iteration_time_s(inp.m, 0.0, 0.0, thetas, rest)
     simple = r0 * (a + s0)
     with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
         coupled = dp(lambda i, n: (r0[:, None] * stage_time[i, n] + (a + s0)[:, None] * stage_rate[i, n]).min(axis=1)) \
             - r0 * s0
     out = np.where(np.isfinite(simple), np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
-    return float(np.min(out))
+    return thetas, out, np.where(np.isfinite(simple), a + s0, np.inf)
 
 
 

@@ -23,7 +23,8 @@ def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: s
     level, lb, target = step.level, step.lb, step.target
     inp = with_sync_table(inp, tables)  # the all-reduce times enter all
     if level < 2 or target is not None:
-        lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level >= 1, strongest=level == 2))
+        lb = max(lb, _tight_bound(inp, objective, min_its, target, exact=level >= 1, strongest=level == 2,
+                                  max_cost=max_cost))
     if level == 1 and step.dp_allowed and lb < float("inf") and (target is None or lb < target):
         return lb, _best_heuristic(inp, objective, max_cost, min_its), True
     return lb, None, False
@@ -50,16 +51,20 @@ def _order(step: _Step) -> tuple:
 
 
 def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None,
-                 exact: bool = True, strongest: bool = False) -> float:
+                 exact: bool = True, strongest: bool = False, max_cost: float | None = None) -> float:
     """The medium (`exact=False`: Hall counts, no DP) or strong (`exact=True`: dynamic programs over
     stages, `joint.stages_fit_dp`) bounds of one outer choice; +inf when it is infeasible by them.
     `target` (an objective value to rule out, e.g. from the incumbent) lets the search stop early.
     For min cost the time bound only has to rule out the minimum throughput; the strong time bound
     is skipped when the cost bounds alone reach the target (it costs more than they do).
-    `strongest` (max throughput, with a target): the replica-level DPs of the time bound too."""
+    `strongest` (max throughput, with a target): the replica-level DPs of the time bound too.
+    Max throughput under a budget `max_cost`: the strong bound also reads the stage times the
+    budget affords (`joint.budget_time_lower_bound_s`)."""
     floor_s = None if min_its is None else 1 / min_its
     if objective != "min_cost":
         t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest)
+        if max_cost is not None and exact and t_lb < float("inf") and (target is None or t_lb < target):
+            t_lb = max(t_lb, joint.budget_time_lower_bound_s(inp, max_cost))
         return float("inf") if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s) else t_lb
     t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
