@@ -17,7 +17,11 @@ bound keeps also get the stage-DP heuristic. The strong bound (`exact=True`: a d
 over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone and with a cap
 on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage
 times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`;
-for cost also `joint.cost_lower_bound_dp_usd`). Each (slowest stage, all-reduce + update) cell of the
+for cost also `joint.cost_lower_bound_dp_usd`; under a budget also the least time of the stage times
+it affords, `joint.budget_time_lower_bound_s`; in Sailor's composition also the stage DP on stage
+times that include each stage's own sends, `joint.sailor_send_aware_time_bound_s`). The cheap bound
+is the GPUs' work with each type at its speed (`joint.fluid_gpu_seconds_s`), per region or with a
+crossing between regions. Each (slowest stage, all-reduce + update) cell of the
 sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
 a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice that comes out at the
 head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
