@@ -167,9 +167,7 @@ class _Search:
         nodes: dict[tuple[str, str], list[Node]] = {}
         price: dict[tuple[str, str], float] = {}
         for n in self.inst.nodes:
-            if c.allowed_gpu_types is not None and n.gpu_type not in c.allowed_gpu_types:
-                continue
-            if c.allowed_zones is not None and n.zone not in c.allowed_zones:
+            if not c.allows(n.gpu_type, n.zone):
                 continue
             key = (n.gpu_type, n.region)
             nodes.setdefault(key, []).append(n)

@@ -187,6 +187,11 @@ class Constraints(BaseModel):
     allowed_gpu_types: list[str] | None = None
     allowed_zones: list[str] | None = None
 
+    def allows(self, gpu_type: str, zone: str) -> bool:
+        """Whether GPUs of `gpu_type` in `zone` may be used (allowed_gpu_types / allowed_zones; None: any)."""
+        return (self.allowed_gpu_types is None or gpu_type in self.allowed_gpu_types) and (
+            self.allowed_zones is None or zone in self.allowed_zones)
+
 
 class AvailabilityEvent(BaseModel):
     model_config = _STRICT

@@ -269,9 +269,7 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
     c = instance.constraints
     out: dict[tuple[str, str], tuple[int, int, float, str]] = {}
     for g in instance.cluster.node_groups:
-        if c.allowed_gpu_types is not None and g.gpu_type not in c.allowed_gpu_types:
-            continue
-        if c.allowed_zones is not None and g.zone not in c.allowed_zones:
+        if not c.allows(g.gpu_type, g.zone):
             continue
         key = (g.gpu_type, g.zone)
         n, per_node, price, region = out.get(key, (0, g.gpus_per_node, g.price_per_gpu_hour_usd, g.region_name))
