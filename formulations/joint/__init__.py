@@ -27,7 +27,7 @@ from hetplan.formulations.joint.inputs import (ULP_SLACK, COST_SCALE, TIME_UNITS
 from hetplan.formulations.joint.tables import (cache_export, cache_import, blocks_identical, block_counts,
     position, stage_units, stage_sum, time_classes, ends_forced)
 from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bound_s, sailor_transfer_floor_s,
-    fluid_gpu_seconds_s,
+    fluid_gpu_seconds_s, least_work_by_type,
     blocks_coverable, bottleneck_lower_bound_s, stages_fit_dp, time_lower_bound_tight_s,
     region_split_time_bound_s, in_region, sync_aware_time_bound_s, extra_lower_bound_s, sum_tau_lower_bound_s,
     capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s,
@@ -45,7 +45,8 @@ __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "Deadlin
            "NO_DEADLINE", "deadline_scope", "check_deadline", "Pool", "LinkCost", "JointInputs", "JointSolution",
            "cache_export", "cache_import", "blocks_identical", "block_counts", "position", "stage_units",
            "stage_sum", "time_classes", "ends_forced", "time_upper_bound_s", "time_lower_bound_s",
-           "sailor_transfer_floor_s", "fluid_gpu_seconds_s", "blocks_coverable", "bottleneck_lower_bound_s",
+           "sailor_transfer_floor_s", "fluid_gpu_seconds_s", "least_work_by_type", "blocks_coverable",
+           "bottleneck_lower_bound_s",
            "stages_fit_dp",
            "time_lower_bound_tight_s", "region_split_time_bound_s", "in_region", "sync_aware_time_bound_s",
            "extra_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "stage_time_cap_s",

@@ -114,14 +114,9 @@ def _fastest_work_s(inp: JointInputs) -> float:
 def _theta_work_bound_s(inp: JointInputs) -> float:
     """theta >= max(F / P, D x `fluid_gpu_seconds_s`) (see `time_lower_bound_s`): the GPU types'
     per-unit GPU-seconds (the least over their TP degrees), their GPUs available and max_gpus."""
-    def work_by_type(inp: JointInputs) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for k, p in enumerate(inp.pools):
-            row = [inp.step_s[k][l] * p.tp for l in range(inp.U)]
-            out[p.gpu_type] = [min(a, b) for a, b in zip(out[p.gpu_type], row)] if p.gpu_type in out else row
-        return out
-    per_replica = _shared_for(inp, "fluid_work", lambda inp: fluid_gpu_seconds_s(
-        work_by_type(inp), _gpus_per_type(inp), inp.max_gpus))
+    per_replica = _shared_for(inp, "fluid_work", lambda inp: fluid_gpu_seconds_s(least_work_by_type(
+        (p.gpu_type, [inp.step_s[k][l] * p.tp for l in range(inp.U)]) for k, p in enumerate(inp.pools)),
+        _gpus_per_type(inp), inp.max_gpus))
     return max(_fastest_work_s(inp) / inp.P, inp.D * per_replica)
 
 
@@ -152,6 +147,19 @@ def fluid_gpu_seconds_s(work_by_type: dict[str, list[float]], gpus: dict[str, in
         take = min(gpus.get(g, 0), left)
         rate, left = rate + take / whole[g], left - take
     return need / rate if rate > 0 else math.inf
+
+
+
+def least_work_by_type(rows) -> dict[str, list[float]]:
+    """GPU type -> per-unit least of the rows (gpu type, per-unit GPU-seconds of one of its TP
+    degrees or zones): the c[g][l] of `fluid_gpu_seconds_s`."""
+    out: dict[str, list[float]] = {}
+    for g, row in rows:
+        out[g] = [min(a, b) for a, b in zip(out[g], row)] if g in out else list(row)
+    return out
+
+
+
 def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
     """(seconds, bytes) stage position i adds on pool k besides its generic blocks: the embedding
     (and unit 1's difference from a generic block, only where it is lighter) on stage 0, the head

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
 from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
 from hetplan.formulations.joint.evaluation import objective_within_limits, solution_blocks
-from hetplan.formulations.joint.bounds import _gpus_per_type
+from hetplan.formulations.joint.bounds import _fastest_work_s, _gpus_per_type
 from hetplan.formulations.joint.composition import iteration_time_s, worker_bytes
 
 
@@ -18,10 +18,12 @@ def promise_s(inp: JointInputs) -> float:
     bound as it was before `fluid_gpu_seconds_s`, which made it a better bound and a worse ranking.
     It prefers many stages and small microbatches, which memory-bound models need; the fluid bound
     is B / b x the same GPU-seconds for every D and P and put b = 8, m = 2 first (measured,
-    large_5type_2k at --time-limit 10: the plan returned simulates at 1.742 s ranked by the bound, 1.611 s by this;
-    ranked by (m + P - 1) theta_w, 1.742 s too: it ignores memory and prefers few stages)."""
-    fastest = sum(min(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
-    gpu_work = sum(min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U))
+    large_5type_2k at --time-limit 10: the plan returned simulates at 1.742 s ranked by the bound,
+    1.611 s by this; ranked by (m + P - 1) theta_w, 1.742 s too: it ignores memory and prefers few
+    stages)."""
+    fastest = _fastest_work_s(inp)
+    gpu_work = _shared_for(inp, "gpu_work", lambda inp: sum(
+        min(inp.step_s[k][l] * inp.pools[k].tp for k in range(inp.K)) for l in range(inp.U)))
     gpus = sum(_gpus_per_type(inp).values())
     if inp.max_gpus is not None:
         gpus = min(gpus, inp.max_gpus)

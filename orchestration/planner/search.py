@@ -139,10 +139,7 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
         if B % b or not pools:
             continue
         units = range(tables.U)
-        work: dict[str, list[float]] = {}
-        for g, _, t, step in pools:
-            row = [t * step[l] for l in units]
-            work[g] = [min(a, c) for a, c in zip(work[g], row)] if g in work else row
+        work = joint.least_work_by_type((g, [t * step[l] for l in units]) for g, _, t, step in pools)
         per_b[b] = (sum(min(step[l] for *_, step in pools) for l in units),
                     joint.fluid_gpu_seconds_s(work, gpus, instance.constraints.max_gpus),
                     sum(min(rate * step[l] for _, rate, _, step in pools) for l in units),
