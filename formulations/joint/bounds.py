@@ -215,18 +215,27 @@ def _hall_counts(inp: JointInputs, tab: "_CoverableTables", caps: np.ndarray, le
     the budget; N(v) is the least such count over a set of prices (`_hall_prices`: the ratios of
     the TP degrees, where the dual's vertices lie). With one GPU type this is exact: the positions
     needing the fewest GPUs per replica. It needs no order among the positions (the ends, with
-    the embedding and the head, need not be more or less generous than the middle ones)."""
+    the embedding and the head, need not be more or less generous than the middle ones).
+    With one position (P = 1) the count is exact: 1 when the GPUs make D replicas at each type's
+    smallest eligible TP (`_replicas`, smallest TP first under max_gpus), which every price's
+    test accepts too, so it is never weaker."""
     D = inp.D
     types = list(tab.pools_of_type)
     eligible = caps[None, :, :] >= levels[:, None, None]  # (V, K, P)
     tp = np.stack([np.where(eligible[:, ks, :], tab.tp[ks][None, :, None].astype(float), np.inf).min(axis=1)
                    for ks in tab.pools_of_type.values()])  # (T, V, P): smallest eligible TP, inf if none
+    if tp.shape[2] == 1:
+        return np.array([int(_replicas(tab.gpus, {g: int(t) for g, t in zip(types, tp[:, v, 0]) if np.isfinite(t)},
+                                       inp.max_gpus) >= D) for v in range(tp.shape[1])])
     lams = _hall_prices(inp)  # (L, T + 1): a price per type, then one on every GPU (max_gpus)
     held = np.array([tab.gpus[g] for g in types] + [inp.max_gpus or 0], dtype=float)
     budget = lams @ held  # (L,)
     per_gpu = lams[:, :-1] + lams[:, -1:]  # (L, T)
-    finite = np.isfinite(tp)
-    w = np.where(finite[None], per_gpu[:, :, None, None] * np.where(finite, tp, 0.0)[None], np.inf).min(axis=1)
+    # positions share few TP columns: price each distinct column once (L x T x C, not L x T x V x P)
+    cols, where = np.unique(tp.reshape(tp.shape[0], -1), axis=1, return_inverse=True)
+    finite = np.isfinite(cols)
+    w_col = np.where(finite[None], per_gpu[:, :, None] * np.where(finite, cols, 0.0)[None], np.inf).min(axis=1)
+    w = w_col[:, where.reshape(-1)].reshape(lams.shape[0], tp.shape[1], tp.shape[2])
     cum = np.cumsum(np.sort(w, axis=2), axis=2)  # (L, V, P)
     fit = D * cum <= budget[:, None, None] * (1 + 1e-12)
     return fit.sum(axis=2).min(axis=0)
@@ -235,14 +244,15 @@ def _hall_counts(inp: JointInputs, tab: "_CoverableTables", caps: np.ndarray, le
 
 def _hall_prices(inp: JointInputs) -> np.ndarray:
     """Prices for `_hall_counts`: per type 0 or a ratio of two TP degrees (the first nonzero one
-    1), and a price on every GPU alone when max_gpus caps them (any prices give a valid count)."""
-    return _shared_for(inp, f"hall_prices:{inp.max_gpus}", _make_hall_prices)  # the pools and max_gpus
+    1), and a price on every GPU alone when max_gpus caps them (any prices give a valid count).
+    A function of the number of types, the TP degrees and max_gpus alone, so computed once for all."""
+    return _make_hall_prices(len({p.gpu_type for p in inp.pools}), tuple(sorted({p.tp for p in inp.pools})),
+                             inp.max_gpus is not None)
 
 
 
-def _make_hall_prices(inp: JointInputs) -> np.ndarray:
-    T = len({p.gpu_type for p in inp.pools})
-    tps = sorted({p.tp for p in inp.pools})
+@functools.lru_cache(maxsize=64)
+def _make_hall_prices(T: int, tps: tuple[int, ...], capped: bool) -> np.ndarray:
     ratios = sorted({a / b for a in tps for b in tps})
     rows = []
     for head in range(T):  # lam = (0, .., 0, 1, free ...)
@@ -250,9 +260,11 @@ def _make_hall_prices(inp: JointInputs) -> np.ndarray:
             if T - head - 1 else np.zeros((1, 0))
         for tail in tails:
             rows.append([0.0] * head + [1.0] + list(tail) + [0.0])
-    if inp.max_gpus is not None:
+    if capped:
         rows.append([0.0] * T + [1.0])
-    return np.array(rows)
+    prices = np.array(rows)
+    prices.setflags(write=False)  # shared by every caller
+    return prices
 
 
 
