@@ -635,3 +635,50 @@ def test_budget_bound_never_rules_out_a_plan_within_the_budget():
             lifted += got > _tight_bound(inp, "max_throughput", None, exact=True) * (1 + 1e-9)
             checked += truth < float("inf")
     assert checked >= 4 and lifted >= 2, (checked, lifted)
+
+
+def tiny_four_zones(objective="max_throughput"):
+    """Two regions of two zones each, one two-GPU node per zone: two stages of two replicas can each
+    span both zones of their region."""
+    return _tiny_instance("tiny-four-zones", [_node_group("a1", "A100-40", "r1-a", 3.0),
+                                              _node_group("a2", "A100-40", "r1-b", 3.0),
+                                              _node_group("v1", "V100-16", "r2-a", 1.0),
+                                              _node_group("v2", "V100-16", "r2-b", 1.0)], objective)
+
+
+def test_a_boundary_between_regions_takes_the_region_link_where_both_sides_span_zones():
+    """Every pair of replicas over a boundary between regions crosses them, so the model charges
+    c_region there (dz >= dr) even where both neighbouring stages span zones, and still no more
+    than the simulator does; the MILP, fixed to such a plan, agrees with `evaluate`."""
+    from hetplan.simulator import simulate
+
+    inst = tiny_four_zones()
+    checked = 0
+    for combo, inp in combos_of(inst, "max_throughput"):
+        if (combo.P, combo.D) != (2, 2):
+            continue
+        zone_pool = {}
+        for k, p in enumerate(inp.pools):
+            zone_pool.setdefault(p.zone, k)  # one pool (a TP degree) per zone
+        for cut in range(2, inp.U - 1):
+            reps = [[0] * inp.K for _ in range(2)]
+            for z, k in zone_pool.items():
+                reps[0 if z.startswith("r1") else 1][k] = 1
+            sol = joint.JointSolution(((0, cut), (cut, inp.U)), tuple(map(tuple, reps)), 0.0, 0.0)
+            if not all(joint.heuristics._stage_fits(inp, reps[i], i, *sol.ranges[i]) for i in range(2)):
+                continue
+            ev = joint.evaluate(inp, sol)
+            assert ev["span"] == [1, 1] and ev["dr"] == [1]
+            assert ev["c"][0] == pytest.approx(inp.p2p_s(inp.region), rel=1e-12)
+            assert ev["T"] <= simulate(inst, joint.to_plan(sol, inp)).iteration_time_s * (1 + 1e-9)
+            model = joint.build(inp, layers="blocks")
+            start = joint.warm_start(model, inp, sol)
+            for var, value in start.items():  # the plan (stages, replicas), not the boundary flags
+                if var.parent_component().name in ("x", "nb", "u", "z"):
+                    var.fix(value)
+            res = solve(model, backend="highs", options=SolveOptions(rel_gap=1e-9, time_limit_s=30))
+            assert res.status.value == "optimal"
+            assert joint.objective_value(inp, res.objective) == pytest.approx(ev["T"], rel=1e-6)
+            checked += 1
+    assert checked >= 1
+

@@ -68,11 +68,11 @@ def _holds_replicas(inp: JointInputs) -> bool:
 
 
 def _crossing_work_bound_s(inp: JointInputs) -> float:
-    """A plan with a boundary between regions: that boundary takes c = c_node + (c_zone - c_node) dz
-    + (c_region - c_zone) with dz in {0, 1} (0 where both neighbours span zones), every other one at
-    least c_node, and theta >= c / 2 (theta >= c_i / 2; in Sailor's composition too: milp.py).
-    T >= max(F, theta) + (m - 1) theta + sum_i c_i with theta >= the work bound as well."""
-    cross = min(boundary_s(inp, 0, 1), boundary_s(inp, 1, 1))
+    """A plan with a boundary between regions: that boundary takes c = c_region (dr = 1 forces dz = 1:
+    every pair crosses), every other one at least c_node, and theta >= c / 2 (theta >= c_i / 2; in
+    Sailor's composition too: milp.py). T >= max(F, theta) + (m - 1) theta + sum_i c_i with theta >=
+    the work bound as well."""
+    cross = boundary_s(inp, 1, 1)
     theta = max(_theta_work_bound_s(inp), cross / 2)
     links = (inp.P - 2) * _c_node_s(inp) + cross
     return iteration_time_s(inp.m, max(_fastest_work_s(inp), theta), links, theta, 0.0)

@@ -50,8 +50,9 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
     regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
     span = [1 if len(z) > 1 else 0 for z in zones]
-    dz = [1 if zones[i] != zones[i + 1] and not (span[i] and span[i + 1]) else 0 for i in range(inp.P - 1)]
     dr = [1 if regions[i] != regions[i + 1] else 0 for i in range(inp.P - 1)]
+    dz = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] and span[i + 1])) else 0
+          for i in range(inp.P - 1)]
     dz_all = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] or span[i + 1])) else 0
               for i in range(inp.P - 1)]
     c = [boundary_s(inp, dz[i], dr[i]) for i in range(inp.P - 1)]

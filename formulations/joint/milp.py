@@ -41,7 +41,8 @@ Constraints
   boundaries:  replicas pair up over a boundary (equal shares): a pair surely crosses zones where one
                side sits in one zone and the other has a replica elsewhere, every pair where both
                sides sit in one zone each (and in different regions):
-               dz[i] >= v[i,z] + v[i+1,z'] - 1 - span[i],  dz[i] >= v[i,z] + v[i+1,z'] - 1 - span[i+1]
+               dz[i] >= v[i,z] + v[i+1,z'] - 1 - span[i],  dz[i] >= v[i,z] + v[i+1,z'] - 1 - span[i+1],
+               dz[i] >= dr[i]
                dz_all[i] >= v[i,z] + v[i+1,z'] - 1 - span[i] - span[i+1],  dz_all[i] >= dr[i]  (z != z')
                dr[i] >= rho[i,r] + rho[i+1,r'] - 1 (r != r')
                c[i] = c_node + (c_zone - c_node) dz[i] + (c_region - c_zone) dr[i]
@@ -378,6 +379,9 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
     m.cross_region = pyo.Constraint(B, pairs_r or [("", "")], rule=lambda m, i, r1, r2: (
         m.dr[i] >= m.rho[i, r1] + m.rho[i + 1, r2] - 1) if r1 else pyo.Constraint.Skip)
     m.cross_region_all = pyo.Constraint(B, rule=lambda m, i: m.dz_all[i] >= m.dr[i])  # regions differ: every pair
+    # ... so the boundary takes c_region even where both sides span zones (the simulator's transfers
+    # all go over the region link there)
+    m.cross_region_time = pyo.Constraint(B, rule=lambda m, i: m.dz[i] >= m.dr[i])
     last = inp.P - 1
     m.ez = pyo.Var(domain=pyo.Binary)
     m.er = pyo.Var(domain=pyo.Binary)
