@@ -682,3 +682,41 @@ def test_a_boundary_between_regions_takes_the_region_link_where_both_sides_span_
             checked += 1
     assert checked >= 1
 
+
+
+def test_the_climb_ends_at_a_choice_no_neighbour_of_which_does_better() -> None:
+    """`_climb` (after the first heuristics): from the incumbent's outer choice, the heuristics on its
+    neighbours (P +- 1, b x 2 and / 2, D x 2 and / 2) that its cheap bound does not rule out, moving
+    to the first that does better. With runs to spare it stops at a choice whose every such
+    neighbour was tried and does no better, and its plan is what the heuristics give there."""
+    from hetplan.bundled import bundled_instance_path
+    from hetplan.instance import load_instance
+    from hetplan.orchestration.planner.steps import _best_heuristic
+    from hetplan.orchestration.planner.search import _climb, _neighbours, _prepare_one
+
+    inst = load_instance(bundled_instance_path("geo_2region_egress"))
+    est = build_estimators(inst)
+    opts = PlannerOptions()
+    tables, quotas = _Tables(inst, est), _quotas(inst, opts)
+    queue = [item for combo in enumerate_combos(inst, quotas, opts)
+             if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
+                                                opts.tp_choices), tuple)]
+    index = {item[5]: j for j, item in enumerate(queue)}
+    start = next(item for item in sorted(queue, key=lambda item: item[:5])
+                 if _best_heuristic(with_sync_table(item[6], tables), "max_throughput", None, None) is not None)
+    inp = with_sync_table(start[6], tables)
+    first = _best_heuristic(inp, "max_throughput", None, None)
+    greedies = {start[5]: (first, True)}
+    best = _climb(queue, tables, "max_throughput", None, None, greedies, (*first, inp), 1000, 0.01,
+                  lambda what, best: None)
+    here = Combo(best[2].P, best[2].b, best[2].D)
+    again = _best_heuristic(with_sync_table(queue[index[here]][6], tables), "max_throughput", None, None)
+    assert best[0] == pytest.approx(again[0], rel=1e-12) and best[0] <= first[0]
+    tried = 0
+    for near in _neighbours(here):
+        if near in index and queue[index[near]][0] < best[0] * 0.99:
+            found, with_dp = greedies[near]
+            assert with_dp and (found is None or found[0] >= best[0]), near
+            tried += 1
+    assert tried >= 1 and len(greedies) >= 2
+

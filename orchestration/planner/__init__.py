@@ -8,8 +8,10 @@ Search: best first with lazy bounds. Every outer choice enters a priority queue 
 lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
 the search, the heuristics (the greedy and the stage DP of `formulations/joint/stage_dp.py`)
 run on the choices with the least cheap bound, and on the most promising choice (least medium
-bound) of `heuristic_degrees` other data-parallel degrees; the best plan becomes the incumbent
-(`_first_incumbent`): the strong bounds then only have to rule out a target. The choice at the
+bound) of `heuristic_degrees` other data-parallel degrees; from the best plan's choice a local
+search (`_climb`) tries the neighbouring choices (P +- 1, b and D doubled or halved) and moves to
+the first that does better; the best plan becomes the incumbent (`_first_incumbent`): the strong
+bounds then only have to rule out a target. The choice at the
 head is refined twice, going back in the queue each time: first with the medium bound
 (`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a
 few milliseconds), then with the strong bound; the first `heuristic_choices` choices the strong
