@@ -720,3 +720,33 @@ def test_the_climb_ends_at_a_choice_no_neighbour_of_which_does_better() -> None:
             tried += 1
     assert tried >= 1 and len(greedies) >= 2
 
+
+
+def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
+    """`_extra_cells` splits the plans by their largest all-reduce + update: on every choice the
+    cost and budget bounds stay below enumeration, and on some they are strictly above the same
+    bounds with one cell (no lift)."""
+    from hetplan.formulations.joint import bounds
+
+    def figures(make, objective, max_cost=None):
+        return [(combo, joint.cost_lower_bound_dp_usd(inp),
+                 joint.budget_time_lower_bound_s(inp, max_cost) if max_cost else None, inp)
+                for combo, inp in combos_of(make(objective), objective, max_cost=max_cost)]
+
+    checked = lifted = 0
+    for make in (tiny, tiny_regions):
+        costs = [brute_force(inp, "cost", "blocks") for _, inp in combos_of(make(), "max_throughput")]
+        budget = sorted(c for c in costs if c < float("inf"))[len(costs) // 3]
+        cells = figures(make, "max_throughput", budget)
+        with monkeypatch.context() as patch:
+            patch.setattr(bounds, "_extra_cells", lambda inp, least, fits, sync_update, count=4:
+                          [(sync_update, math.inf)])
+            one = figures(make, "max_throughput", budget)
+        for (combo, cost, t_budget, inp), (_, cost1, t_budget1, _) in zip(cells, one):
+            assert cost <= brute_force(inp, "cost", "blocks") * (1 + 1e-9), combo
+            assert t_budget <= brute_force(inp, "T", "blocks") * (1 + 1e-9), combo
+            assert cost >= cost1 * (1 - 1e-12) and t_budget >= t_budget1 * (1 - 1e-12), combo
+            lifted += cost > cost1 * (1 + 1e-9) or t_budget > t_budget1 * (1 + 1e-9)
+            checked += 1
+    assert checked >= 8 and lifted >= 8, (checked, lifted)
+

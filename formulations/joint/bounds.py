@@ -1339,18 +1339,31 @@ def _per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(theta, cost bound, time bound A + S0) per cell of the plans' largest all-reduce + update
+    (`_extra_cells`) and candidate slowest stage time theta. A plan whose stages' least extras
+    (`_ClassTables`: the least of in one zone and spanning) all lie below a cell's cap and reach its
+    floor uses only classes below the cap on every stage and has sigma + mu >= the floor; the
+    cells cover every plan, so the least over (cell, theta) bounds every plan (measured: Sailor's
+    A100 x 128, OPT-350M under 0.3 USD, P3 b2 D32: a plan that cheap has TP 1 on every stage,
+    whose all-reduce is slow; the budget bound went from 2.68 s to none). Per cell and theta,
+    dynamic programs over stages give R0, the least rate of stages of D replicas of allowed
+    classes within theta, S0 their least sum of stage times, and the coupled bound
+    (`cost_lower_bound_dp_usd`); all cells and thetas in one array, so each DP runs once."""
     time_s, fits = _class_figures(inp)
     rest = _rest_lower_bound_s(inp)
+    tab, lay = _class_tables(inp), _pair_layout(inp)
     if inp.sailor and inp.P > 1:  # a stage's sends join its time; sum p takes the boundaries' place
-        tab, lay = _class_tables(inp), _pair_layout(inp)
         with_sends = _sailor_stage_times_s(inp)
         time_s = {(c, i, n): float(with_sends[ci, j]) for ci, c in enumerate(tab.classes)
                   for j, (i, n) in enumerate(lay.pairs)}
         rest = _sync_update_lower_bound_s(inp)
+    least_extra = dict(zip(tab.keys, np.minimum(tab.extra_in_s, tab.extra_span_s).ravel().tolist()))
+    sync_update = _sync_update_lower_bound_s(inp)
+    cells = _extra_cells(inp, least_extra, fits, sync_update)
     lo = bottleneck_lower_bound_s(inp, exact=True)
     # T >= m x (a stage's time) + rest (`stage_time_cap_s`, with this composition's rest)
-    cap = math.inf if not inp.min_iters_per_s else (1 / inp.min_iters_per_s - rest) / inp.m
-    thetas = np.array(sorted(t for t in set(time_s.values()) if lo <= t <= cap))
+    top = math.inf if not inp.min_iters_per_s else (1 / inp.min_iters_per_s - rest) / inp.m
+    thetas = np.unique([t for key, t in time_s.items() if fits[key] and lo <= t <= top])
     if thetas.size == 0:
         return thetas, thetas, thetas
     price = {}
@@ -1358,40 +1371,67 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
         c = (p.gpu_type, p.tp)
         price[c] = min(price.get(c, math.inf), replica_rate_usd_per_s(p))
     classes = sorted(price)
-    L = inp.U - 2
     r = np.array([inp.D * price[c] for c in classes])  # USD/s of D replicas per class
-    # per (stage, count): (theta, class r) -> time of r within theta, and the least rate of classes no slower
-    stage_time, stage_rate = {}, {}
-    for i in range(inp.P):
-        for n in block_counts(inp, i):
-            t = np.array([time_s[c, i, n] if fits[c, i, n] else math.inf for c in classes])
-            ok = t[None, :] <= thetas[:, None]  # (theta, class)
-            stage_time[i, n] = np.where(ok, t[None, :], math.inf)
-            # cheapest replica among classes no slower than r (and within theta, as r is)
-            no_slower = t[None, :] <= t[:, None]  # [r, c]
-            cheapest = np.where(no_slower, r[None, :], math.inf).min(axis=1)
-            stage_rate[i, n] = np.where(ok, cheapest[None, :], math.inf)
-
-    def dp(weight) -> np.ndarray:  # least sum over stages of weight(i, n) (theta,) holding L blocks
-        best = np.full((thetas.size, L + 1), np.inf)
-        best[:, 0] = 0.0
-        for i in range(inp.P):
-            check_deadline()
-            new = np.full_like(best, np.inf)
-            for n in block_counts(inp, i):
-                np.minimum(new[:, n:], best[:, :L + 1 - n] + weight(i, n)[:, None], out=new[:, n:])
-            best = new
-        return best[:, L]
-
-    r0 = dp(lambda i, n: stage_rate[i, n].min(axis=1))
-    s0 = np.maximum(dp(lambda i, n: stage_time[i, n].min(axis=1)), np.maximum(thetas, sum_tau_lower_bound_s(inp)))
-    a = iteration_time_s(inp.m, 0.0, 0.0, thetas, rest)
+    keys = [[(c, i, n) for c in classes] for i, n in lay.pairs]
+    times = np.array([[time_s[key] if fits[key] else math.inf for key in row] for row in keys])  # (M, C)
+    extras = np.array([[least_extra[key] for key in row] for row in keys])
+    # (cell, M, C): a class serves a pair in a cell only below its cap; the cells' thetas side by side
+    t = np.stack([np.where(extras < cap, times, math.inf) for _, cap in cells])
+    theta = np.tile(thetas, len(cells))  # (K x theta,)
+    rests = np.repeat([rest + max(0.0, floor - sync_update) for floor, _ in cells], thetas.size)
+    # per pair and class: the cheapest replica among classes no slower (within theta, as it is)
+    cheapest = np.where(t[:, :, None, :] <= t[:, :, :, None], r, math.inf).min(axis=3)  # (K, M, C)
+    ok = t[:, :, None, :] <= thetas[None, None, :, None]  # (K, M, theta, C)
+    stage_time = np.where(ok, t[:, :, None, :], math.inf).transpose(1, 0, 2, 3).reshape(len(lay.pairs), theta.size, -1)
+    stage_rate = np.where(ok, cheapest[:, :, None, :], math.inf).transpose(1, 0, 2, 3).reshape(len(lay.pairs),
+                                                                                               theta.size, -1)
+    r0 = _pairs_dp(inp, stage_rate.min(axis=2))
+    s0 = np.maximum(_pairs_dp(inp, stage_time.min(axis=2)), np.maximum(theta, sum_tau_lower_bound_s(inp)))
+    a = iteration_time_s(inp.m, 0.0, 0.0, theta, rests)
     simple = r0 * (a + s0)
     with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
-        coupled = dp(lambda i, n: (r0[:, None] * stage_time[i, n] + (a + s0)[:, None] * stage_rate[i, n]).min(axis=1)) \
+        coupled = _pairs_dp(inp, (r0[None, :, None] * stage_time + (a + s0)[None, :, None] * stage_rate).min(axis=2)) \
             - r0 * s0
-    out = np.where(np.isfinite(simple), np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
-    return thetas, out, np.where(np.isfinite(simple), a + s0, np.inf)
+    # a cell's thetas are its own classes' stage times (another cell's may lie where none of its
+    # plans has its slowest stage, e.g. below `lo` for all it allows there)
+    # and T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`)
+    own = np.concatenate([np.isin(thetas, t[k][np.isfinite(t[k])]) for k in range(len(cells))]) & np.isfinite(simple)
+    if inp.min_iters_per_s:
+        own &= theta <= (1 / inp.min_iters_per_s - rests) / inp.m
+    out = np.where(own, np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
+    return theta, out, np.where(own, a + s0, np.inf)
+
+
+
+def _extra_cells(inp: JointInputs, least_extra: dict, fits: dict, sync_update: float,
+                 count: int = 4) -> list[tuple[float, float]]:
+    """(floor, cap) cells of a plan's largest least extra E over its stages: [-inf, g_1) with no
+    floor beyond `sync_update` (sigma + mu >= it anyway), [g_j, g_j+1), ..., [g_q, inf), the g_j
+    spread over the extras the fitting (class, stage, blocks) triples take above `sync_update`."""
+    values = np.unique([e for key, e in least_extra.items() if fits[key] and sync_update < e < math.inf])
+    if inp.m <= 1 or values.size == 0:
+        return [(sync_update, math.inf)]
+    grid = np.unique(values[np.linspace(0, values.size - 1, min(count, values.size)).round().astype(int)])
+    floors = [sync_update] + grid.tolist()
+    caps = grid.tolist() + [math.inf]
+    return list(zip(floors, caps))
+
+
+
+def _pairs_dp(inp: JointInputs, weight: np.ndarray) -> np.ndarray:
+    """The least sum over the P stages of weight[(i, n), theta] (rows in `_pair_layout` order) over
+    the block counts n_i that hold the L blocks, per theta."""
+    L = inp.U - 2
+    best = np.full((weight.shape[1], L + 1), np.inf)
+    best[:, 0] = 0.0
+    rows = iter(range(weight.shape[0]))
+    for i in range(inp.P):
+        check_deadline()
+        new = np.full_like(best, np.inf)
+        for n in block_counts(inp, i):
+            np.minimum(new[:, n:], best[:, :L + 1 - n] + weight[next(rows)][:, None], out=new[:, n:])
+        best = new
+    return best[:, L]
 
 
 
