@@ -48,11 +48,10 @@ def tiny_regions(objective="max_throughput"):
                                            _node_group("v", "V100-16", "r2-a", 1.0)], objective)
 
 
-def brute_force(inp: joint.JointInputs, key, layers: str = "staircase") -> float:
-    """Every contiguous split x every multiset of D pools per stage, scored by the model's own formula
-    (`key`: a name in `joint.evaluate`'s figures, or a function of them).
+def all_plans(inp: joint.JointInputs, layers: str = "staircase"):
+    """Every contiguous split x every multiset of D pools per stage within the quotas, memory, one
+    region per stage and the budget: (solution, the model's figures `joint.evaluate`).
     layers="blocks": only splits of the compact form (stage 0 holds at least one block)."""
-    best = float("inf")
     for cuts in itertools.combinations(range(1, inp.U), inp.P - 1):
         if layers == "blocks" and cuts and cuts[0] < 2:
             continue
@@ -74,11 +73,17 @@ def brute_force(inp: joint.JointInputs, key, layers: str = "staircase") -> float
             regions = [{inp.pools[k].region for k in range(inp.K) if reps[i][k]} for i in range(inp.P)]
             if any(len(r) > 1 for r in regions):
                 continue
-            ev = joint.evaluate(inp, joint.JointSolution(ranges, reps, 0.0, 0.0))
+            sol = joint.JointSolution(ranges, reps, 0.0, 0.0)
+            ev = joint.evaluate(inp, sol)
             if inp.max_cost_usd is not None and ev["cost"] > inp.max_cost_usd:
                 continue
-            best = min(best, key(ev) if callable(key) else ev[key])
-    return best
+            yield sol, ev
+
+
+def brute_force(inp: joint.JointInputs, key, layers: str = "staircase") -> float:
+    """The least of `key` over `all_plans` (a name in `joint.evaluate`'s figures, or a function of
+    them)."""
+    return min((key(ev) if callable(key) else ev[key] for _, ev in all_plans(inp, layers)), default=float("inf"))
 
 
 def combos_of(inst, objective, max_cost=None):
@@ -750,3 +755,40 @@ def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
             checked += 1
     assert checked >= 8 and lifted >= 8, (checked, lifted)
 
+
+
+def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
+    """Sailor's composition on tiny and tiny_regions (send floors by TP): every plan's largest
+    all-reduce + update table value s (`_ClassTables`, of each stage's classes and placement) puts
+    it in one cell of `_send_aware_cells`, within that cell's cap, and the cell's bound is below
+    its T; some cell above the first must hold plans, or the floors would not be exercised."""
+    from hetplan.formulations.joint import bounds
+
+    checked = high = 0
+    for make in (tiny, tiny_regions):
+        for combo, base in combos_of(make(), "max_throughput"):
+            if combo.P < 2:
+                continue
+            inp = dataclasses.replace(base, composition="sailor",
+                                      send_floor_s=tuple(0.002 * (1 + p.tp % 2) for p in base.pools))
+            tab = bounds._class_tables(inp)
+            extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
+            times = bounds._sailor_stage_times_s(inp)
+            cands = sorted(set(times[np.isfinite(times)].tolist()))
+            sync_update = bounds._sync_update_lower_bound_s(inp)
+            transfers = bounds._links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * bounds._sailor_send_floor_s(inp)
+            cells = bounds._send_aware_cell_bounds(inp, times, cands, bounds.sum_tau_lower_bound_s(inp), sync_update,
+                                                   transfers, None)
+            for sol, ev in all_plans(inp, "blocks"):
+                s = 0.0
+                for i, (a, b) in enumerate(sol.ranges):
+                    n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
+                    table = extra_span if ev["span"][i] else extra_in
+                    s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
+                j = max(j for j, (floor, _, _) in enumerate(cells) if j == 0 or floor <= s)
+                floor, cap, bound = cells[j]
+                assert s <= cap, (combo, s, cells)
+                assert bound <= ev["T"] * (1 + 1e-9), (combo, j, bound, ev["T"])
+                high += j > 0
+                checked += 1
+    assert checked >= 100 and high >= 10, (checked, high)

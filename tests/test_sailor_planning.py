@@ -145,3 +145,40 @@ def test_warm_start_sets_every_variable_of_sailors_model() -> None:
     assert hasattr(m, "A") and start is not None
     missing = [v.name for v in m.component_data_objects(pyo.Var) if v not in start]
     assert not missing, missing[:5]
+
+
+def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(monkeypatch) -> None:
+    """`sailor_send_aware_time_bound_s` per cell of the plans' largest all-reduce + update
+    (`_send_aware_cells`): below the MILP optimum of every outer choice tried (the model is what
+    the bound bounds), and strictly above the bound with one cell on some of them."""
+    from hetplan.formulations.joint import bounds
+    from hetplan.orchestration.planner import Combo, joint_inputs, with_sync_table
+    from hetplan.orchestration.planner.inputs import _quotas, _Tables
+    from hetplan.solvers import SolveOptions, solve
+
+    inst = sailor_instance("one_zone")
+    est, opts = build_estimators(inst), PlannerOptions()
+    tables, quotas = _Tables(inst, est), _quotas(inst, opts)
+
+    def inputs(combo):
+        return with_sync_table(joint_inputs(inst, tables, quotas, combo, "max_throughput", None, None,
+                                            opts.tp_choices), tables)
+
+    checked = lifted = 0
+    for P, b, D in itertools.product((2, 3, 4), (1, 2), (2, 4)):
+        inp = inputs(Combo(P, b, D))
+        if inp is None or not joint.blocks_identical(inp):
+            continue
+        got = joint.sailor_send_aware_time_bound_s(inp)
+        res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-9, time_limit_s=60))
+        if res.status.value == "infeasible":
+            continue
+        assert res.status.value == "optimal", (P, b, D, res.status)
+        assert got <= joint.objective_value(inp, res.objective) * (1 + REL), (P, b, D)
+        with monkeypatch.context() as patch:
+            patch.setattr(bounds, "_send_aware_cells", lambda inp, sync_update, count=4: [(sync_update, math.inf)])
+            one = joint.sailor_send_aware_time_bound_s(inputs(Combo(P, b, D)))
+        assert got >= one * (1 - REL)
+        lifted += got > one * (1 + 1e-9)
+        checked += 1
+    assert checked >= 6 and lifted >= 1, (checked, lifted)

@@ -683,21 +683,57 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    fits = lambda t: stages_fit_dp(inp, t, times_s=times)  # noqa: E731
+    return min(bound for _, _, bound in _send_aware_cell_bounds(inp, times, cands, sum_tau, sync_update, transfers,
+                                                                   target_s))
+
+
+
+def _send_aware_cell_bounds(inp: JointInputs, times: np.ndarray, cands: list[float], sum_tau: float,
+                            sync_update: float, transfers: float, target_s: float | None) -> list[tuple]:
+    """(floor, cap, bound on T of the plans of that cell) for each cell of `_send_aware_cells`."""
+    return [(floor, cap, _send_aware_cell_s(inp, times, cands, cap, max(sync_update, floor), sum_tau, transfers,
+                                            target_s)) for floor, cap in _send_aware_cells(inp, sync_update)]
+
+
+
+def _send_aware_cells(inp: JointInputs, sync_update: float, count: int = 4) -> list[tuple[float, float]]:
+    """(floor, cap) cells of a plan's largest extra s (`_ClassTables.extra_in_s` or `extra_span_s`
+    of each stage's class and placement: sigma + mu >= s): the plans with s in [g_j, g_j+1) fit
+    `stages_fit_dp` with the cap g'_j (the largest extra value below g_j+1) and have sigma + mu >=
+    g_j; the first cell starts at -inf (floor `sync_update`), the last has no cap."""
+    tab = _class_tables(inp)
+    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
+    caps = caps[np.isfinite(caps)]
+    values = caps[caps > sync_update]
+    if inp.m <= 1 or values.size == 0:
+        return [(sync_update, math.inf)]
+    grid = np.unique(values[np.linspace(0, values.size - 1, min(count, values.size)).round().astype(int)]).tolist()
+    below = [float(caps[np.searchsorted(caps, g) - 1]) for g in grid]  # the largest extra < g (caps[0] <= sync_update < g)
+    return list(zip([sync_update] + grid, below + [math.inf]))
+
+
+
+def _send_aware_cell_s(inp: JointInputs, times: np.ndarray, cands: list[float], cap: float, rest: float,
+                       sum_tau: float, transfers: float, target_s: float | None) -> float:
+    """T >= sum tau + transfers + (m - 1) theta + rest over the plans whose every extra is within
+    `cap`, theta the least stage time at which `stages_fit_dp` fits them with the per-class stage
+    times `times` (`sailor_send_aware_time_bound_s`); with `target_s`, the first time that rules
+    it out."""
+    fits = lambda t: stages_fit_dp(inp, t, cap, times_s=times)  # noqa: E731
     hi = len(cands) - 1
     if target_s is not None and inp.m > 1:
-        need = theta_for_time_s(inp.m, target_s, sum_tau, transfers, sync_update)
+        need = theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)
         below = bisect.bisect_left(cands, need) - 1  # the last candidate that would beat the target
         if below < 0:
-            return iteration_time_s(inp.m, sum_tau, transfers, cands[0], sync_update)
+            return iteration_time_s(inp.m, sum_tau, transfers, cands[0], rest)
         if not fits(cands[below]):
             theta = cands[below + 1] if below + 1 < len(cands) else math.inf
-            return iteration_time_s(inp.m, sum_tau, transfers, theta, sync_update)
+            return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
         hi = below
     elif not fits(cands[hi]):
         return math.inf
     theta = cands[_first_true_from(fits, cands, 0, hi)]
-    return iteration_time_s(inp.m, sum_tau, transfers, theta, sync_update)
+    return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
 
 
 
