@@ -20,7 +20,7 @@ over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone
 on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage
 times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`;
 for cost also `joint.cost_lower_bound_dp_usd`; under a budget also the least time of the stage times
-it affords, `joint.budget_time_lower_bound_s`; in Sailor's composition also the stage DP on stage
+it affords, `joint.budget_time_lower_bound_s`, both per cell of the plans' largest all-reduce + update; in Sailor's composition also the stage DP on stage
 times that include each stage's own sends, `joint.sailor_send_aware_time_bound_s`). The cheap bound
 is the GPUs' work with each type at its speed (`joint.fluid_gpu_seconds_s`), per region or with a
 crossing between regions. Each (slowest stage, all-reduce + update) cell of the
