@@ -567,16 +567,12 @@ def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
     assert checked >= 12 and tighter >= 3, (checked, tighter)
 
 
-def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_best() -> None:
-    """`_dive` (after a MILP stopped at its limit with no plan): the heuristics on the `count`
-    queued choices of least bound, each scored by the simulator; the search's plan becomes the best
-    of them, which an independent run of the same heuristics on the same choices confirms."""
+def _geo_queue():
+    """(instance, estimators, tables, the search's queue items) of the bundled geo_2region_egress
+    for max throughput, every outer choice with its cheap bound."""
     from hetplan.bundled import bundled_instance_path
     from hetplan.instance import load_instance
-    from hetplan.orchestration.planner import with_sync_table
-    from hetplan.orchestration.planner.steps import _best_heuristic
-    from hetplan.orchestration.planner.search import _dive, _Outcome, _prepare_one, _Scorer
-    from hetplan.simulator import simulate
+    from hetplan.orchestration.planner.search import _prepare_one
 
     inst = load_instance(bundled_instance_path("geo_2region_egress"))
     est = build_estimators(inst)
@@ -585,6 +581,19 @@ def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_bes
     queue = [item for combo in enumerate_combos(inst, quotas, opts)
              if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
                                                 opts.tp_choices), tuple)]
+    return inst, est, tables, queue
+
+
+def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_best() -> None:
+    """`_dive` (after a MILP stopped at its limit with no plan): the heuristics on the `count`
+    queued choices of least bound, each scored by the simulator; the search's plan becomes the best
+    of them, which an independent run of the same heuristics on the same choices confirms."""
+    from hetplan.orchestration.planner import with_sync_table
+    from hetplan.orchestration.planner.steps import _best_heuristic
+    from hetplan.orchestration.planner.search import _dive, _Outcome, _Scorer
+    from hetplan.simulator import simulate
+
+    inst, est, tables, queue = _geo_queue()
     out, greedies = _Outcome([], _Scorer(inst, est, "max_throughput", None, None)), {}
     _dive(queue, tables, "max_throughput", None, None, greedies, 3, out, 60.0)
     first = [item[5] for item in sorted(queue, key=lambda item: item[:5])[:3]]
@@ -694,18 +703,10 @@ def test_the_climb_ends_at_a_choice_no_neighbour_of_which_does_better() -> None:
     neighbours (P +- 1, b x 2 and / 2, D x 2 and / 2) that its cheap bound does not rule out, moving
     to the first that does better. With runs to spare it stops at a choice whose every such
     neighbour was tried and does no better, and its plan is what the heuristics give there."""
-    from hetplan.bundled import bundled_instance_path
-    from hetplan.instance import load_instance
     from hetplan.orchestration.planner.steps import _best_heuristic
-    from hetplan.orchestration.planner.search import _climb, _neighbours, _prepare_one
+    from hetplan.orchestration.planner.search import _climb, _neighbours
 
-    inst = load_instance(bundled_instance_path("geo_2region_egress"))
-    est = build_estimators(inst)
-    opts = PlannerOptions()
-    tables, quotas = _Tables(inst, est), _quotas(inst, opts)
-    queue = [item for combo in enumerate_combos(inst, quotas, opts)
-             if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
-                                                opts.tp_choices), tuple)]
+    _, _, tables, queue = _geo_queue()
     index = {item[5]: j for j, item in enumerate(queue)}
     start = next(item for item in sorted(queue, key=lambda item: item[:5])
                  if _best_heuristic(with_sync_table(item[6], tables), "max_throughput", None, None) is not None)
