@@ -1418,16 +1418,23 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     # per pair and class: the cheapest replica among classes no slower (within theta, as it is)
     cheapest = np.where(t[:, :, None, :] <= t[:, :, :, None], r, math.inf).min(axis=3)  # (K, M, C)
     ok = t[:, :, None, :] <= thetas[None, None, :, None]  # (K, M, theta, C)
-    stage_time = np.where(ok, t[:, :, None, :], math.inf).transpose(1, 0, 2, 3).reshape(len(lay.pairs), theta.size, -1)
-    stage_rate = np.where(ok, cheapest[:, :, None, :], math.inf).transpose(1, 0, 2, 3).reshape(len(lay.pairs),
-                                                                                               theta.size, -1)
-    r0 = _pairs_dp(inp, stage_rate.min(axis=2))
-    s0 = np.maximum(_pairs_dp(inp, stage_time.min(axis=2)), np.maximum(theta, sum_tau_lower_bound_s(inp)))
+    # per (cell, pair, theta): the least stage time and the least rate of the classes within theta
+    # (the least rate over the classes no slower than one within theta is their least rate)
+    least_t = t.min(axis=2)[:, :, None]
+    stage_time = np.where(least_t <= thetas, least_t, math.inf)
+    order = np.argsort(t, axis=2, kind="stable")
+    rate_upto = np.minimum.accumulate(np.take_along_axis(np.broadcast_to(r, t.shape), order, axis=2), axis=2)
+    within = ok.sum(axis=3)  # how many classes run within theta: the first ones in `order`
+    stage_rate = np.where(within > 0, np.take_along_axis(rate_upto, np.maximum(within - 1, 0), axis=2), math.inf)
+    pairs = lambda x: x.transpose(1, 0, 2).reshape(len(lay.pairs), theta.size)  # noqa: E731  (K, M, theta) -> (M, K theta)
+    r0 = _pairs_dp(inp, pairs(stage_rate))
+    s0 = np.maximum(_pairs_dp(inp, pairs(stage_time)), np.maximum(theta, sum_tau_lower_bound_s(inp)))
     a = iteration_time_s(inp.m, 0.0, 0.0, theta, rests)
     simple = r0 * (a + s0)
+    per_cell = lambda x: x.reshape(len(cells), 1, thetas.size, 1)  # noqa: E731  (K theta,) -> broadcast
     with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
-        coupled = _pairs_dp(inp, (r0[None, :, None] * stage_time + (a + s0)[None, :, None] * stage_rate).min(axis=2)) \
-            - r0 * s0
+        joint_w = np.where(ok, per_cell(r0) * t[:, :, None, :] + per_cell(a + s0) * cheapest[:, :, None, :], math.inf)
+        coupled = _pairs_dp(inp, pairs(joint_w.min(axis=3))) - r0 * s0
     # a cell's thetas are its own classes' stage times (another cell's may lie where none of its
     # plans has its slowest stage, e.g. below `lo` for all it allows there)
     # and T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`)
