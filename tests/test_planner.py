@@ -793,3 +793,18 @@ def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
                 high += j > 0
                 checked += 1
     assert checked >= 100 and high >= 10, (checked, high)
+
+
+def test_a_milp_stopped_without_a_plan_lends_its_dual_bound_up_to_the_cutoff():
+    """`_unsolved_bound`: the plans of a choice within the cutoff have at least the MILP's dual bound,
+    the others more than the cutoff: max(lb, min(dual, cutoff)), hand-computed (the dual in the
+    solver's units, seconds x `TIME_UNITS_PER_S`)."""
+    from hetplan.formulations.joint.milp import TIME_UNITS_PER_S
+    from hetplan.orchestration.planner.search import _unsolved_bound
+
+    inp = next(inp for _, inp in combos_of(tiny(), "max_throughput"))
+    assert _unsolved_bound(inp, 1.0, None, 2.0) == 1.0
+    assert _unsolved_bound(inp, 1.0, 1.5 * TIME_UNITS_PER_S, 2.0) == pytest.approx(1.5)
+    assert _unsolved_bound(inp, 1.0, 3.0 * TIME_UNITS_PER_S, 2.0) == 2.0  # past the cutoff: the cutoff
+    assert _unsolved_bound(inp, 1.0, 3.0 * TIME_UNITS_PER_S, None) == pytest.approx(3.0)
+    assert _unsolved_bound(inp, 1.0, 0.5 * TIME_UNITS_PER_S, 2.0) == 1.0
