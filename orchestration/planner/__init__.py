@@ -77,7 +77,8 @@ stopped before the exception leaves `plan()`; the helper itself ignores SIGINT (
 whole process group), dies at SIGTERM without a traceback and dies with the main process.
 
 Reported bound: min over (the incumbent, the dual bounds of choices stopped by a limit or solved
-within the MILP's own gap, the lower bounds of choices never solved or pruned within the gap).
+within the MILP's own gap (one stopped with no plan: its dual bound up to the cutoff, if above its
+lower bound), the lower bounds of choices never solved or pruned within the gap).
 This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
 same D on every stage, per-stage DP traffic inside one region and, where the blocks are identical
 (the compact form of `formulations/joint/milp.py`), at least one block on the first stage.
