@@ -586,25 +586,31 @@ def _geo_queue():
 
 def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_best() -> None:
     """`_dive` (after a MILP stopped at its limit with no plan): the heuristics on the `count`
-    queued choices of least bound, each scored by the simulator; the search's plan becomes the best
-    of them, which an independent run of the same heuristics on the same choices confirms."""
+    queued choices of least bound, then, having found a new incumbent, on the neighbours the local
+    search (`_climb`) reaches from it, at most DIVE_CLIMB_RUNS of them; each plan is scored by the
+    simulator and the search's plan becomes the best of them, which an independent run of the same
+    heuristics on the same choices confirms."""
     from hetplan.orchestration.planner import with_sync_table
     from hetplan.orchestration.planner.steps import _best_heuristic
-    from hetplan.orchestration.planner.search import _dive, _Outcome, _Scorer
+    from hetplan.orchestration.planner.search import DIVE_CLIMB_RUNS, _dive, _neighbours, _Outcome, _Scorer
     from hetplan.simulator import simulate
 
     inst, est, tables, queue = _geo_queue()
     out, greedies = _Outcome([], _Scorer(inst, est, "max_throughput", None, None)), {}
     _dive(queue, tables, "max_throughput", None, None, greedies, 3, out, 60.0)
     first = [item[5] for item in sorted(queue, key=lambda item: item[:5])[:3]]
-    assert sorted(greedies, key=first.index) == first and all(dp for _, dp in greedies.values())
+    tried = list(greedies)
+    assert tried[:3] == first and all(dp for _, dp in greedies.values())
+    assert 3 < len(tried) <= 3 + DIVE_CLIMB_RUNS  # the climb ran, within its runs
+    assert all(any(c in _neighbours(e) for e in tried[:j]) for j, c in enumerate(tried) if j >= 3)
     best = None
-    for item in sorted(queue, key=lambda item: item[:5])[:3]:
-        inp = with_sync_table(item[6], tables)
-        found = _best_heuristic(inp, "max_throughput", None, None)
-        if found is not None:
-            t = simulate(inst, joint.to_plan(found[1], inp)).iteration_time_s
-            best = t if best is None else min(best, t)
+    for item in queue:
+        if item[5] in greedies:
+            inp = with_sync_table(item[6], tables)
+            found = _best_heuristic(inp, "max_throughput", None, None)
+            if found is not None:
+                t = simulate(inst, joint.to_plan(found[1], inp)).iteration_time_s
+                best = t if best is None else min(best, t)
     assert best is not None and out.best is not None
     assert out.best[0] == pytest.approx(best, rel=1e-12)
 

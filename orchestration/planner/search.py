@@ -36,6 +36,10 @@ PREPARE_SHARE = 0.6  # the outer choices' inputs and cheap bounds may take this 
 
 
 
+DIVE_CLIMB_RUNS = 4  # heuristic runs of the local search (`_climb`) from a plan a dive found
+
+
+
 RESCUE_S = 0.25  # no plan at the deadline: the greedy looks for one this long, or a quarter of the limit if less
 
 
@@ -802,6 +806,7 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
     plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with
     bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5 b1 D64, whose heuristic plan
     simulates at 1.756 s against the 1.779 s returned)."""
+    lead = out.lead
     with joint.deadline_scope(joint.Deadline.after(limit_s)):
         try:
             for item in sorted(queue, key=lambda item: item[:5]):
@@ -812,6 +817,9 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
                     continue
                 _heuristics_on(combo, with_sync_table(item[6], tables), greedies, out, objective, max_cost, min_its)
                 count -= 1
+            if out.lead is not lead:  # a new incumbent: its neighbours next, in what is left of the limit
+                out.found(_climb(queue, tables, objective, max_cost, min_its, greedies, out.lead, DIVE_CLIMB_RUNS,
+                                 0.0, lambda what, best: None), heuristic=True)
         except joint.DeadlineExceeded:  # the dive's limit or the search's: the search's loop sees the latter
             pass
 
