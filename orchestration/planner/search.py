@@ -801,9 +801,10 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
           greedies: dict, count: int, out: "_Outcome", limit_s: float) -> None:
     """After a MILP stopped at its limit with no plan: the heuristics (greedy and stage DP, 0.1-0.5
     s each) on the `count` queued choices of least bound that have not had the DP yet and may still
-    beat the incumbent, for at most `limit_s`. The search is best first, so under a limit it may
-    spend all its time in MILPs of choices whose bounds are low while a later choice holds a better
-    plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with
+    beat the incumbent, then, when they gave a new incumbent, on the neighbours the local search
+    from it reaches (`_climb`, DIVE_CLIMB_RUNS runs), all within `limit_s`. The search is best
+    first, so under a limit it may spend all its time in MILPs of choices whose bounds are low while
+    a later choice holds a better plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with
     bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5 b1 D64, whose heuristic plan
     simulates at 1.756 s against the 1.779 s returned)."""
     lead = out.lead
