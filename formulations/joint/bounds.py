@@ -701,15 +701,32 @@ def _send_aware_cells(inp: JointInputs, sync_update: float, count: int = 4) -> l
     of each stage's class and placement: sigma + mu >= s): the plans with s in [g_j, g_j+1) fit
     `stages_fit_dp` with the cap g'_j (the largest extra value below g_j+1) and have sigma + mu >=
     g_j; the first cell starts at -inf (floor `sync_update`), the last has no cap."""
-    tab = _class_tables(inp)
-    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
-    caps = caps[np.isfinite(caps)]
+    caps = _extra_values_s(inp)
     values = caps[caps > sync_update]
     if inp.m <= 1 or values.size == 0:
         return [(sync_update, math.inf)]
-    grid = np.unique(values[np.linspace(0, values.size - 1, min(count, values.size)).round().astype(int)]).tolist()
+    grid = _spread(values, count)
     below = [float(caps[np.searchsorted(caps, g) - 1]) for g in grid]  # the largest extra < g (caps[0] <= sync_update < g)
     return list(zip([sync_update] + grid, below + [math.inf]))
+
+
+
+def _extra_values_s(inp: JointInputs) -> np.ndarray:
+    """The distinct finite all-reduce + update values of the class tables (`_ClassTables.extra_in_s`
+    and `extra_span_s`; inf: a placement that does not exist), ascending: the caps the cells of
+    `sync_aware_time_bound_s` and `_send_aware_cells` are cut at."""
+    def make(inp: JointInputs) -> np.ndarray:
+        tab = _class_tables(inp)
+        caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
+        return caps[np.isfinite(caps)]
+    return _cached_for(inp, "extra_values", make)
+
+
+
+def _spread(values: np.ndarray, count: int) -> list[float]:
+    """At most `count` of the ascending `values`, evenly spread over their indices (first and last
+    included): the grid of a cell split."""
+    return np.unique(values[np.linspace(0, values.size - 1, min(count, values.size)).round().astype(int)]).tolist()
 
 
 
@@ -865,8 +882,7 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     tab = _class_tables(inp)
     sum_tau = sum_tau_lower_bound_s(inp)
     links = _links_lower_bound_s(inp)
-    caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
-    caps = caps[np.isfinite(caps)].tolist()  # inf: a placement that does not exist
+    caps = _extra_values_s(inp).tolist()
     thetas = np.unique(tab.time_s)
     thetas = thetas[thetas >= theta_lo_s].tolist()
     s_first = extra_lower_bound_s(inp)
@@ -1386,15 +1402,15 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     classes within theta, S0 their least sum of stage times, and the coupled bound
     (`cost_lower_bound_dp_usd`); all cells and thetas in one array, so each DP runs once."""
     time_s, fits = _class_figures(inp)
+    sync_update = _sync_update_lower_bound_s(inp)
     rest = _rest_lower_bound_s(inp)
     tab, lay = _class_tables(inp), _pair_layout(inp)
     if inp.sailor and inp.P > 1:  # a stage's sends join its time; sum p takes the boundaries' place
         with_sends = _sailor_stage_times_s(inp)
         time_s = {(c, i, n): float(with_sends[ci, j]) for ci, c in enumerate(tab.classes)
                   for j, (i, n) in enumerate(lay.pairs)}
-        rest = _sync_update_lower_bound_s(inp)
+        rest = sync_update
     least_extra = dict(zip(tab.keys, np.minimum(tab.extra_in_s, tab.extra_span_s).ravel().tolist()))
-    sync_update = _sync_update_lower_bound_s(inp)
     cells = _extra_cells(inp, least_extra, fits, sync_update)
     lo = bottleneck_lower_bound_s(inp, exact=True)
     # T >= m x (a stage's time) + rest (`stage_time_cap_s`, with this composition's rest)
@@ -1454,10 +1470,8 @@ def _extra_cells(inp: JointInputs, least_extra: dict, fits: dict, sync_update: f
     values = np.unique([e for key, e in least_extra.items() if fits[key] and sync_update < e < math.inf])
     if inp.m <= 1 or values.size == 0:
         return [(sync_update, math.inf)]
-    grid = np.unique(values[np.linspace(0, values.size - 1, min(count, values.size)).round().astype(int)])
-    floors = [sync_update] + grid.tolist()
-    caps = grid.tolist() + [math.inf]
-    return list(zip(floors, caps))
+    grid = _spread(values, count)
+    return list(zip([sync_update] + grid, grid + [math.inf]))
 
 
 

@@ -804,9 +804,9 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
     beat the incumbent, then, when they gave a new incumbent, on the neighbours the local search
     from it reaches (`_climb`, DIVE_CLIMB_RUNS runs), all within `limit_s`. The search is best
     first, so under a limit it may spend all its time in MILPs of choices whose bounds are low while
-    a later choice holds a better plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with
-    bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5 b1 D64, whose heuristic plan
-    simulates at 1.756 s against the 1.779 s returned)."""
+    a later choice holds a better plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16
+    MILPs stopped at 5 s each with bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5
+    b1 D64, whose heuristic plan simulates at 1.756 s against the 1.779 s returned)."""
     lead = out.lead
     with joint.deadline_scope(joint.Deadline.after(limit_s)):
         try:
