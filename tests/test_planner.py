@@ -801,6 +801,61 @@ def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
     assert checked >= 100 and high >= 10, (checked, high)
 
 
+def _sailor_with_sends(base: joint.JointInputs) -> joint.JointInputs:
+    """`base` in Sailor's composition with send floors by TP, and floors to another zone / region
+    above them (a TP 1 sender over a region is 10x slower than inside one)."""
+    return dataclasses.replace(base, composition="sailor",
+                               send_floor_s=tuple(0.002 * (1 + p.tp % 2) for p in base.pools),
+                               send_away_s=tuple((0.004 * (1 + p.tp % 2), 0.02 * (1 + p.tp % 2)) for p in base.pools))
+
+
+def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
+    """`sailor_crossing_time_bound_s` against every plan of tiny_regions (Sailor's composition) that
+    uses both regions, with and without targets around their least T; `sailor_region_split_bound_s`
+    against every plan. Both must lift the merged send-aware bound: the crossing sends and the
+    in-region bounds are what it misses."""
+    from hetplan.formulations.joint import bounds
+
+    checked = lifted = 0
+    for combo, base in combos_of(tiny_regions(), "max_throughput"):
+        if combo.P < 2:
+            continue
+        inp = _sailor_with_sends(base)
+        evs = [ev for _, ev in all_plans(inp, "blocks")]
+        crossing = min(ev["T"] for ev in evs if len(set().union(*ev["regions"])) > 1)
+        best = min(ev["T"] for ev in evs)
+        for target in (None, 0.9 * crossing, crossing, 1.1 * crossing, 2 * crossing):
+            fresh = dataclasses.replace(inp)  # no caches from another target
+            assert bounds.sailor_crossing_time_bound_s(fresh, target) <= crossing * (1 + 1e-9), (combo, target)
+            assert bounds.sailor_region_split_bound_s(fresh, target) <= best * (1 + 1e-9), (combo, target)
+            checked += 1
+        lifted += bounds.sailor_region_split_bound_s(inp) > bounds.sailor_send_aware_time_bound_s(inp) * 1.2
+    assert checked >= 40 and lifted >= 4, (checked, lifted)
+
+
+def test_split_cells_bound_every_plan_and_beat_the_fixed_grid_near_the_target():
+    """`sailor_send_aware_time_bound_s` with a target splits its cells where they cannot rule the
+    target out (`_split_cells_bound_s`): below the least T of tiny and tiny_regions' choices
+    (enumerated) for targets around it, and above the bound of the fixed cells without a target
+    on some choices, or the splitting would add nothing."""
+    from hetplan.formulations.joint import bounds
+
+    checked = stronger = 0
+    for make in (tiny, tiny_regions):
+        for combo, base in combos_of(make(), "max_throughput"):
+            if combo.P < 2:
+                continue
+            inp = _sailor_with_sends(base)
+            best = min(ev["T"] for _, ev in all_plans(inp, "blocks"))
+            fixed = bounds.sailor_send_aware_time_bound_s(inp)
+            for target in (0.8 * best, best, 1.05 * best, 1.5 * best):
+                got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+                assert got <= best * (1 + 1e-9), (combo, target, got, best)
+                stronger += got > fixed * (1 + 1e-9) and target >= best
+                checked += 1
+    assert checked >= 40 and stronger >= 4, (checked, stronger)
+
+
 def test_a_milp_stopped_without_a_plan_lends_its_dual_bound_up_to_the_cutoff():
     """`_unsolved_bound`: the plans of a choice within the cutoff have at least the MILP's dual bound,
     the others more than the cutoff: max(lb, min(dual, cutoff)), hand-computed (the dual in the

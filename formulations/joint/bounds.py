@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -658,7 +659,10 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     out += shift
     if exact and inp.sailor and inp.P > 1 and blocks_identical(inp) and out < math.inf and (
             target_s is None or out < target_s + shift):
-        out = max(out, sailor_send_aware_time_bound_s(inp, None if target_s is None else target_s + shift))
+        target_s = None if target_s is None else target_s + shift
+        out = max(out, sailor_send_aware_time_bound_s(inp, target_s))
+        if len(inp.regions) > 1 and (target_s is None or out < target_s):
+            out = max(out, sailor_region_split_bound_s(inp, target_s, strongest))
     return out
 
 
@@ -683,16 +687,17 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    return min(bound for _, _, bound in _send_aware_cell_bounds(inp, times, cands, sum_tau, sync_update, transfers,
-                                                                   target_s))
+    return _split_cells_bound_s(inp, lambda t, cap: stages_fit_dp(inp, t, cap, times_s=times), cands, sum_tau,
+                                transfers, sync_update, target_s)
 
 
 
 def _send_aware_cell_bounds(inp: JointInputs, times: np.ndarray, cands: list[float], sum_tau: float,
                             sync_update: float, transfers: float, target_s: float | None) -> list[tuple]:
     """(floor, cap, bound on T of the plans of that cell) for each cell of `_send_aware_cells`."""
-    return [(floor, cap, _send_aware_cell_s(inp, times, cands, cap, max(sync_update, floor), sum_tau, transfers,
-                                            target_s)) for floor, cap in _send_aware_cells(inp, sync_update)]
+    return [(floor, cap, _send_aware_cell_s(inp, lambda t, cap=cap: stages_fit_dp(inp, t, cap, times_s=times), cands,
+                                            max(sync_update, floor), sum_tau, transfers, target_s))
+            for floor, cap in _send_aware_cells(inp, sync_update)]
 
 
 
@@ -730,27 +735,79 @@ def _spread(values: np.ndarray, count: int) -> list[float]:
 
 
 
-def _send_aware_cell_s(inp: JointInputs, times: np.ndarray, cands: list[float], cap: float, rest: float,
-                       sum_tau: float, transfers: float, target_s: float | None) -> float:
-    """T >= sum tau + transfers + (m - 1) theta + rest over the plans whose every extra is within
-    `cap`, theta the least stage time at which `stages_fit_dp` fits them with the per-class stage
-    times `times` (`sailor_send_aware_time_bound_s`); with `target_s`, the first time that rules
-    it out."""
-    fits = lambda t: stages_fit_dp(inp, t, cap, times_s=times)  # noqa: E731
+def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, sum_tau: float, transfers: float,
+                       target_s: float | None) -> float:
+    """T >= sum tau + transfers + (m - 1) theta + rest over the plans of one cell, theta the least
+    candidate stage time at which `fits(theta)` (a `stages_fit_dp` test within the cell's cap, with
+    per-class stage times: `sailor_send_aware_time_bound_s`, `sailor_crossing_time_bound_s`); with
+    `target_s`, the first time that rules it out."""
     hi = len(cands) - 1
     if target_s is not None and inp.m > 1:
-        need = theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)
-        below = bisect.bisect_left(cands, need) - 1  # the last candidate that would beat the target
-        if below < 0:
+        out = _cell_rules_out_s(inp, fits, cands, rest, sum_tau, transfers, target_s)
+        if out is not None:
+            return out
+        hi = bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
+        if hi < 0:
             return iteration_time_s(inp.m, sum_tau, transfers, cands[0], rest)
-        if not fits(cands[below]):
-            theta = cands[below + 1] if below + 1 < len(cands) else math.inf
-            return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
-        hi = below
     elif not fits(cands[hi]):
         return math.inf
     theta = cands[_first_true_from(fits, cands, 0, hi)]
     return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
+
+
+
+def _cell_rules_out_s(inp: JointInputs, fits, cands: list[float], rest: float, sum_tau: float, transfers: float,
+                      target_s: float) -> float | None:
+    """One DP test of a cell of `_send_aware_cell_s` against `target_s` (m > 1): a bound >= target_s
+    on its plans when the blocks do not fit at the last candidate stage time that would beat the
+    target, else None."""
+    below = bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
+    if below < 0 or fits(cands[below]):
+        return None
+    theta = cands[below + 1] if below + 1 < len(cands) else math.inf
+    return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
+
+
+
+SPLIT_TESTS = 48  # DP tests `_split_cells_bound_s` may spend on splitting cells against a target
+
+
+
+def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: float, transfers: float,
+                         sync_update: float, target_s: float | None, rest_floor: float = 0.0) -> float:
+    """min over cells of `_send_aware_cell_s`, `fits(theta, cap)`. A cell is a range [a, b) of the
+    ascending extra values v (`_extra_values_s`): the plans whose largest extra s is one of v[a..b-1]
+    have sigma + mu >= max(v[a], sync_update, rest_floor) and fit within the cap v[b-1] (none for the
+    last). Without a target, the cells of `_send_aware_cells`. With one, the whole range is split in
+    halves wherever a cell's one test (`_cell_rules_out_s`) cannot rule the target out, so the
+    cells are fine exactly where the plans' trade-off between theta and sigma is close to the
+    target (measured: Sailor's GPT-Neo, 5 zones x 32 A100, P7 b2 D16, whose optimum has sigma =
+    1.34 s: a fixed grid of 4, 8, 16 cells gives 10.41, 10.93, 11.14 s). After SPLIT_TESTS tests the
+    cells left are bounded whole."""
+    def bound(a: int, b: int, target: float | None) -> float:
+        cap = vals[b - 1] if b < len(vals) else math.inf
+        return _send_aware_cell_s(inp, lambda t: fits(t, cap), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
+                                  transfers, target)
+
+    vals = _extra_values_s(inp)
+    if target_s is None or inp.m <= 1 or vals.size == 0:
+        return min(_send_aware_cell_s(inp, lambda t, cap=cap: fits(t, cap), cands, max(sync_update, floor, rest_floor),
+                                      sum_tau, transfers, target_s) for floor, cap in _send_aware_cells(inp, sync_update))
+    out, tests, stack = math.inf, 0, [(0, len(vals))]
+    while stack:
+        a, b = stack.pop()
+        if b - a == 1 or tests >= SPLIT_TESTS:
+            out = min(out, bound(a, b, min(target_s, out)))
+            continue
+        tests += 1
+        cap = vals[b - 1] if b < len(vals) else math.inf
+        ruled = _cell_rules_out_s(inp, lambda t: fits(t, cap), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
+                                  transfers, min(target_s, out))
+        if ruled is not None:
+            out = min(out, ruled)
+        else:
+            stack += [((a + b) // 2, b), (a, (a + b) // 2)]
+    return out
 
 
 
@@ -767,12 +824,97 @@ def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
     take when it serves the stage (`sailor_send_aware_time_bound_s`)."""
     def make(inp: JointInputs) -> np.ndarray:
         tab, lay = _class_tables(inp), _pair_layout(inp)
-        floor = np.array([min(inp.send_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
-                          for c in tab.classes])
-        per_send = np.maximum(floor, _c_node_s(inp) / 2)[:, None]
         sends = np.where(lay.stage == 0, 1 if inp.P <= 3 else 2, 2)[None, :]
-        return tab.time_s + sends * per_send
+        return tab.time_s + sends * _sailor_class_sends_s(inp)[:, None]
     return _cached_for(inp, "sailor_stage_times", make)
+
+
+
+def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
+    """(C,): the least one send of a stage class c serves takes: max(c_node / 2, the least send
+    floor of c's pools)."""
+    classes = _class_tables(inp).classes
+    floor = np.array([min(inp.send_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
+                      for c in classes])
+    return np.maximum(floor, _c_node_s(inp) / 2)
+
+
+
+def sailor_region_split_bound_s(inp: JointInputs, target_s: float | None = None, strongest: bool = False) -> float:
+    """Sailor's composition with several regions: a plan lies in one region r, and then its T is at
+    least the whole bound of the inputs cut down to r's pools (`in_region`, with its send-aware
+    bound), or it crosses regions, and then T >= `sailor_crossing_time_bound_s`. The least of
+    these bounds every plan; the bounds of the merged inputs miss both (measured: Sailor's GPT-Neo
+    on 5 zones x 32 A100, P7 b2 D16: the merged send-aware bound is 10.41 s, us-central1 alone
+    12.93 s, and the optimum, 13.04 s, crosses to us-west1 at a 1-block stage)."""
+    out = sailor_crossing_time_bound_s(inp, target_s)
+    for sub in _region_inputs(inp).values():
+        if target_s is not None and out < target_s:
+            target_s = out  # beyond the least so far, a region's bound changes nothing
+        out = min(out, time_lower_bound_tight_s(sub, True, target_s, strongest))
+    return out
+
+
+
+def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None) -> float:
+    """Sailor's composition, the plans that use two regions. A stage sits in one region (H5), so
+    some boundaries j cross regions: c_j = c_region, and both sends over j (`sailor_p2p`,
+    evaluation.sailor_sends), stage j's activation A_j and stage j + 1's gradient G_j, take at
+    least x_c = max(c_region / 2, the send floors of class c, its least floor to another region)
+    (`_sailor_crossing_sends_s`). A stage's time with its sends is then at least its compute plus
+    x_c per crossing send and its class's floor per other send (`_sailor_crossing_times_s`), and
+    theta is at least the least time at which the send-aware DP (`sailor_send_aware_time_bound_s`)
+    fits the blocks with those times for some set of crossings. Two cases cover every plan:
+      - its ends lie in different regions: one crossing j or more, and the tied-embedding
+        all-reduce crosses regions too, sigma + mu >= tied(region) + mu (evaluate's `tied_at`);
+      - its ends lie in one region: two crossings j < j' or more.
+    The transfers: sum p >= (P - 1 - n) c_node + 2 n min_c x_c + the ends' extra sends, n = 1 or 2."""
+    times, x = _sailor_stage_times_s(inp), float(_sailor_crossing_sends_s(inp).min())
+    sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
+    ends = (2 if inp.P > 3 else 1) * _sailor_send_floor_s(inp)
+    cases = [([(j,) for j in range(inp.P - 1)], 1, inp.tied_s[2] + _mu_lower_bound_s(inp))]
+    if inp.P > 2:
+        cases.append((list(itertools.combinations(range(inp.P - 1), 2)), 2, 0.0))
+    out = math.inf
+    for crossings, n, rest_floor in cases:
+        per_set = [_sailor_crossing_times_s(inp, c) for c in crossings]
+        cands = np.unique(np.concatenate([times[np.isfinite(times)]] + [t[np.isfinite(t)] for t in per_set]))
+        cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
+        if not cands:
+            continue
+        transfers = (inp.P - 1 - n) * _c_node_s(inp) + 2 * n * x + ends
+        fits = lambda t, cap, per_set=per_set: any(stages_fit_dp(inp, t, cap, times_s=ts) for ts in per_set)  # noqa: E731
+        out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
+                                            target_s if target_s is None else min(target_s, out), rest_floor))
+    return out
+
+
+
+def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
+    """(C,): x_c of `sailor_crossing_time_bound_s`, the least a send of class c over a boundary
+    between regions takes."""
+    away = np.array([min(max(inp.send_floor(k), inp.send_away(k)[1]) for k, p in enumerate(inp.pools)
+                         if (p.gpu_type, p.tp) == c) for c in _class_tables(inp).classes])
+    return np.maximum(np.maximum(away, _sailor_class_sends_s(inp)), inp.p2p_s(inp.region) / 2)
+
+
+
+def _sailor_crossing_times_s(inp: JointInputs, crossings: tuple[int, ...]) -> np.ndarray:
+    """(C, M): `_sailor_stage_times_s` where the boundaries `crossings` lie between regions: stage
+    i's sends are A_i (twice for the first stage when P > 3) and G_{i-1} (twice for the last),
+    each at least x_c (`_sailor_crossing_sends_s`) over a crossing and its class's floor
+    otherwise."""
+    cache = _per_inputs_cache(inp, "sailor_crossing_times")
+    if crossings not in cache:
+        tab, lay = _class_tables(inp), _pair_layout(inp)
+        P, i = inp.P, lay.stage
+        a_times = np.where(i == 0, 1 if P <= 3 else 2, np.where(i == P - 1, 0, 1))  # sends of A_i
+        g_times = np.where(i == P - 1, 2, np.where(i == 0, 0, 1))  # sends of G_{i-1}
+        crossed = set(crossings)
+        n_x = a_times * np.isin(i, list(crossed)) + g_times * np.isin(i - 1, list(crossed))
+        x, other = _sailor_crossing_sends_s(inp)[:, None], _sailor_class_sends_s(inp)[:, None]
+        cache[crossings] = tab.time_s + n_x[None, :] * x + (a_times + g_times - n_x)[None, :] * other
+    return cache[crossings]
 
 
 
