@@ -970,6 +970,7 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
     return replace(inp, pools=pick(inp.pools), step_s=pick(inp.step_s), upd_s=pick(inp.upd_s),
                    upd_fixed_s=pick(inp.upd_fixed_s) if inp.upd_fixed_s else (),
                    send_floor_s=pick(inp.send_floor_s) if inp.send_floor_s else (),
+                   recv_floor_s=pick(inp.recv_floor_s) if inp.recv_floor_s else (),
                    send_away_s=pick(inp.send_away_s) if inp.send_away_s else (),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
                    sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table))

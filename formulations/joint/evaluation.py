@@ -16,15 +16,17 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
 def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones: list[set], regions: list[set]
                  ) -> tuple[list[float], list[float], list[float]]:
     """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
-    floor, A for stages 0..P-2, G for stages 1..P-1 (`zones`, `regions`: those each stage uses)."""
+    floor, A for stages 0..P-2, G for stages 1..P-1 (`zones`, `regions`: those each stage uses); a
+    send is also at least the receive floor of every pool of the stage it goes to."""
     send = [max([inp.send_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
+    recv = [max([inp.recv_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
 
     def away(i: int, j: int) -> float:  # stage i's send floor to stage j: its pools' floors away
         return max([inp.send_away(k)[0] for k in range(inp.K) if used[i][k] and inp.pools[k].zone not in zones[j]]
                    + [inp.send_away(k)[1] for k in range(inp.K) if used[i][k] and inp.pools[k].region not in regions[j]]
                    + [0.0])
-    return (send, [max(c[i] / 2, send[i], away(i, i + 1)) for i in range(inp.P - 1)],
-            [max(c[i - 1] / 2, send[i], away(i, i - 1)) for i in range(1, inp.P)])
+    return (send, [max(c[i] / 2, send[i], recv[i + 1], away(i, i + 1)) for i in range(inp.P - 1)],
+            [max(c[i - 1] / 2, send[i], recv[i - 1], away(i, i - 1)) for i in range(1, inp.P)])
 
 
 

@@ -169,6 +169,10 @@ class JointInputs:
     # zone / another region (`planner.inputs._Tables.send_floor_s`): a TP 1 sender over zones is far slower than
     # the least send between zones over every TP group size (c_zone); empty: none
     send_away_s: tuple[tuple[float, float], ...] = ()
+    # [k] (Sailor's composition) the least time of any one send to a replica of pool k from any
+    # replica, place or size: a fit depends on the receiver's TP group too (a TP 4 sender to a TP 2
+    # receiver is about as slow as a TP 2 sender); empty: none
+    recv_floor_s: tuple[float, ...] = ()
     # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a
     # decoded plan placed as the simulator places it (`evaluate_placed`); None for hand-made inputs
     costs: StageCosts | None = field(default=None, repr=False, compare=False)
@@ -209,6 +213,9 @@ class JointInputs:
 
     def send_floor(self, k: int) -> float:
         return self.send_floor_s[k] if self.send_floor_s else 0.0
+
+    def recv_floor(self, k: int) -> float:
+        return self.recv_floor_s[k] if self.recv_floor_s else 0.0
 
     def send_away(self, k: int) -> tuple[float, float]:
         """(another zone, another region) send floors of pool k (`send_away_s`)."""

@@ -229,6 +229,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         upd_s=tuple(tuple(v * ms for v in row) for row in inp.upd_s), upd_fixed_s=tuple(v * ms for v in inp.upd_fixed_s),
         send_floor_s=tuple(v * ms for v in inp.send_floor_s),
         send_away_s=tuple(tuple(v * ms for v in row) for row in inp.send_away_s),
+        recv_floor_s=tuple(v * ms for v in inp.recv_floor_s),
         node=link(inp.node), zone=link(inp.zone),
         region=link(inp.region),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
@@ -425,7 +426,9 @@ def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
     that receiver is in another zone, where j sits in another region (rho[j, r_k] = 0), in another
     region: then the send is at least pool k's floor away (`JointInputs.send_away_s`):
       A[i] >= away_zone[k] (u[i,k] - v[i+1, z_k]),  A[i] >= away_region[k] (u[i,k] - rho[i+1, r_k]),
-    and G[i] likewise with stage i - 1."""
+    and G[i] likewise with stage i - 1. Every replica of the receiving stage gets one of the sends
+    (replica j sends to j mod D), so A[i] >= recv[k] u[i+1,k] and G[i] >= recv[k] u[i-1,k]
+    (`JointInputs.recv_floor_s`)."""
     if inp.P == 1:
         return [0.0]
     m.send = pyo.Var(m.I, domain=pyo.NonNegativeReals)
@@ -436,6 +439,9 @@ def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
     m.A_send = pyo.Constraint(m.A.index_set(), rule=lambda m, i: m.A[i] >= m.send[i])
     m.G_link = pyo.Constraint(m.G.index_set(), rule=lambda m, i: m.G[i] >= m.c[i - 1] / 2)
     m.G_send = pyo.Constraint(m.G.index_set(), rule=lambda m, i: m.G[i] >= m.send[i])
+    if inp.recv_floor_s:  # every replica of the receiving stage gets a send: at least its receive floor
+        m.A_recv = pyo.Constraint(m.A.index_set(), m.K, rule=lambda m, i, k: m.A[i] >= inp.recv_floor(k) * m.u[i + 1, k])
+        m.G_recv = pyo.Constraint(m.G.index_set(), m.K, rule=lambda m, i, k: m.G[i] >= inp.recv_floor(k) * m.u[i - 1, k])
     if inp.send_away_s:
         def away(var, i, j, k, w):  # stage i's send to stage j from pool k, w = 0: zone, 1: region
             floor, pool = inp.send_away(k)[w], inp.pools[k]

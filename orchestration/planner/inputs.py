@@ -75,7 +75,8 @@ class _Tables:
         return boundary_activation_bytes(self.arch, b, self.inst.workload.precision)
 
     def pool_rows(self, quotas: dict, tp_choices: tuple[int, ...], b: int, D: int) -> tuple | None:
-        """(pools, step, upd, stat, act, cap, fixed update, send floor, send floors away, shared cache) of
+        """(pools, step, upd, stat, act, cap, fixed update, send floor, send floors away, receive floor,
+        shared cache) of
         the outer choices with microbatch b and D replicas per stage (P changes none of them: the
         choices of every depth share these tuples); None when no pool can hold even one unit. A pool
         that cannot hold its lightest unit on the last stage (1 microbatch in flight) is useless and
@@ -83,7 +84,7 @@ class _Tables:
         ordered = tuple(sorted(quotas.items()))
         key = (b, D, tuple(tp_choices), ordered)
         if key not in self._rows:
-            rows: tuple[list, ...] = ([], [], [], [], [], [], [], [], [])
+            rows: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [])
             for (g, z), (avail, per_node, price, region) in ordered:
                 for t in tp_choices:
                     if not self.usable(g, t, b, per_node, avail):
@@ -91,15 +92,15 @@ class _Tables:
                     s_b, a_b, c_b = self.mem(g, t, b, D)
                     if min(s + a for s, a in zip(s_b, a_b)) > c_b:
                         continue
-                    upd, fixed, send, away = self.upd(g, t, D), 0.0, 0.0, (0.0, 0.0)
+                    upd, fixed, send, away, recv = self.upd(g, t, D), 0.0, 0.0, (0.0, 0.0), 0.0
                     if self.sailor:  # the profile's whole-model step, taken by every stage as is
                         upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
-                        send = self.send_floor_s(g, z, t, b)
+                        send, recv = self.send_floor_s(g, z, t, b), _finite(self.recv_floor_s(g, z, t, b))
                         away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
                     for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
-                                                 upd, s_b, a_b, c_b, fixed, send, away)):
+                                                 upd, s_b, a_b, c_b, fixed, send, away, recv)):
                         row.append(value)
-            if not self.sailor:  # JointInputs.upd_fixed_s, send_floor_s and send_away_s stay empty
+            if not self.sailor:  # JointInputs.upd_fixed_s, send_floor_s, send_away_s, recv_floor_s stay empty
                 for row in rows[6:]:
                     row.clear()
             # the last entry: `JointInputs.shared`, one cache for every choice built from these rows
@@ -226,17 +227,29 @@ class _Tables:
         out = [next((n for n in nodes if n.node_id != a.node_id), None) for nodes in self._node_groups().values()]
         return [c for c in out if c is not None] + ([a] if a.num_gpus >= 2 else [])
 
-    def _least_send_s(self, a, c, b: int, src_tps: tuple[int, ...] | None = None) -> float:
+    def _least_send_s(self, a, c, b: int, src_tps: tuple[int, ...] | None = None,
+                      dst_tps: tuple[int, ...] | None = None) -> float:
         """The least transfer the estimator gives from node a to node c at microbatch b (inf where its
         table has no such pair). The hetplan composition sends the boundary bytes between endpoints
         of no stated size; Sailor's sends any unit output (the head's logits back, too) between TP
-        groups whose sizes pick the bandwidth fit: the least over those sizes, over `src_tps` (every
-        TP degree when None) at a and every TP degree at c."""
+        groups whose sizes pick the bandwidth fit: the least over those sizes, over `src_tps` at a
+        and `dst_tps` at c (every TP degree when None)."""
         if not self.sailor:
             return self._p2p_s(a, c, self.boundary_bytes(b), None, None)
         sizes = {self.info.output_bytes(u, b) for u in range(self.U)}
         return min((self._p2p_s(a, c, size, ga, gc) for size in sizes for ga in src_tps or TP_CHOICES
-                    for gc in TP_CHOICES if ga <= a.num_gpus and gc <= c.num_gpus), default=math.inf)
+                    for gc in dst_tps or TP_CHOICES if ga <= a.num_gpus and gc <= c.num_gpus), default=math.inf)
+
+    def recv_floor_s(self, g: str, z: str, t: int, b: int) -> float:
+        """(Sailor's composition) The least time of one send to a TP-t replica of g in zone z from any
+        node (its own included) at any TP group size, of any unit output at microbatch b: a floor on
+        every send a stage holding such a replica receives (`JointInputs.recv_floor_s`)."""
+        key = (g, z, t, b, "recv")
+        if key not in self._sends:
+            dst = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
+            self._sends[key] = min((self._least_send_s(c, dst, b, None, (t,)) for c in self._receivers(dst)),
+                                   default=math.inf)
+        return self._sends[key]
 
     def _p2p_s(self, a, c, nbytes: float, gpus_a: int | None, gpus_c: int | None) -> float:
         """The estimator's transfer between nodes a and c at TP groups of these sizes (None: not said);
@@ -289,7 +302,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     rows = tables.pool_rows(quotas, tp_choices, combo.b, combo.D)
     if rows is None:
         return None
-    pools, step, upd, stat, act, cap, fixed, send, away, shared = rows
+    pools, step, upd, stat, act, cap, fixed, send, away, recv, shared = rows
     tied = tables.tied_bytes if combo.P > 1 else 0.0
 
     def link(spec) -> joint.LinkCost:
@@ -308,7 +321,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
         tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
         composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send,
-        send_away_s=away)
+        send_away_s=away, recv_floor_s=recv)
     return inp
 
 
