@@ -53,7 +53,7 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
     assert build_estimators(inst).iteration == "sailor"
     view, plans = ModelView(inst), random_plans(inst, 40, seed=len(layout))
     assert len(plans) >= 30
-    findings, depths, shifted, floored, away, exact = [], set(), 0, 0, 0, 0
+    findings, depths, shifted, floored, away, exact, crossed = [], set(), 0, 0, 0, 0, 0
     for p, rep in plans:
         assert rep.iteration_model == "sailor"
         P, b, D = len(p.stages), p.share(0, 0), len(p.stages[0].replicas)
@@ -79,12 +79,18 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
             if not math.isclose(tau, st.fwd_s + st.bwd_s, rel_tol=REL):
                 findings.append(f"P{P} b{b} D{D} tau[{j}] {tau} != {st.fwd_s + st.bwd_s}")
         T, cost = rep.iteration_time_s, rep.cost_per_iteration_usd
+        multi, crosses = len(inp.regions) > 1, len(set().union(*ev["regions"])) > 1
+        crossed += P > 1 and crosses
         bounds = {"cheap": joint.time_lower_bound_s(inp), "extra": joint.extra_lower_bound_s(inp),
                   "medium": joint.time_lower_bound_tight_s(inp, False), "strong": joint.time_lower_bound_tight_s(inp, True),
                   "strongest": _tight_bound(inp, "max_throughput", None, T * 1.5, strongest=True),
                   # within a budget of its own simulated cost the plan is affordable
                   "budget": joint.budget_time_lower_bound_s(inp, rep.cost_per_iteration_usd * (1 + 1e-12)),
-                  "send-aware": joint.sailor_send_aware_time_bound_s(inp) if P > 1 else 0.0}
+                  "send-aware": joint.sailor_send_aware_time_bound_s(inp) if P > 1 else 0.0,
+                  "send-aware near T": joint.sailor_send_aware_time_bound_s(inp, T * 1.05) if P > 1 else 0.0,
+                  "region split": joint.sailor_region_split_bound_s(inp, T * 1.05) if P > 1 and multi else 0.0,
+                  # a plan over two regions: the sends over its crossings
+                  "crossing": joint.sailor_crossing_time_bound_s(inp) if P > 1 and crosses else 0.0}
         findings += [f"P{P} b{b} D{D}: {name} bound {v:.9g} > simulated T {T:.9g}"
                      for name, v in bounds.items() if not below(v, T)]
         c_lb = joint.cost_lower_bound_usd(inp, True, bounds["strong"])
@@ -94,6 +100,7 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
     assert len(depths) >= 3 and max(depths) >= 4 and shifted > 0  # both forms of the transfer floor
     assert floored > 0
     assert away > 0 or layout == "one_zone"
+    assert crossed > 0 or layout != "two_regions"
     assert layout != "one_zone" or exact >= 0.95 * sum(len(p.stages) for p, _ in plans), exact
 
 

@@ -21,7 +21,8 @@ on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on t
 times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`;
 for cost also `joint.cost_lower_bound_dp_usd`; under a budget also the least time of the stage times
 it affords, `joint.budget_time_lower_bound_s`, both per cell of the plans' largest all-reduce + update; in Sailor's composition also the stage DP on stage
-times that include each stage's own sends, `joint.sailor_send_aware_time_bound_s`). The cheap bound
+times that include each stage's own sends, `joint.sailor_send_aware_time_bound_s`, whose cells of the
+plans' largest all-reduce + update are split in halves where they cannot rule the target out). The cheap bound
 is the GPUs' work with each type at its speed (`joint.fluid_gpu_seconds_s`), per region or with a
 crossing between regions. Each (slowest stage, all-reduce + update) cell of the
 sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
@@ -33,7 +34,9 @@ too slow to beat it). The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
 Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
 least bound first, in equal shares. With several regions the strong time bound also splits the
-plans by the regions they use (`joint.region_split_time_bound_s`).
+plans by the regions they use (`joint.region_split_time_bound_s`; in Sailor's composition
+`joint.sailor_region_split_bound_s`: each region's whole bound, or the send-aware DP with the sends
+over one or two region crossings, `joint.sailor_crossing_time_bound_s`).
 One cost model: the MILPs, bounds and heuristics read a relaxation of the simulator (its figures
 are at most the simulator's on every plan of the space: formulations/joint/milp.py), whose all-reduce
 and boundary figures are the communication estimator's floors over the placements first fit may
