@@ -847,11 +847,20 @@ def sailor_region_split_bound_s(inp: JointInputs, target_s: float | None = None,
     these bounds every plan; the bounds of the merged inputs miss both (measured: Sailor's GPT-Neo
     on 5 zones x 32 A100, P7 b2 D16: the merged send-aware bound is 10.41 s, us-central1 alone
     12.93 s, and the optimum, 13.04 s, crosses to us-west1 at a 1-block stage)."""
-    out = sailor_crossing_time_bound_s(inp, target_s)
+    return _least_over_regions(inp, sailor_crossing_time_bound_s(inp, target_s), target_s,
+                               lambda sub, target: time_lower_bound_tight_s(sub, True, target, strongest))
+
+
+
+def _least_over_regions(inp: JointInputs, crossing_s: float, target_s: float | None, bound_in) -> float:
+    """min(crossing_s, `bound_in(sub, target)` of each region's inputs `sub`): the plans that cross
+    regions and those inside each one (a region's target is lowered to the least so far: beyond
+    it, that region's bound changes nothing)."""
+    out = crossing_s
     for sub in _region_inputs(inp).values():
         if target_s is not None and out < target_s:
-            target_s = out  # beyond the least so far, a region's bound changes nothing
-        out = min(out, time_lower_bound_tight_s(sub, True, target_s, strongest))
+            target_s = out
+        out = min(out, bound_in(sub, target_s))
     return out
 
 
@@ -944,12 +953,8 @@ def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float
     # plans inside one region; the MILPs of P13-P16 D16 each stopped at their 5 s limit)
     two_hops = max(merged_s, iteration_time_s(inp.m, sum_tau, _links_lower_bound_s(inp), theta,
                                               _sync_update_lower_bound_s(inp))) + 2 * hop
-    out = min(two_hops, ends_apart)
-    for sub in _region_inputs(inp).values():
-        if target_s is not None and out < target_s:
-            target_s = out  # beyond the least so far, a region's bound changes nothing
-        out = min(out, _time_lower_bound_merged_s(sub, True, target_s, strongest))
-    return out
+    return _least_over_regions(inp, min(two_hops, ends_apart), target_s,
+                               lambda sub, target: _time_lower_bound_merged_s(sub, True, target, strongest))
 
 
 
