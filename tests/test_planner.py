@@ -856,6 +856,33 @@ def test_split_cells_bound_every_plan_and_beat_the_fixed_grid_near_the_target():
     assert checked >= 40 and stronger >= 4, (checked, stronger)
 
 
+def test_send_aware_bound_under_a_budget_is_below_every_affordable_plan():
+    """Under a budget the send-aware DP also caps the GPUs' rate (cost >= rate x T:
+    `_range_ruled_out`, `stages_fit_dp(max_rate_usd_per_s=)`): below the least T of the plans of
+    tiny / tiny_regions (Sailor's composition) within a budget just above the cheapest plan and one
+    a third up their costs, for targets around it; above the bound without the budget on some
+    choices."""
+    from hetplan.formulations.joint import bounds
+
+    checked = lifted = 0
+    for make in (tiny, tiny_regions):
+        for combo, base in combos_of(make(), "max_throughput"):
+            if combo.P < 2:
+                continue
+            evs = [ev for _, ev in all_plans(_sailor_with_sends(base), "blocks")]
+            costs = sorted(ev["cost"] for ev in evs)
+            for budget in (costs[0] * (1 + 1e-4), costs[len(costs) // 3]):
+                inp = dataclasses.replace(_sailor_with_sends(base), max_cost_usd=budget)
+                best = min(ev["T"] for ev in evs if ev["cost"] <= budget)
+                for target in (0.9 * best, best, 1.1 * best, 2 * best):
+                    got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+                    free = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp, max_cost_usd=None), target)
+                    assert got <= best * (1 + 1e-9), (combo, budget, target, got, best)
+                    lifted += got > free * (1 + 1e-9)
+                    checked += 1
+    assert checked >= 80 and lifted >= 4, (checked, lifted)
+
+
 def test_a_milp_stopped_without_a_plan_lends_its_dual_bound_up_to_the_cutoff():
     """`_unsolved_bound`: the plans of a choice within the cutoff have at least the MILP's dual bound,
     the others more than the cutoff: max(lb, min(dual, cutoff)), hand-computed (the dual in the

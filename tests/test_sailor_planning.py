@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -88,6 +89,8 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
                   "budget": joint.budget_time_lower_bound_s(inp, rep.cost_per_iteration_usd * (1 + 1e-12)),
                   "send-aware": joint.sailor_send_aware_time_bound_s(inp) if P > 1 else 0.0,
                   "send-aware near T": joint.sailor_send_aware_time_bound_s(inp, T * 1.05) if P > 1 else 0.0,
+                  "send-aware in budget": joint.sailor_send_aware_time_bound_s(
+                      replace(inp, max_cost_usd=cost * (1 + 1e-12)), T * 1.05) if P > 1 else 0.0,
                   "region split": joint.sailor_region_split_bound_s(inp, T * 1.05) if P > 1 and multi else 0.0,
                   # a plan over two regions: the sends over its crossings
                   "crossing": joint.sailor_crossing_time_bound_s(inp) if P > 1 and crosses else 0.0}

@@ -439,7 +439,7 @@ def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps:
 
 
 def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.inf,
-                  times_s: np.ndarray | None = None) -> bool:
+                  times_s: np.ndarray | None = None, max_rate_usd_per_s: float = math.inf) -> bool:
     """Exact test of a relaxation: can P stages of D replicas hold every block with no stage slower
     than theta_s per microbatch, with GPUs counted per type (zones merged, regions ignored)?
 
@@ -453,7 +453,9 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject).
     With `extra_cap_s`, a class may serve a stage only if its all-reduce + update there
     (`_ClassTables.extra_in_s`, `extra_span_s`) is within the cap (used by `sync_aware_time_bound_s`).
-    `times_s` (C, M): what a class's stage takes instead of its compute time (`_sailor_stage_times_s`)."""
+    `times_s` (C, M): what a class's stage takes instead of its compute time (`_sailor_stage_times_s`).
+    `max_rate_usd_per_s`: the GPUs' rate is at most that, each GPU at its type's least price (a
+    merged resource at its types' least), so the test stays a relaxation."""
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
     need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times_s)
@@ -461,7 +463,7 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
         return False
     splits = [(types[:1], types[1:])] if len(types) <= 2 else [
         ([a], [t for t in types if t != a]) for a in types]
-    return all(_two_resource_dp(inp, need, gpus, left, right) for left, right in splits)
+    return all(_two_resource_dp(inp, need, gpus, left, right, max_rate_usd_per_s) for left, right in splits)
 
 
 
@@ -501,7 +503,14 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
 
 
 
-def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> bool:
+def _gpu_rate_usd_per_s(inp: JointInputs, types: list[str]) -> float:
+    """The least USD per second of one GPU of any of `types` (inf for none)."""
+    return min((replica_rate_usd_per_s(p) / p.tp for p in inp.pools if p.gpu_type in types), default=math.inf)
+
+
+
+def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str],
+                     max_rate_usd_per_s: float = math.inf) -> bool:
     L, D = inp.U - 2, inp.D
     cap_a = sum(gpus[g] for g in left)
     cap_b = sum(gpus[g] for g in right)
@@ -511,6 +520,8 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     w_b = np.min([need[g] for g in right], axis=0) if right else none
     if not np.isfinite(w_b).any():  # the left resource alone: the fewest GPUs decide
         cap = cap_a if inp.max_gpus is None else min(cap_a, inp.max_gpus)
+        if max_rate_usd_per_s < math.inf:
+            cap = min(cap, math.floor(max_rate_usd_per_s / _gpu_rate_usd_per_s(inp, left) * (1 + 1e-12)))
         return _least_units_dp(inp, w_a) <= cap // D
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
     stages = []
@@ -524,6 +535,10 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     ok = last <= cap_b
     if inp.max_gpus is not None:
         ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
+    if max_rate_usd_per_s < math.inf:
+        with np.errstate(invalid="ignore"):  # inf GPUs x a price: not ok anyway
+            rate = np.arange(cap_a + 1) * _gpu_rate_usd_per_s(inp, left) + last * _gpu_rate_usd_per_s(inp, right)
+        ok &= rate <= max_rate_usd_per_s * (1 + 1e-12)
     return bool(ok.any())
 
 
@@ -687,7 +702,8 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    return _split_cells_bound_s(inp, lambda t, cap: stages_fit_dp(inp, t, cap, times_s=times), cands, sum_tau,
+    return _split_cells_bound_s(inp, lambda t, cap, rate=math.inf: stages_fit_dp(
+        inp, t, cap, times_s=times, max_rate_usd_per_s=rate), cands, sum_tau,
                                 transfers, sync_update, target_s)
 
 
@@ -695,7 +711,8 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
 def _send_aware_cell_bounds(inp: JointInputs, times: np.ndarray, cands: list[float], sum_tau: float,
                             sync_update: float, transfers: float, target_s: float | None) -> list[tuple]:
     """(floor, cap, bound on T of the plans of that cell) for each cell of `_send_aware_cells`."""
-    return [(floor, cap, _send_aware_cell_s(inp, lambda t, cap=cap: stages_fit_dp(inp, t, cap, times_s=times), cands,
+    return [(floor, cap, _send_aware_cell_s(inp, lambda t, rate=math.inf, cap=cap: stages_fit_dp(
+        inp, t, cap, times_s=times, max_rate_usd_per_s=rate), cands,
                                             max(sync_update, floor), sum_tau, transfers, target_s))
             for floor, cap in _send_aware_cells(inp, sync_update)]
 
@@ -749,6 +766,13 @@ def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, 
         hi = bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
         if hi < 0:
             return iteration_time_s(inp.m, sum_tau, transfers, cands[0], rest)
+        if inp.max_cost_usd is not None:  # the least slowest stage the budget affords, by ranges
+            time_at = lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest)  # noqa: E731
+            ok, bad = -1, hi  # cands[..ok] hold no plan within the budget; cands[..bad] may
+            while bad - ok > 1:
+                mid = (ok + bad) // 2
+                ok, bad = (mid, bad) if _range_ruled_out(inp, fits, cands, time_at, 0, mid, BUDGET_SPLITS) else (ok, mid)
+            return time_at(ok + 1)
     elif not fits(cands[hi]):
         return math.inf
     theta = cands[_first_true_from(fits, cands, 0, hi)]
@@ -758,14 +782,39 @@ def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, 
 
 def _cell_rules_out_s(inp: JointInputs, fits, cands: list[float], rest: float, sum_tau: float, transfers: float,
                       target_s: float) -> float | None:
-    """One DP test of a cell of `_send_aware_cell_s` against `target_s` (m > 1): a bound >= target_s
+    """A DP test of a cell of `_send_aware_cell_s` against `target_s` (m > 1): a bound >= target_s
     on its plans when the blocks do not fit at the last candidate stage time that would beat the
-    target, else None."""
+    target, else None. Under a budget (`JointInputs.max_cost_usd`), cost >= rate x T, so a plan whose
+    slowest stage takes one of cands[lo..hi] has T >= the cell's T at cands[lo] and a rate of at most
+    the budget over that: `_range_ruled_out` tests the range so, halving it where it fits."""
     below = bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
-    if below < 0 or fits(cands[below]):
+    if below < 0:
+        return None
+    if inp.max_cost_usd is None:
+        if fits(cands[below]):
+            return None
+    elif not _range_ruled_out(inp, fits, cands, lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest),
+                              0, below, BUDGET_SPLITS):
         return None
     theta = cands[below + 1] if below + 1 < len(cands) else math.inf
     return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
+
+
+
+BUDGET_SPLITS = 6  # halvings of `_range_ruled_out`: at most 2^(BUDGET_SPLITS + 1) - 1 DP tests
+
+
+
+def _range_ruled_out(inp: JointInputs, fits, cands: list[float], time_at, lo: int, hi: int, depth: int) -> bool:
+    """Whether no plan within the budget has its slowest stage among cands[lo..hi]: such a plan
+    fits at cands[hi] with a rate <= max_cost_usd / time_at(lo) (T >= time_at(lo))."""
+    if not fits(cands[hi], inp.max_cost_usd / time_at(lo)):
+        return True
+    if depth == 0 or lo == hi:
+        return False
+    mid = (lo + hi) // 2
+    return (_range_ruled_out(inp, fits, cands, time_at, lo, mid, depth - 1)
+            and _range_ruled_out(inp, fits, cands, time_at, mid + 1, hi, depth - 1))
 
 
 
@@ -786,12 +835,12 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     cells left are bounded whole."""
     def bound(a: int, b: int, target: float | None) -> float:
         cap = vals[b - 1] if b < len(vals) else math.inf
-        return _send_aware_cell_s(inp, lambda t: fits(t, cap), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
+        return _send_aware_cell_s(inp, lambda t, rate=math.inf: fits(t, cap, rate), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
                                   transfers, target)
 
     vals = _extra_values_s(inp)
     if target_s is None or inp.m <= 1 or vals.size == 0:
-        return min(_send_aware_cell_s(inp, lambda t, cap=cap: fits(t, cap), cands, max(sync_update, floor, rest_floor),
+        return min(_send_aware_cell_s(inp, lambda t, rate=math.inf, cap=cap: fits(t, cap, rate), cands, max(sync_update, floor, rest_floor),
                                       sum_tau, transfers, target_s) for floor, cap in _send_aware_cells(inp, sync_update))
     out, tests, stack = math.inf, 0, [(0, len(vals))]
     while stack:
@@ -801,7 +850,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
             continue
         tests += 1
         cap = vals[b - 1] if b < len(vals) else math.inf
-        ruled = _cell_rules_out_s(inp, lambda t: fits(t, cap), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
+        ruled = _cell_rules_out_s(inp, lambda t, rate=math.inf: fits(t, cap, rate), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
                                   transfers, min(target_s, out))
         if ruled is not None:
             out = min(out, ruled)
@@ -892,7 +941,8 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
         if not cands:
             continue
         transfers = (inp.P - 1 - n) * _c_node_s(inp) + 2 * n * x + ends
-        fits = lambda t, cap, per_set=per_set: any(stages_fit_dp(inp, t, cap, times_s=ts) for ts in per_set)  # noqa: E731
+        fits = lambda t, cap, rate=math.inf, per_set=per_set: any(  # noqa: E731
+            stages_fit_dp(inp, t, cap, times_s=ts, max_rate_usd_per_s=rate) for ts in per_set)
         out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
                                             target_s if target_s is None else min(target_s, out), rest_floor))
     return out
