@@ -771,7 +771,10 @@ def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, 
             ok, bad = -1, hi  # cands[..ok] hold no plan within the budget; cands[..bad] may
             while bad - ok > 1:
                 mid = (ok + bad) // 2
-                ok, bad = (mid, bad) if _range_ruled_out(inp, fits, cands, time_at, 0, mid, BUDGET_SPLITS) else (ok, mid)
+                if _range_ruled_out(inp, fits, cands, time_at, 0, mid, BUDGET_SPLITS):
+                    ok = mid
+                else:
+                    bad = mid
             return time_at(ok + 1)
     elif not fits(cands[hi]):
         return math.inf
@@ -833,25 +836,27 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     target (measured: Sailor's GPT-Neo, 5 zones x 32 A100, P7 b2 D16, whose optimum has sigma =
     1.34 s: a fixed grid of 4, 8, 16 cells gives 10.41, 10.93, 11.14 s). After SPLIT_TESTS tests the
     cells left are bounded whole."""
-    def bound(a: int, b: int, target: float | None) -> float:
-        cap = vals[b - 1] if b < len(vals) else math.inf
-        return _send_aware_cell_s(inp, lambda t, rate=math.inf: fits(t, cap, rate), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
-                                  transfers, target)
+    def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest)
+        return lambda t, rate=math.inf: fits(t, cap, rate), max(sync_update, rest_floor, floor)
+
+    def of(a: int, b: int) -> tuple:  # the cell of the plans whose largest extra is one of vals[a..b-1]
+        return cell(vals[a], vals[b - 1] if b < len(vals) else math.inf)
+
+    def bound(test_rest: tuple, target: float | None) -> float:
+        return _send_aware_cell_s(inp, test_rest[0], cands, test_rest[1], sum_tau, transfers, target)
 
     vals = _extra_values_s(inp)
     if target_s is None or inp.m <= 1 or vals.size == 0:
-        return min(_send_aware_cell_s(inp, lambda t, rate=math.inf, cap=cap: fits(t, cap, rate), cands, max(sync_update, floor, rest_floor),
-                                      sum_tau, transfers, target_s) for floor, cap in _send_aware_cells(inp, sync_update))
+        return min(bound(cell(floor, cap), target_s) for floor, cap in _send_aware_cells(inp, sync_update))
     out, tests, stack = math.inf, 0, [(0, len(vals))]
     while stack:
         a, b = stack.pop()
+        test, rest = of(a, b)
         if b - a == 1 or tests >= SPLIT_TESTS:
-            out = min(out, bound(a, b, min(target_s, out)))
+            out = min(out, bound((test, rest), min(target_s, out)))
             continue
         tests += 1
-        cap = vals[b - 1] if b < len(vals) else math.inf
-        ruled = _cell_rules_out_s(inp, lambda t, rate=math.inf: fits(t, cap, rate), cands, max(sync_update, rest_floor, vals[a]), sum_tau,
-                                  transfers, min(target_s, out))
+        ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau, transfers, min(target_s, out))
         if ruled is not None:
             out = min(out, ruled)
         else:
