@@ -165,7 +165,9 @@ def test_warm_start_sets_every_variable_of_sailors_model() -> None:
 def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(monkeypatch) -> None:
     """`sailor_send_aware_time_bound_s` per cell of the plans' largest all-reduce + update
     (`_send_aware_cells`): below the MILP optimum of every outer choice tried (the model is what
-    the bound bounds), and strictly above the bound with one cell on some of them."""
+    the bound bounds), and strictly above the bound with one cell on some of them. With a target
+    just above the optimum (split cells, lifted sums of stage times) it stays below the optimum
+    and reaches within 3 % of it on some choices (2 of 12)."""
     from hetplan.formulations.joint import bounds
     from hetplan.orchestration.planner import Combo, joint_inputs, with_sync_table
     from hetplan.orchestration.planner.inputs import _quotas, _Tables
@@ -179,7 +181,7 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
         return with_sync_table(joint_inputs(inst, tables, quotas, combo, "max_throughput", None, None,
                                             opts.tp_choices), tables)
 
-    checked = lifted = 0
+    checked = lifted = close = 0
     for P, b, D in itertools.product((2, 3, 4), (1, 2), (2, 4)):
         inp = inputs(Combo(P, b, D))
         if inp is None or not joint.blocks_identical(inp):
@@ -189,11 +191,15 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
         if res.status.value == "infeasible":
             continue
         assert res.status.value == "optimal", (P, b, D, res.status)
-        assert got <= joint.objective_value(inp, res.objective) * (1 + REL), (P, b, D)
+        optimum = joint.objective_value(inp, res.objective)
+        assert got <= optimum * (1 + REL), (P, b, D)
+        near = joint.sailor_send_aware_time_bound_s(inputs(Combo(P, b, D)), optimum * 1.02)
+        assert near <= optimum * (1 + REL), (P, b, D, near, optimum)
+        close += near >= 0.97 * optimum
         with monkeypatch.context() as patch:
             patch.setattr(bounds, "_send_aware_cells", lambda inp, sync_update, count=4: [(sync_update, math.inf)])
             one = joint.sailor_send_aware_time_bound_s(inputs(Combo(P, b, D)))
         assert got >= one * (1 - REL)
         lifted += got > one * (1 + 1e-9)
         checked += 1
-    assert checked >= 6 and lifted >= 1, (checked, lifted)
+    assert checked >= 6 and lifted >= 1 and close >= 2, (checked, lifted, close)
