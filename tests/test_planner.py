@@ -764,49 +764,53 @@ def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
 
 
 
-def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
-    """Sailor's composition on tiny and tiny_regions (send floors by TP): every plan's largest
-    all-reduce + update table value s (`_ClassTables`, of each stage's classes and placement) puts
-    it in one cell of `_send_aware_cells`, within that cell's cap, and the cell's bound is below
-    its T; some cell above the first must hold plans, or the floors would not be exercised."""
-    from hetplan.formulations.joint import bounds
-
-    checked = high = 0
-    for make in (tiny, tiny_regions):
-        for combo, base in combos_of(make(), "max_throughput"):
-            if combo.P < 2:
-                continue
-            inp = dataclasses.replace(base, composition="sailor",
-                                      send_floor_s=tuple(0.002 * (1 + p.tp % 2) for p in base.pools))
-            tab = bounds._class_tables(inp)
-            extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
-            times = bounds._sailor_stage_times_s(inp)
-            cands = sorted(set(times[np.isfinite(times)].tolist()))
-            sync_update = bounds._sync_update_lower_bound_s(inp)
-            transfers = bounds._links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * bounds._sailor_send_floor_s(inp)
-            cells = bounds._send_aware_cell_bounds(inp, times, cands, bounds.sum_tau_lower_bound_s(inp), sync_update,
-                                                   transfers, None)
-            for sol, ev in all_plans(inp, "blocks"):
-                s = 0.0
-                for i, (a, b) in enumerate(sol.ranges):
-                    n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
-                    table = extra_span if ev["span"][i] else extra_in
-                    s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
-                j = max(j for j, (floor, _, _) in enumerate(cells) if j == 0 or floor <= s)
-                floor, cap, bound = cells[j]
-                assert s <= cap, (combo, s, cells)
-                assert bound <= ev["T"] * (1 + 1e-9), (combo, j, bound, ev["T"])
-                high += j > 0
-                checked += 1
-    assert checked >= 100 and high >= 10, (checked, high)
-
-
 def _sailor_with_sends(base: joint.JointInputs) -> joint.JointInputs:
     """`base` in Sailor's composition with send floors by TP, and floors to another zone / region
     above them (a TP 1 sender over a region is 10x slower than inside one)."""
     return dataclasses.replace(base, composition="sailor",
                                send_floor_s=tuple(0.002 * (1 + p.tp % 2) for p in base.pools),
                                send_away_s=tuple((0.004 * (1 + p.tp % 2), 0.02 * (1 + p.tp % 2)) for p in base.pools))
+
+
+def sailor_choices(*makes):
+    """(choice, inputs in Sailor's composition with `_sailor_with_sends`) of every pipelined choice
+    (P > 1) of the instances `makes` build (`combos_of`)."""
+    for make in makes:
+        for combo, base in combos_of(make(), "max_throughput"):
+            if combo.P > 1:
+                yield combo, _sailor_with_sends(base)
+
+
+def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
+    """Sailor's composition on tiny and tiny_regions (`_sailor_with_sends`): every plan's largest
+    all-reduce + update table value s (`_ClassTables`, of each stage's classes and placement) puts
+    it in one cell of `_send_aware_cells`, within that cell's cap, and the cell's bound is below
+    its T; some cell above the first must hold plans, or the floors would not be exercised."""
+    from hetplan.formulations.joint import bounds
+
+    checked = high = 0
+    for combo, inp in sailor_choices(tiny, tiny_regions):
+        tab = bounds._class_tables(inp)
+        extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
+        times = bounds._sailor_stage_times_s(inp)
+        cands = sorted(set(times[np.isfinite(times)].tolist()))
+        sync_update = bounds._sync_update_lower_bound_s(inp)
+        transfers = bounds._links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * bounds._sailor_send_floor_s(inp)
+        cells = bounds._send_aware_cell_bounds(inp, bounds._times_fit(inp, times), cands,
+                                               bounds.sum_tau_lower_bound_s(inp), sync_update, transfers)
+        for sol, ev in all_plans(inp, "blocks"):
+            s = 0.0
+            for i, (a, b) in enumerate(sol.ranges):
+                n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
+                table = extra_span if ev["span"][i] else extra_in
+                s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
+            j = max(j for j, (floor, _, _) in enumerate(cells) if j == 0 or floor <= s)
+            floor, cap, bound = cells[j]
+            assert s <= cap, (combo, s, cells)
+            assert bound <= ev["T"] * (1 + 1e-9), (combo, j, bound, ev["T"])
+            high += j > 0
+            checked += 1
+    assert checked >= 100 and high >= 10, (checked, high)
 
 
 def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
@@ -817,10 +821,7 @@ def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
     from hetplan.formulations.joint import bounds
 
     checked = lifted = 0
-    for combo, base in combos_of(tiny_regions(), "max_throughput"):
-        if combo.P < 2:
-            continue
-        inp = _sailor_with_sends(base)
+    for combo, inp in sailor_choices(tiny_regions):
         evs = [ev for _, ev in all_plans(inp, "blocks")]
         crossing = min(ev["T"] for ev in evs if len(set().union(*ev["regions"])) > 1)
         best = min(ev["T"] for ev in evs)
@@ -841,18 +842,14 @@ def test_split_cells_bound_every_plan_and_beat_the_fixed_grid_near_the_target():
     from hetplan.formulations.joint import bounds
 
     checked = stronger = 0
-    for make in (tiny, tiny_regions):
-        for combo, base in combos_of(make(), "max_throughput"):
-            if combo.P < 2:
-                continue
-            inp = _sailor_with_sends(base)
-            best = min(ev["T"] for _, ev in all_plans(inp, "blocks"))
-            fixed = bounds.sailor_send_aware_time_bound_s(inp)
-            for target in (0.8 * best, best, 1.05 * best, 1.5 * best):
-                got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
-                assert got <= best * (1 + 1e-9), (combo, target, got, best)
-                stronger += got > fixed * (1 + 1e-9) and target >= best
-                checked += 1
+    for combo, inp in sailor_choices(tiny, tiny_regions):
+        best = min(ev["T"] for _, ev in all_plans(inp, "blocks"))
+        fixed = bounds.sailor_send_aware_time_bound_s(inp)
+        for target in (0.8 * best, best, 1.05 * best, 1.5 * best):
+            got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+            assert got <= best * (1 + 1e-9), (combo, target, got, best)
+            stronger += got > fixed * (1 + 1e-9) and target >= best
+            checked += 1
     assert checked >= 40 and stronger >= 4, (checked, stronger)
 
 
@@ -865,21 +862,18 @@ def test_send_aware_bound_under_a_budget_is_below_every_affordable_plan():
     from hetplan.formulations.joint import bounds
 
     checked = lifted = 0
-    for make in (tiny, tiny_regions):
-        for combo, base in combos_of(make(), "max_throughput"):
-            if combo.P < 2:
-                continue
-            evs = [ev for _, ev in all_plans(_sailor_with_sends(base), "blocks")]
-            costs = sorted(ev["cost"] for ev in evs)
-            for budget in (costs[0] * (1 + 1e-4), costs[len(costs) // 3]):
-                inp = dataclasses.replace(_sailor_with_sends(base), max_cost_usd=budget)
-                best = min(ev["T"] for ev in evs if ev["cost"] <= budget)
-                for target in (0.9 * best, best, 1.1 * best, 2 * best):
-                    got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
-                    free = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp, max_cost_usd=None), target)
-                    assert got <= best * (1 + 1e-9), (combo, budget, target, got, best)
-                    lifted += got > free * (1 + 1e-9)
-                    checked += 1
+    for combo, sailor in sailor_choices(tiny, tiny_regions):
+        evs = [ev for _, ev in all_plans(sailor, "blocks")]
+        costs = sorted(ev["cost"] for ev in evs)
+        for budget in (costs[0] * (1 + 1e-4), costs[len(costs) // 3]):
+            inp = dataclasses.replace(sailor, max_cost_usd=budget)
+            best = min(ev["T"] for ev in evs if ev["cost"] <= budget)
+            for target in (0.9 * best, best, 1.1 * best, 2 * best):
+                got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+                free = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp, max_cost_usd=None), target)
+                assert got <= best * (1 + 1e-9), (combo, budget, target, got, best)
+                lifted += got > free * (1 + 1e-9)
+                checked += 1
     assert checked >= 80 and lifted >= 4, (checked, lifted)
 
 

@@ -702,18 +702,24 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    return _split_cells_bound_s(inp, lambda t, cap, rate=math.inf: stages_fit_dp(
-        inp, t, cap, times_s=times, max_rate_usd_per_s=rate), cands, sum_tau,
-                                transfers, sync_update, target_s, lift=True)
+    return _split_cells_bound_s(inp, _times_fit(inp, times), cands, sum_tau, transfers, sync_update, target_s,
+                                lift=True)
 
 
 
-def _send_aware_cell_bounds(inp: JointInputs, times: np.ndarray, cands: list[float], sum_tau: float,
-                            sync_update: float, transfers: float, target_s: float | None) -> list[tuple]:
-    """(floor, cap, bound on T of the plans of that cell) for each cell of `_send_aware_cells`."""
-    return [(floor, cap, _send_aware_cell_s(inp, lambda t, rate=math.inf, cap=cap: stages_fit_dp(
-        inp, t, cap, times_s=times, max_rate_usd_per_s=rate), cands,
-                                            max(sync_update, floor), sum_tau, transfers, target_s))
+def _times_fit(inp: JointInputs, *times: np.ndarray):
+    """fits(theta, cap, rate): `stages_fit_dp` with one of the per-class stage time arrays `times`."""
+    return lambda t, cap, rate=math.inf: any(stages_fit_dp(inp, t, cap, times_s=ts, max_rate_usd_per_s=rate)
+                                             for ts in times)
+
+
+
+def _send_aware_cell_bounds(inp: JointInputs, fits, cands: list[float], sum_tau: float, sync_update: float,
+                            transfers: float, rest_floor: float = 0.0) -> list[tuple]:
+    """(floor, cap, bound on T of the plans of that cell) for each cell of `_send_aware_cells`, no
+    target: `fits(theta, cap, rate)` as in `_split_cells_bound_s`."""
+    return [(floor, cap, _send_aware_cell_s(inp, lambda t, rate=math.inf, cap=cap: fits(t, cap, rate), cands,
+                                            max(sync_update, floor, rest_floor), sum_tau + transfers, 0.0, None))
             for floor, cap in _send_aware_cells(inp, sync_update)]
 
 
@@ -763,11 +769,11 @@ def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, 
         out = _cell_rules_out_s(inp, fits, cands, rest, sum_tau, transfers, target_s)
         if out is not None:
             return out
-        hi = bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
+        hi = _last_beating(inp, cands, rest, sum_tau, transfers, target_s)
         if hi < 0:
             return iteration_time_s(inp.m, sum_tau, transfers, cands[0], rest)
         if inp.max_cost_usd is not None:  # the least slowest stage the budget affords, by ranges
-            time_at = lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest)  # noqa: E731
+            time_at = _cell_time_at(inp, cands, rest, sum_tau, transfers)
             ok, bad = -1, hi  # cands[..ok] hold no plan within the budget; cands[..bad] may
             while bad - ok > 1:
                 mid = (ok + bad) // 2
@@ -790,17 +796,30 @@ def _cell_rules_out_s(inp: JointInputs, fits, cands: list[float], rest: float, s
     target, else None. Under a budget (`JointInputs.max_cost_usd`), cost >= rate x T, so a plan whose
     slowest stage takes one of cands[lo..hi] has T >= the cell's T at cands[lo] and a rate of at most
     the budget over that: `_range_ruled_out` tests the range so, halving it where it fits."""
-    below = bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
+    below = _last_beating(inp, cands, rest, sum_tau, transfers, target_s)
     if below < 0:
         return None
     if inp.max_cost_usd is None:
         if fits(cands[below]):
             return None
-    elif not _range_ruled_out(inp, fits, cands, lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest),
-                              0, below, BUDGET_SPLITS):
+    elif not _range_ruled_out(inp, fits, cands, _cell_time_at(inp, cands, rest, sum_tau, transfers), 0, below,
+                              BUDGET_SPLITS):
         return None
     theta = cands[below + 1] if below + 1 < len(cands) else math.inf
     return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
+
+
+
+def _last_beating(inp: JointInputs, cands: list[float], rest: float, sum_tau: float, transfers: float,
+                  target_s: float) -> int:
+    """The index of the last candidate stage time at which a cell's T would beat `target_s` (-1: none)."""
+    return bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
+
+
+
+def _cell_time_at(inp: JointInputs, cands: list[float], rest: float, sum_tau: float, transfers: float):
+    """j -> a cell's T with its slowest stage at cands[j]."""
+    return lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest)
 
 
 
@@ -844,7 +863,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     (`_send_aware_cell_s`) already costs up to 127 DP tests a step; with the lift, in
     benchmarks/sailor_real.py --time-limit 30, 32 A100 + 96 V100 under 0.5 USD went from gap
     1.0 % in 24 s to 6.6 % at the limit (fig. 12's budget scenario from 11.4 to 7.9 %, both at it)."""
-    def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest, its stages' sum)
+    def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest, the cap)
         return lambda t, rate=math.inf: fits(t, cap, rate), max(sync_update, rest_floor, floor), cap
 
     def of(a: int, b: int) -> tuple:  # the cell of the plans whose largest extra is one of vals[a..b-1]
@@ -863,7 +882,10 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
         return _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
 
     vals = _extra_values_s(inp)
-    if target_s is None or inp.m <= 1 or vals.size == 0:
+    if target_s is None:
+        return min(b for _, _, b in _send_aware_cell_bounds(inp, fits, cands, sum_tau, sync_update, transfers,
+                                                            rest_floor))
+    if inp.m <= 1 or vals.size == 0:
         return min(bound(cell(floor, cap), target_s) for floor, cap in _send_aware_cells(inp, sync_update))
     out, tests, stack = math.inf, 0, [(0, len(vals))]
     while stack:
@@ -904,10 +926,11 @@ def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
 def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least one send of a stage class c serves takes: max(c_node / 2, the least send
     floor of c's pools)."""
-    classes = _class_tables(inp).classes
-    floor = np.array([min(inp.send_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
-                      for c in classes])
-    return np.maximum(floor, _c_node_s(inp) / 2)
+    def make(inp: JointInputs) -> np.ndarray:
+        floor = np.array([min(inp.send_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
+                          for c in _class_tables(inp).classes])
+        return np.maximum(floor, _c_node_s(inp) / 2)
+    return _cached_for(inp, "sailor_class_sends", make)
 
 
 
@@ -963,9 +986,7 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
         if not cands:
             continue
         transfers = (inp.P - 1 - n) * _c_node_s(inp) + 2 * n * x + ends
-        fits = lambda t, cap, rate=math.inf, per_set=per_set: any(  # noqa: E731
-            stages_fit_dp(inp, t, cap, times_s=ts, max_rate_usd_per_s=rate) for ts in per_set)
-        out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
+        out = min(out, _split_cells_bound_s(inp, _times_fit(inp, *per_set), cands, sum_tau, transfers, sync_update,
                                             target_s if target_s is None else min(target_s, out), rest_floor,
                                             lift=True))
     return out
@@ -975,9 +996,11 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
 def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): x_c of `sailor_crossing_time_bound_s`, the least a send of class c over a boundary
     between regions takes."""
-    away = np.array([min(max(inp.send_floor(k), inp.send_away(k)[1]) for k, p in enumerate(inp.pools)
-                         if (p.gpu_type, p.tp) == c) for c in _class_tables(inp).classes])
-    return np.maximum(np.maximum(away, _sailor_class_sends_s(inp)), inp.p2p_s(inp.region) / 2)
+    def make(inp: JointInputs) -> np.ndarray:
+        away = np.array([min(max(inp.send_floor(k), inp.send_away(k)[1]) for k, p in enumerate(inp.pools)
+                             if (p.gpu_type, p.tp) == c) for c in _class_tables(inp).classes])
+        return np.maximum(np.maximum(away, _sailor_class_sends_s(inp)), inp.p2p_s(inp.region) / 2)
+    return _cached_for(inp, "sailor_crossing_sends", make)
 
 
 

@@ -39,7 +39,7 @@ class _Tables:
         self._least_nodes: dict = {}  # `_least_nodes` answers
         self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
         self._links: dict = {}
-        self._sends: dict = {}  # send_floor_s: (gpu type, zone, tp, b) -> seconds
+        self._sends: dict = {}  # send_floor_s: (gpu type, zone, tp, b, away, receiving) -> seconds
         self._groups: dict | None = None  # _node_groups
         self.sync_tables: dict = {}  # with_sync_table: (D, pools, P) -> table
         self._rows: dict = {}  # pool_rows: (b, D, TP choices, quotas) -> rows shared by every P
@@ -95,7 +95,7 @@ class _Tables:
                     upd, fixed, send, away, recv = self.upd(g, t, D), 0.0, 0.0, (0.0, 0.0), 0.0
                     if self.sailor:  # the profile's whole-model step, taken by every stage as is
                         upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
-                        send, recv = self.send_floor_s(g, z, t, b), _finite(self.recv_floor_s(g, z, t, b))
+                        send, recv = self.send_floor_s(g, z, t, b), _finite(self.send_floor_s(g, z, t, b, receiving=True))
                         away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
                     for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
                                                  upd, s_b, a_b, c_b, fixed, send, away, recv)):
@@ -195,19 +195,22 @@ class _Tables:
             self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
         return self._links[key]
 
-    def send_floor_s(self, g: str, z: str, t: int, b: int, away: str | None = None) -> float:
+    def send_floor_s(self, g: str, z: str, t: int, b: int, away: str | None = None,
+                     receiving: bool = False) -> float:
         """(Sailor's composition) The least time of one send from a TP-t replica of g in zone z to any
         node (its own included) at any TP group size, of any unit output at microbatch b: a floor
         on every send a stage holding such a replica makes (`JointInputs.send_floor_s`). With `away`
         "zone" / "region", to nodes of another zone / region only (`JointInputs.send_away_s`; inf
-        where there is none)."""
-        key = (g, z, t, b, away)
+        where there is none). `receiving`: of one send to such a replica from any node instead, a
+        floor on every send such a stage receives (`JointInputs.recv_floor_s`)."""
+        key = (g, z, t, b, away, receiving)
         if key not in self._sends:
-            src = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
-            far = {None: lambda c: True, "zone": lambda c: c.zone != src.zone,
-                   "region": lambda c: c.region != src.region}[away]
-            self._sends[key] = min((self._least_send_s(src, c, b, (t,)) for c in self._receivers(src) if far(c)),
-                                   default=math.inf)
+            node = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
+            far = {None: lambda c: True, "zone": lambda c: c.zone != node.zone,
+                   "region": lambda c: c.region != node.region}[away]
+            least = (lambda c: self._least_send_s(c, node, b, None, (t,))) if receiving else \
+                (lambda c: self._least_send_s(node, c, b, (t,)))
+            self._sends[key] = min((least(c) for c in self._receivers(node) if far(c)), default=math.inf)
         return self._sends[key]
 
     def _node_groups(self) -> dict[tuple[str, str], list]:
@@ -222,8 +225,9 @@ class _Tables:
         return [nodes[0] for nodes in self._node_groups().values()]
 
     def _receivers(self, a) -> list:
-        """The nodes a boundary's transfer from node a may reach, one of each kind: another node of
-        every group, and node a itself (first fit may put both stages there) when it has 2 GPUs."""
+        """The nodes at the other end of a boundary's transfer from (or to) node a, one of each kind:
+        another node of every group, and node a itself (first fit may put both stages there) when
+        it has 2 GPUs."""
         out = [next((n for n in nodes if n.node_id != a.node_id), None) for nodes in self._node_groups().values()]
         return [c for c in out if c is not None] + ([a] if a.num_gpus >= 2 else [])
 
@@ -239,17 +243,6 @@ class _Tables:
         sizes = {self.info.output_bytes(u, b) for u in range(self.U)}
         return min((self._p2p_s(a, c, size, ga, gc) for size in sizes for ga in src_tps or TP_CHOICES
                     for gc in dst_tps or TP_CHOICES if ga <= a.num_gpus and gc <= c.num_gpus), default=math.inf)
-
-    def recv_floor_s(self, g: str, z: str, t: int, b: int) -> float:
-        """(Sailor's composition) The least time of one send to a TP-t replica of g in zone z from any
-        node (its own included) at any TP group size, of any unit output at microbatch b: a floor on
-        every send a stage holding such a replica receives (`JointInputs.recv_floor_s`)."""
-        key = (g, z, t, b, "recv")
-        if key not in self._sends:
-            dst = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
-            self._sends[key] = min((self._least_send_s(c, dst, b, None, (t,)) for c in self._receivers(dst)),
-                                   default=math.inf)
-        return self._sends[key]
 
     def _p2p_s(self, a, c, nbytes: float, gpus_a: int | None, gpus_c: int | None) -> float:
         """The estimator's transfer between nodes a and c at TP groups of these sizes (None: not said);
