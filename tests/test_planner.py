@@ -890,3 +890,52 @@ def test_a_milp_stopped_without_a_plan_lends_its_dual_bound_up_to_the_cutoff():
     assert _unsolved_bound(inp, 1.0, 3.0 * TIME_UNITS_PER_S, 2.0) == 2.0  # past the cutoff: the cutoff
     assert _unsolved_bound(inp, 1.0, 3.0 * TIME_UNITS_PER_S, None) == pytest.approx(3.0)
     assert _unsolved_bound(inp, 1.0, 0.5 * TIME_UNITS_PER_S, 2.0) == 1.0
+
+
+def tiny_three_types():
+    """A fast, a middling and a slow GPU type: the stage DP merges two of them into one resource."""
+    return _tiny_instance("tiny-three", [_node_group("a", "A100-40", "r1-a", 3.0),
+                                         _node_group("v", "V100-16", "r1-b", 1.0, 2),
+                                         _node_group("t", "T4", "r1-c", 0.5, 2)], "max_throughput")
+
+
+def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_it(monkeypatch):
+    """Three GPU types: `stages_fit_dp` merges two into one resource, so it may accept a stage time
+    that no plan of its relaxation meets (by enumeration), but it must never reject one that some
+    plan meets. Weighting the merged GPUs by speed (`_weighted_right_fits`) must reject stage times
+    that the merge by count alone accepts."""
+    checked = tighter = 0
+    for combo, inp in combos_of(tiny_three_types(), "max_throughput"):
+        time_s, _ = joint.tables._class_figures(inp)
+        for theta in sorted(set(time_s.values())):
+            truth = _relaxation_by_enumeration(inp, theta)
+            got = joint.stages_fit_dp(inp, theta)
+            assert got or not truth, (combo, theta)
+            checked += 1
+            if not got:
+                with monkeypatch.context() as m:  # the merge by count: every weight 1
+                    m.setattr(joint.bounds, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds._gpus_per_type(inp), 1.0))
+                    tighter += joint.stages_fit_dp(inp, theta)
+    assert checked >= 30
+    assert tighter >= 1, "the speed weights never tightened the test"
+
+
+def test_crossing_bounds_hold_on_every_plan_by_its_regions():
+    """Each crossing bound of `region_split_time_bound_s` against the plans it covers, by
+    enumeration on tiny_regions: the ends in different regions, or both ends in one region and a
+    stage in another."""
+    checked = {"apart": 0, "two": 0}
+    for combo, inp in combos_of(tiny_regions(), "max_throughput"):
+        if inp.P < 2:
+            continue
+        merged = joint.bounds._time_lower_bound_merged_s(inp, True, None)
+        ends_apart, two_hops = joint.bounds._crossing_bounds_s(inp, merged)
+        for sol, ev in all_plans(inp, "blocks"):
+            regions = [{inp.pools[k].region for k, n in enumerate(row) if n} for row in sol.replicas]
+            if regions[0] != regions[-1]:
+                assert ends_apart <= ev["T"] * (1 + 1e-9), combo
+                checked["apart"] += 1
+            elif len(set().union(*regions)) > 1:
+                assert two_hops <= ev["T"] * (1 + 1e-9), combo
+                checked["two"] += 1
+    assert min(checked.values()) >= 5, checked

@@ -449,6 +449,8 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     fewest B-GPUs: best'[s + n, a + x w_A] = min(best[s, a] + (D - x) w_B), x = 0..D replicas of A.
     More types are merged pairwise into two resources (a merged type takes the smaller w and the
     sum of the GPUs), which only relaxes further; every merge is a valid test, so all are tried.
+    A merged resource is also tested with its GPUs weighted by speed (`_weighted_right_fits`):
+    merged by count, a slow GPU stands in for a fast one.
     Unlike the Hall count of `blocks_coverable`, this sees that GPUs a stage takes are gone for the
     others (measured: it rejects outer choices that the MILP needed 0.1-0.5 s each to reject).
     With `extra_cap_s`, a class may serve a stage only if its all-reduce + update there
@@ -523,6 +525,21 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
         if max_rate_usd_per_s < math.inf:
             cap = min(cap, math.floor(max_rate_usd_per_s / _gpu_rate_usd_per_s(inp, left) * (1 + 1e-12)))
         return _least_units_dp(inp, w_a) <= cap // D
+    last = _replica_dp(_stage_entries(inp, w_a, w_b), L, cap_a + 1, D)  # last[a]: fewest right-GPUs with a left-GPUs
+    ok = last <= cap_b
+    if inp.max_gpus is not None:
+        ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
+    if max_rate_usd_per_s < math.inf:
+        with np.errstate(invalid="ignore"):  # inf GPUs x a price: not ok anyway
+            rate = np.arange(cap_a + 1) * _gpu_rate_usd_per_s(inp, left) + last * _gpu_rate_usd_per_s(inp, right)
+        ok &= rate <= max_rate_usd_per_s * (1 + 1e-12)
+    return bool(ok.any()) and (len(right) < 2 or _weighted_right_fits(inp, need, gpus, right, w_a, cap_a))
+
+
+
+def _stage_entries(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray) -> list:
+    """Per stage, `_replica_dp`'s entries: the block counts grouped by their (w_a, w_b)."""
+    lay = _pair_layout(inp)
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
     stages = []
     for i in range(inp.P):
@@ -531,15 +548,37 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
         for wa, wb, n in zip(w_a[at].tolist(), w_b[at].tolist(), lay.count[at].tolist()):
             by_need.setdefault((wa, wb), []).append((n, 0.0))
         stages.append(list(by_need.items()))
-    last = _replica_dp(stages, L, cap_a + 1, D)  # last[a]: fewest right-GPUs with a left-GPUs
-    ok = last <= cap_b
-    if inp.max_gpus is not None:
-        ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
-    if max_rate_usd_per_s < math.inf:
-        with np.errstate(invalid="ignore"):  # inf GPUs x a price: not ok anyway
-            rate = np.arange(cap_a + 1) * _gpu_rate_usd_per_s(inp, left) + last * _gpu_rate_usd_per_s(inp, right)
-        ok &= rate <= max_rate_usd_per_s * (1 + 1e-12)
-    return bool(ok.any())
+    return stages
+
+
+
+def _weighted_right_fits(inp: JointInputs, need: dict, gpus: dict, right: list[str], w_a: np.ndarray,
+                         cap_a: int) -> bool:
+    """The right resource of `_two_resource_dp` with its types weighted: for any weights lam_g >= 0,
+    a plan's replicas x_ig of stage i on type g meet sum_i x_ig w_g(i) <= n_g for every g, so
+    sum_g lam_g n_g >= sum_i sum_g lam_g w_g(i) x_ig >= sum_i (min_g lam_g w_g(i)) (replicas of i on
+    the right): the DP with w_b = min_g lam_g w_g and the capacity sum_g lam_g n_g is a relaxation
+    too. lam_g = 1 / (GPU-seconds of one microbatch through the model on g) (`_merge_weights`)
+    counts each GPU as the share of the work it can do, where the plain merge (lam = 1) lets a slow
+    type's GPUs stand in for a fast one's (measured: large_5type_2k, Llama-7B, P4 b2 D128 in
+    us-central1, the least slowest stage the test accepts from 0.128 to 0.153 s)."""
+    lam = _merge_weights(inp)
+    top = max(lam[g] for g in right)
+    w_b = np.min([need[g] * (lam[g] / top) for g in right], axis=0)
+    cap_b = sum(gpus[g] * (lam[g] / top) for g in right)
+    last = _replica_dp(_stage_entries(inp, w_a, w_b), inp.U - 2, cap_a + 1, inp.D)
+    return bool((last <= cap_b * (1 + 1e-9)).any())  # float sums of weights: no plan lost to rounding
+
+
+
+def _merge_weights(inp: JointInputs) -> dict[str, float]:
+    """GPU type -> 1 / its least GPU-seconds of one microbatch through every unit (the C_g of
+    `fluid_gpu_seconds_s`; 1 for a type whose work is free)."""
+    def make(inp: JointInputs) -> dict[str, float]:
+        work = least_work_by_type((p.gpu_type, [inp.step_s[k][l] * p.tp for l in range(inp.U)])
+                                  for k, p in enumerate(inp.pools))
+        return {g: 1.0 / sum(row) if sum(row) > 0 else 1.0 for g, row in work.items()}
+    return _shared_for(inp, "merge_weights", make)
 
 
 
@@ -1034,23 +1073,31 @@ def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float
         rest + 2 (c_region - c_node) with that theta;
       - or puts its ends in different regions: one crossing, and the tied-embedding all-reduce
         crosses regions too, T >= sum tau + (P - 1) c_node + (c_region - c_node) + (m - 1) theta
-        + tied(region) + mu, each term bounded alone.
+        + tied(region) + mu, each term bounded alone; and T >= merged_s + (c_region - c_node)
+        (merged_s holds with the boundaries at c_node and grows with them one for one).
     The least of these is a bound (measured: OPT-350M on 5 zones in 2 regions, P5 b1 D64, the
     merged bound is 1.50 s, the optimum 1.654 s: the small region can hold one stage only at the
     cost of two crossings)."""
+    return _least_over_regions(inp, min(_crossing_bounds_s(inp, merged_s)), target_s,
+                               lambda sub, target: _time_lower_bound_merged_s(sub, True, target, strongest))
+
+
+
+def _crossing_bounds_s(inp: JointInputs, merged_s: float) -> tuple[float, float]:
+    """(T of the plans whose ends lie in different regions, T of the plans over several regions
+    whose ends lie in one) at least, as `region_split_time_bound_s` states them."""
     c_node, c_region = inp.p2p_s(inp.node), inp.p2p_s(inp.region)
     hop = c_region - c_node
     theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, True), c_region / 2)
     sum_tau = sum_tau_lower_bound_s(inp)
-    ends_apart = iteration_time_s(inp.m, sum_tau, (inp.P - 1) * c_node + hop, theta,
-                                  inp.tied_s[2] + _mu_lower_bound_s(inp))
+    ends_apart = max(merged_s + hop, iteration_time_s(inp.m, sum_tau, (inp.P - 1) * c_node + hop, theta,
+                                                      inp.tied_s[2] + _mu_lower_bound_s(inp)))
     # two crossings: their boundaries take c_region, so theta >= c_region / 2 there too (measured:
     # OPT-350M, 5 zones x 80 A100, P13 b2 D16, m = 64: 1.52 s -> 2.57 s, above the 1.98 s of the
     # plans inside one region; the MILPs of P13-P16 D16 each stopped at their 5 s limit)
     two_hops = max(merged_s, iteration_time_s(inp.m, sum_tau, _links_lower_bound_s(inp), theta,
                                               _sync_update_lower_bound_s(inp))) + 2 * hop
-    return _least_over_regions(inp, min(two_hops, ends_apart), target_s,
-                               lambda sub, target: _time_lower_bound_merged_s(sub, True, target, strongest))
+    return ends_apart, two_hops
 
 
 
