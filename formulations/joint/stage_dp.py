@@ -107,19 +107,25 @@ def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
     best = np.full(shape, np.inf)
     best[(slice(None),) + (0,) * (len(shape) - 1)] = 0.0  # stage 0 may start in any region
     values = [best]  # after each stage: the plan is read back from these (`_read_back`)
+    bands = _block_bands([[n for (_, _, n), _ in row] for row in options], L)
+    scratch = np.empty(best[0].size)
     for i, row in enumerate(options):
         check_deadline()
         # best over the previous stage's region, per target region: staying, or crossing at a price
         entering = [_entering(best, r, step) if crossing and i > 0 else best[r] for r in range(len(regions))]
         new = np.full(shape, np.inf)
+        (lo, hi), (q0, q1) = bands[i], bands[i + 1]
         for (c, region, n), val in row:
             r = regions.index(region)
             axis, u = 1 + space.keys.index((c[0], region)), space.units(c[1])
-            if u >= shape[axis + 1]:
+            s0, s1 = max(lo, q0 - n), min(hi, q1 - n)  # rows that can reach, and can still complete
+            if u >= shape[axis + 1] or s0 > s1:
                 continue
-            dst, src = _shifted(shape, n, axis, u)
+            dst, src = _shifted(shape, n, axis, u, (s0, s1))
             target = new[(r, *dst)]  # a view: the minimum writes through
-            np.minimum(target, entering[r][src] + val, out=target)
+            tmp = scratch[:target.size].reshape(target.shape)
+            np.add(entering[r][src], val, out=tmp)
+            np.minimum(target, tmp, out=target)
         best = new
         values.append(best)
     final = best[:, L]
@@ -135,14 +141,34 @@ def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
 def _entering(best: np.ndarray, r: int, step: float) -> np.ndarray:
     """The least value of entering region r after a stage: staying in r, or coming from another
     region at `step`."""
-    return np.min(np.stack([best[rp] + (0.0 if rp == r else step) for rp in range(best.shape[0])]), axis=0)
+    out = best[r].copy()
+    for rp in range(best.shape[0]):
+        if rp != r:
+            np.minimum(out, best[rp] + step, out=out)
+    return out
 
 
-def _shifted(shape: tuple, n: int, axis: int, u: int) -> tuple[tuple, tuple]:
-    """(destination, source) slices of a choice that adds n blocks and u usage units on `axis`."""
+def _block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
+    """Per stage boundary (before stage 0 .. after the last), the rows of blocks placed that the
+    stages before can reach and the stages after can complete to L: outside them no state is on a
+    plan, so the DP skips them and every state inside keeps the value of the full DP."""
+    lo_n = [min(ns) for ns in counts]
+    hi_n = [max(ns) for ns in counts]
+    out, lo, hi = [(0, 0)], 0, 0
+    for i in range(len(counts)):
+        lo = max(lo + lo_n[i], L - sum(hi_n[i + 1:]))
+        hi = min(hi + hi_n[i], L - sum(lo_n[i + 1:]))
+        out.append((lo, hi))
+    return out
+
+
+def _shifted(shape: tuple, n: int, axis: int, u: int, rows: tuple[int, int]) -> tuple[tuple, tuple]:
+    """(destination, source) slices of a choice that adds n blocks and u usage units on `axis`,
+    from the source rows of blocks placed rows = (first, last)."""
     dst = [slice(None)] * (len(shape) - 1)
     src = [slice(None)] * (len(shape) - 1)
-    dst[0], src[0] = slice(n, None), slice(0, shape[1] - n)
+    s0, s1 = rows
+    dst[0], src[0] = slice(s0 + n, s1 + n + 1), slice(s0, s1 + 1)
     dst[axis], src[axis] = slice(u, None), slice(0, shape[axis + 1] - u)
     return tuple(dst), tuple(src)
 
