@@ -167,7 +167,7 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
     (`_send_aware_cells`): below the MILP optimum of every outer choice tried (the model is what
     the bound bounds), and strictly above the bound with one cell on some of them. With a target
     just above the optimum (split cells, lifted sums of stage times) it stays below the optimum
-    and reaches within 3 % of it on some choices (2 of 12)."""
+    and reaches within 3 % of it on some choices (2 of 9)."""
     from hetplan.formulations.joint import bounds
     from hetplan.orchestration.planner import Combo, joint_inputs, with_sync_table
     from hetplan.orchestration.planner.inputs import _quotas, _Tables
@@ -182,7 +182,10 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
                                             opts.tp_choices), tables)
 
     checked = lifted = close = 0
-    for P, b, D in itertools.product((2, 3, 4), (1, 2), (2, 4)):
+    # P2-P4 x b1-2 x D2-4 without the three whose exact MILPs take 5-6 s each (P3 b2 D4, P4 b1 D2,
+    # P4 b2 D2; none of them came within 3 %): the suite's time
+    slow = {(3, 2, 4), (4, 1, 2), (4, 2, 2)}
+    for P, b, D in (c for c in itertools.product((2, 3, 4), (1, 2), (2, 4)) if c not in slow):
         inp = inputs(Combo(P, b, D))
         if inp is None or not joint.blocks_identical(inp):
             continue
