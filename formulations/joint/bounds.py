@@ -1138,7 +1138,8 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
     links, sync_update = _links_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
     fastest = _fastest_work_s(inp)
     hint = None if target_s is None or inp.m <= 1 else theta_for_time_s(inp.m, target_s, fastest, links, sync_update)
-    theta = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint), _c_node_s(inp) / 2)
+    slowest = max(_theta_work_bound_s(inp), bottleneck_lower_bound_s(inp, exact, hint))  # a stage time
+    theta = max(slowest, _c_node_s(inp) / 2)  # theta >= c_i / 2 as well
     if math.isinf(theta):
         return math.inf
     out = iteration_time_s(inp.m, fastest, links, theta, sync_update)
@@ -1146,7 +1147,8 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
         return out
     out = iteration_time_s(inp.m, sum_tau_lower_bound_s(inp), links, theta, sync_update)
     if exact and blocks_identical(inp) and (target_s is None or out < target_s):
-        out = max(out, sync_aware_time_bound_s(inp, theta, target_s, strongest=strongest))
+        # its theta_lo_s filters the stage times, so it takes the stage-time bound alone
+        out = max(out, sync_aware_time_bound_s(inp, slowest, target_s, strongest=strongest))
     return out
 
 
