@@ -115,9 +115,8 @@ def _fastest_work_s(inp: JointInputs) -> float:
 def _theta_work_bound_s(inp: JointInputs) -> float:
     """theta >= max(F / P, D x `fluid_gpu_seconds_s`) (see `time_lower_bound_s`): the GPU types'
     per-unit GPU-seconds (the least over their TP degrees), their GPUs available and max_gpus."""
-    per_replica = _shared_for(inp, "fluid_work", lambda inp: fluid_gpu_seconds_s(least_work_by_type(
-        (p.gpu_type, [inp.step_s[k][l] * p.tp for l in range(inp.U)]) for k, p in enumerate(inp.pools)),
-        _gpus_per_type(inp), inp.max_gpus))
+    per_replica = _shared_for(inp, "fluid_work", lambda inp: fluid_gpu_seconds_s(
+        _work_by_type(inp), _gpus_per_type(inp), inp.max_gpus))
     return max(_fastest_work_s(inp) / inp.P, inp.D * per_replica)
 
 
@@ -148,6 +147,14 @@ def fluid_gpu_seconds_s(work_by_type: dict[str, list[float]], gpus: dict[str, in
         take = min(gpus.get(g, 0), left)
         rate, left = rate + take / whole[g], left - take
     return need / rate if rate > 0 else math.inf
+
+
+
+def _work_by_type(inp: JointInputs) -> dict[str, list[float]]:
+    """c[g][l] of `fluid_gpu_seconds_s` for these pools: per GPU type and unit, the least GPU-seconds
+    (step time x TP) over the type's pools."""
+    return _shared_for(inp, "work_by_type", lambda inp: least_work_by_type(
+        (p.gpu_type, [inp.step_s[k][l] * p.tp for l in range(inp.U)]) for k, p in enumerate(inp.pools)))
 
 
 
@@ -574,11 +581,8 @@ def _weighted_right_fits(inp: JointInputs, need: dict, gpus: dict, right: list[s
 def _merge_weights(inp: JointInputs) -> dict[str, float]:
     """GPU type -> 1 / its least GPU-seconds of one microbatch through every unit (the C_g of
     `fluid_gpu_seconds_s`; 1 for a type whose work is free)."""
-    def make(inp: JointInputs) -> dict[str, float]:
-        work = least_work_by_type((p.gpu_type, [inp.step_s[k][l] * p.tp for l in range(inp.U)])
-                                  for k, p in enumerate(inp.pools))
-        return {g: 1.0 / sum(row) if sum(row) > 0 else 1.0 for g, row in work.items()}
-    return _shared_for(inp, "merge_weights", make)
+    return _shared_for(inp, "merge_weights", lambda inp: {
+        g: 1.0 / sum(row) if sum(row) > 0 else 1.0 for g, row in _work_by_type(inp).items()})
 
 
 
