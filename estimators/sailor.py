@@ -221,16 +221,17 @@ class SailorComm:
 
     def _entry(self, a: Endpoint, b: Endpoint, count_a: int, count_b: int) -> ZoneKey:
         """The zone table's key for a -> b; an error when the table lacks it."""
-        gpus = []
-        for e in (a, b):
-            if e.node_id not in self.nodes:
-                raise EstimatorError(f"sailor: endpoint {e} is not on a node of the instance")
-            gpus.append(self.nodes[e.node_id])
-        key = (a.zone, gpus[0], count_a, b.zone, gpus[1], count_b)
+        key = (a.zone, self._gpu(a), count_a, b.zone, self._gpu(b), count_b)
         if key not in self.zone_fits:
             raise EstimatorError(f"sailor: the zone bandwidth table has no entry (src zone, GPU, GPUs, dst zone, "
                                  f"GPU, GPUs) = {key}")
         return key
+
+    def _gpu(self, e: Endpoint) -> str:
+        """The GPU type of the node `e` sits on; an error when it is not a node of the instance."""
+        if e.node_id not in self.nodes:
+            raise EstimatorError(f"sailor: endpoint {e} is not on a node of the instance")
+        return self.nodes[e.node_id]
 
     def fit(self, a: Endpoint, b: Endpoint, count_a: int = 1, count_b: int = 1) -> BandwidthFit:
         return self.zone_fits[self._entry(a, b, count_a, count_b)]
@@ -255,8 +256,13 @@ class SailorComm:
             return [0.0] * len(sizes)
         if least_nodes([slots for _, slots in nodes], members) is None:
             return [math.inf] * len(sizes)
-        fits = {self._entry(a, b, 1, 1) for a, sa in nodes for b, sb in nodes
-                if (a is not b or sa >= 2) and (a.zone == b.zone if spans == "node" else spans_pair(spans, a, b))}
+        kinds: dict = {}  # nodes alike (zone, region, GPU type) give the same keys: one pair per kind pair
+        for e, slots in nodes:
+            kind = kinds.setdefault((e.zone, e.region, self._gpu(e)), [e, 0, 0])
+            kind[1], kind[2] = kind[1] + 1, max(kind[2], slots)
+        fits = {self._entry(a, b, 1, 1) for a, count, most in kinds.values() for b, _, _ in kinds.values()
+                if (a is not b or count >= 2 or most >= 2)
+                and (a.zone == b.zone if spans == "node" else spans_pair(spans, a, b))}
         if not fits:
             return [math.inf] * len(sizes)
         return [self._least_allreduce_s(n, members, fits) for n in sizes]
