@@ -470,9 +470,14 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times_s)
     if need is None:
         return False
-    splits = [(types[:1], types[1:])] if len(types) <= 2 else [
-        ([a], [t for t in types if t != a]) for a in types]
-    return all(_two_resource_dp(inp, need, gpus, left, right, max_rate_usd_per_s) for left, right in splits)
+    # thetas (and the bounds that test them) that give the same GPUs per replica give the same answer
+    key = (tuple(need[g].tobytes() for g in types), max_rate_usd_per_s)
+    cache = _per_inputs_cache(inp, "fits_dp")
+    if key not in cache:
+        splits = [(types[:1], types[1:])] if len(types) <= 2 else [
+            ([a], [t for t in types if t != a]) for a in types]
+        cache[key] = all(_two_resource_dp(inp, need, gpus, left, right, max_rate_usd_per_s) for left, right in splits)
+    return cache[key]
 
 
 
