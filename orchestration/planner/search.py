@@ -460,6 +460,7 @@ class _Search:
         self.greedies: dict[Combo, tuple] = {}  # heuristic results per choice, and whether the stage DP ran
         self.dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
         self.strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
+        self.dived = False  # whether the heuristics dived before the first MILP
         self.helper = self.refiner = None
 
     # ---- the search ------------------------------------------------------------------------------
@@ -491,6 +492,10 @@ class _Search:
                     continue
                 if self.retarget(entry):
                     continue
+                if self.dive_first():
+                    heapq.heappush(queue, entry)
+                    self._follow()
+                    continue
                 found, with_dp = self.greedies.get(combo, (None, False))
                 if not with_dp:
                     lead = out.incumbent
@@ -504,6 +509,16 @@ class _Search:
                 out.skip_rest(entry, queue)
                 return
             self.solve(entry, found, with_dp)
+
+    def dive_first(self) -> bool:
+        """Before the first MILP, `_dive`: its cutoff is the incumbent, and a heuristic's plan on a
+        choice the strong bound kept may beat it. True when it gave a new incumbent."""
+        if self.dived:
+            return False
+        self.dived, lead = True, self.out.lead
+        _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
+              self.opts.heuristic_choices, self.out, self.opts.combo_time_limit_s, self.opts.rel_gap)
+        return self.out.lead is not lead
 
     def refine(self, entry: tuple) -> None:
         """The choice's next bound, in three steps, each choice going back in the queue: the medium
@@ -563,7 +578,7 @@ class _Search:
             _file(item, out.unfinished, out.open_bounds)
             if item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
                 _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
-                      self.opts.heuristic_choices, out, self.opts.combo_time_limit_s)
+                      self.opts.heuristic_choices, out, self.opts.combo_time_limit_s, self.opts.rel_gap)
         self._follow()
 
     def close(self) -> None:
@@ -659,7 +674,7 @@ def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float 
     best = None
     with joint.deadline_scope(joint.Deadline.after(min(RESCUE_S, 0.25 * limit_s))):
         try:
-            for item in sorted(queue, key=lambda item: item[:5]):
+            for item in sorted(queue, key=lambda item: (item[4] < 2, *item[:5])):
                 found = _best_heuristic(item[6], objective, max_cost, min_its, dp=False)
                 if found is not None:
                     best = joint.better(best, (*found, item[6]))
@@ -798,11 +813,13 @@ def _unsolved_bound(inp: joint.JointInputs, lb: float, dual: float | None, cutof
 
 
 def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
-          greedies: dict, count: int, out: "_Outcome", limit_s: float) -> None:
-    """After a MILP stopped at its limit with no plan: the heuristics (greedy and stage DP, 0.1-0.5
-    s each) on the `count` queued choices of least bound that have not had the DP yet and may still
-    beat the incumbent, then, when they gave a new incumbent, on the neighbours the local search
-    from it reaches (`_climb`, DIVE_CLIMB_RUNS runs), all within `limit_s`. The search is best
+          greedies: dict, count: int, out: "_Outcome", limit_s: float, rel_gap: float = 0.0) -> None:
+    """Before the first MILP (`_Search.dive_first`) and after one stopped at its limit with no plan:
+    the heuristics (greedy and stage DP, 0.1-0.5 s each) on the `count` queued choices of least
+    bound, those whose strong bound is in first, that have not had the DP yet and whose bound is
+    below the incumbent by more than `rel_gap`, then, when they gave a new incumbent, on the
+    neighbours the local search from it reaches (`_climb`, DIVE_CLIMB_RUNS runs), all within
+    `limit_s`. The search is best
     first, so under a limit it may spend all its time in MILPs of choices whose bounds are low while
     a later choice holds a better plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16
     MILPs stopped at 5 s each with bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5
@@ -810,11 +827,14 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
     lead = out.lead
     with joint.deadline_scope(joint.Deadline.after(limit_s)):
         try:
-            for item in sorted(queue, key=lambda item: item[:5]):
-                if count <= 0 or (out.lead is not None and item[0] >= out.incumbent):
+            # the choices the strong bound has kept first: a medium bound below the incumbent mostly
+            # rises above it at the next step
+            for item in sorted(queue, key=lambda item: (item[4] < 2, *item[:5])):
+                if count <= 0:
                     break
                 combo = item[5]
-                if greedies.get(combo, (None, False))[1]:
+                if greedies.get(combo, (None, False))[1] or (out.lead is not None and
+                                                             item[0] >= out.incumbent * (1 - rel_gap)):
                     continue
                 _heuristics_on(combo, with_sync_table(item[6], tables), greedies, out, objective, max_cost, min_its)
                 count -= 1
