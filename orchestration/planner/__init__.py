@@ -30,7 +30,9 @@ a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice tha
 head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
 GPU type exactly and price the others), and only a choice still at the head after that is solved:
 heuristic warm start, then the MILP with the incumbent as a cutoff (which also drops stage choices
-too slow to beat it). The search stops when the head's bound
+too slow to beat it). Just before the first MILP, and after a MILP that stopped at its limit with
+no plan, the heuristics dive (`_dive`): they run on the queued choices of least bound that have
+not had the stage DP, those the strong bound kept first, for a better cutoff. The search stops when the head's bound
 cannot beat the incumbent by more than the requested gap: every choice left is pruned at once.
 Time left then goes to the choices whose MILP stopped at its own limit (`combo_time_limit_s`),
 least bound first, in equal shares. With several regions the strong time bound also splits the
