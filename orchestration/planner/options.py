@@ -21,7 +21,7 @@ class PlannerOptions:
     min_iters_per_s: float | None = None
     time_limit_s: float = 60.0  # whole search
     combo_time_limit_s: float = 5.0  # one outer choice's MILP; its bound enters the reported bound
-    rel_gap: float = 0.01  # on the model's objective (see PlannerResult.status)
+    rel_gap: float = 0.01  # on the simulated objective, as far as the model can prove (PlannerResult.status)
     max_stages: int = 16
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     tp_choices: tuple[int, ...] = TP_CHOICES
@@ -76,10 +76,11 @@ class PlannerResult:
     wall_s: float
     backend: str
     records: list[ComboRecord] = field(default_factory=list)
-    # "complete": every outer choice was settled (solved, pruned or ruled out): the model's gap
-    # is within rel_gap unless a MILP failed, and `gap`, against the simulated objective, adds
-    # how far the simulator rates the plan above the model; "time_limit": the limit stopped the
-    # search first, the plan is the best found by then and `bound` / `gap` what had been proven
+    # "complete": every outer choice was settled (solved, pruned or ruled out): `gap`, against the
+    # simulated objective, is within rel_gap unless a MILP failed, or, where the simulator rates the
+    # plan more than rel_gap above the model's best plan, that excess (no bound of the model passes
+    # the model's best); "time_limit": the limit stopped the search first, the plan is the best
+    # found by then and `bound` / `gap` what had been proven
     status: str = "complete"
     # the planner's model's own figure for the returned plan (`joint.evaluate`): at most
     # model_objective, below it where the model relaxes the simulator

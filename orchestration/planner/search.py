@@ -333,6 +333,13 @@ class _Outcome:
         """The lead's model objective: what a choice's bound must beat to be worth solving."""
         return self.lead[0] if self.lead else None
 
+    def target(self, rel_gap: float) -> float:
+        """What a choice's bound must reach to be closed: the returned plan's simulated objective less
+        rel_gap, so that the gap reported (against the simulator) is within it, but no more than the
+        lead's model objective (no bound of the model passes the model's own best: where the
+        simulator rates the plan more than rel_gap above the model, the reported gap is that excess)."""
+        return min(self.incumbent, self.best[0] * (1 - rel_gap)) if self.best else self.incumbent * (1 - rel_gap)
+
     def bound(self, head: float | None = None) -> float | None:
         """The least of everything still open (the head of the queue: `head`) and the lead's model
         objective: a choice was closed when nothing in it has a model objective below a lead's, so
@@ -478,7 +485,7 @@ class _Search:
             incumbent = out.incumbent
             self.report(len(out.records), f"P={combo.P} b={combo.b} D={combo.D}",
                         out.best[0] if out.best else None, out.bound(lb))
-            if incumbent is not None and lb >= incumbent * (1 - opts.rel_gap):
+            if incumbent is not None and lb >= out.target(opts.rel_gap):
                 # best first: every choice left has a bound at least this one
                 out.pruned += _settle_rest(out.records, lb, combo, queue, "pruned_bound")
                 out.open_bounds.append(lb)
@@ -605,7 +612,7 @@ class _Search:
                     self.out.bound(self.queue[0][0] if self.queue else None))
 
     def _target_now(self) -> float | None:
-        return None if self.out.lead is None else self.out.incumbent * (1 - self.opts.rel_gap)
+        return None if self.out.lead is None else self.out.target(self.opts.rel_gap)
 
     def _step_of(self, item: tuple) -> _Step:
         """The step the search takes when queued `item` comes out at the head, as things stand."""
@@ -648,7 +655,7 @@ def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", de
     while out.unfinished:
         item = out.unfinished[0]
         remaining = deadline.remaining()
-        if out.lead is not None and item.bound >= out.incumbent * (1 - rel_gap):
+        if out.lead is not None and item.bound >= out.target(rel_gap):
             out.open_bounds.append(out.unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
             continue
         if remaining < 1.0:
@@ -834,7 +841,7 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
                     break
                 combo = item[5]
                 if greedies.get(combo, (None, False))[1] or (out.lead is not None and
-                                                             item[0] >= out.incumbent * (1 - rel_gap)):
+                                                             item[0] >= out.target(rel_gap)):
                     continue
                 _heuristics_on(combo, with_sync_table(item[6], tables), greedies, out, objective, max_cost, min_its)
                 count -= 1
