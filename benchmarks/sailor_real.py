@@ -4,7 +4,10 @@ Sailor (eth-easl/sailor cf2c8e3, MIT) is built from ../shared/reference/sailor/s
 
     apt-get install -y libjsoncpp-dev && pip install pybind11 numpy pandas
     bash ../shared/reference/sailor/src/build.sh /tmp/sailor_build
-    python benchmarks/sailor_real.py --sailor-build /tmp/sailor_build [--only NAME,...] [--json]
+    python benchmarks/sailor_real.py --sailor-build /tmp/sailor_build [--only NAME,...] [--json] [--cli]
+
+`--cli` also times the user's end to end on each scenario: a `hetplan solve` process on the
+scenario's instance file, from its start to its exit with the plan written.
 
 Scenarios: the 17 of the Sailor-fidelity check (issue #20), named as in
 ../shared/reference/sailor/golden (meta.clusters): A100-40 / V100-16 in 4-GPU VMs; OPT-350 (global
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -183,6 +187,7 @@ class Side:
     gap: float | None = None
     check: float | None = None  # |hetplan's sailor model - Sailor's simulator| / Sailor's, worst figure
     milps: int | None = None  # hetplan: MILPs solved
+    cli_s: float | None = None  # hetplan, with --cli: the whole `hetplan solve` process (`cli_wall_s`)
     plan_from: str = ""  # hetplan: "heuristic" or "milp" (PlannerResult.plan_source)
     note: str = ""
     plan: dict[str, Any] | None = field(default=None, repr=False)
@@ -195,13 +200,32 @@ def shape_of(plan: dict[str, Any]) -> str:
 
 
 def instance_for(sc: Scenario, ref: Path, batch: int, iteration: str = "sailor") -> Instance:
+    return instance_from_dict(instance_data(sc, ref, batch, iteration))
+
+
+def instance_data(sc: Scenario, ref: Path, batch: int, iteration: str = "sailor") -> dict[str, Any]:
+    """The scenario's instance as a document (its file paths absolute, so it can be written anywhere)."""
     limits = {k: v for k, v in (("max_cost_per_iteration_usd", sc.max_cost_usd),
                                 ("min_throughput_iters_per_s", sc.min_iters_per_s)) if v is not None}
     data = sailor_instance_dict(ref, sc.model, gpu_types=sorted({g for g, _ in sc.gpus}),
                                 zones=sorted({z for _, z in sc.gpus}), name=sc.name, global_batch_size=batch,
                                 objective=sc.objective, constraints=limits, gpu_counts=sc.gpus, preset="sailor")
     data["estimators"]["iteration"] = iteration
-    return instance_from_dict(data)
+    return data
+
+
+def cli_wall_s(data: dict[str, Any], time_limit_s: float) -> float | None:
+    """Seconds from starting `hetplan solve FILE --time-limit T -o PLAN` to its exit, the plan
+    written (None when it fails or writes no plan): the user's end to end, interpreter start,
+    imports, estimators and the simulation of the plan included."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inst, out = Path(tmp) / "instance.json", Path(tmp) / "plan.json"
+        inst.write_text(json.dumps(data))
+        t0 = time.perf_counter()
+        done = subprocess.run(["hetplan", "solve", str(inst), "--time-limit", str(time_limit_s), "-o", str(out)],
+                              capture_output=True)
+        wall = time.perf_counter() - t0
+        return wall if done.returncode == 0 and out.is_file() else None
 
 
 def run_sailor(real: RealSailor, sc: Scenario, inst: Instance) -> Side:
@@ -266,13 +290,13 @@ def ratio(sc: Scenario, sailor: Side, het: Side) -> float | None:
 # ---- output ---------------------------------------------------------------------------------------------
 
 def print_table(rows: list[tuple[Scenario, Side, Side]]) -> None:
-    head = ("scenario", "obj", "sailor s (pre)", "het s", "sailor it/s", "het it/s", "sailor $/it", "het $/it",
+    head = ("scenario", "obj", "sailor s (pre)", "het s", "het CLI s", "sailor it/s", "het it/s", "sailor $/it", "het $/it",
             "het/sailor", "met s/h", "het gap", "MILPs", "from", "check s/h", "sailor shape", "het shape", "notes")
     table = []
     for sc, s, h in rows:
         r = ratio(sc, s, h)
         table.append((sc.name, "cost" if sc.objective == "min_cost" else "thr",
-                      f"{s.search_s:.2f} ({cell(s.precompute_s, '.1f')})", f"{h.search_s:.2f}",
+                      f"{s.search_s:.2f} ({cell(s.precompute_s, '.1f')})", f"{h.search_s:.2f}", cell(h.cli_s, ".2f"),
                       cell(s.iters_per_s, ".4f"), cell(h.iters_per_s, ".4f"), cell(s.cost_usd, ".3f"),
                       cell(h.cost_usd, ".3f"), cell(r, ".3f"),
                       f"{'-' if s.met is None else 'yn'[not s.met]}/{'-' if h.met is None else 'yn'[not h.met]}",
@@ -295,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="iteration model hetplan searches with (hetplan: its own composition over Sailor's "
                          "estimators, the plan re-scored by Sailor's)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    ap.add_argument("--cli", action="store_true",
+                    help="also time the whole `hetplan solve` process on each scenario (process start to plan written)")
     args = ap.parse_args(argv)
     shared = Path(os.environ.get("HETPLAN_SHARED_DIR", REPO.parent / "shared"))
     ref = shared / "reference" / "sailor"
@@ -312,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         search_inst = inst if args.search == "sailor" else instance_for(sc, ref, inst.workload.global_batch_size,
                                                                         args.search)
         h = run_hetplan(real, sc, inst, search_inst, args.time_limit)
+        if args.cli:
+            h.cli_s = cli_wall_s(instance_data(sc, ref, inst.workload.global_batch_size, args.search), args.time_limit)
         print(f"  {sc.name}: sailor {cell(s.iters_per_s, '.4f')} it/s {cell(s.cost_usd, '.3f')} $ | hetplan "
               f"{cell(h.iters_per_s, '.4f')} it/s {cell(h.cost_usd, '.3f')} $ {h.note}", file=sys.stderr, flush=True)
         rows.append((sc, s, h))
