@@ -681,7 +681,7 @@ def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float 
     best = None
     with joint.deadline_scope(joint.Deadline.after(min(RESCUE_S, 0.25 * limit_s))):
         try:
-            for item in sorted(queue, key=lambda item: (item[4] < 2, *item[:5])):
+            for item in sorted(queue, key=lambda item: item[:5]):
                 found = _best_heuristic(item[6], objective, max_cost, min_its, dp=False)
                 if found is not None:
                     best = joint.better(best, (*found, item[6]))
@@ -824,13 +824,13 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
     """Before the first MILP (`_Search.dive_first`) and after one stopped at its limit with no plan:
     the heuristics (greedy and stage DP, 0.1-0.5 s each) on the `count` queued choices of least
     bound, those whose strong bound is in first, that have not had the DP yet and whose bound is
-    below the incumbent by more than `rel_gap`, then, when they gave a new incumbent, on the
-    neighbours the local search from it reaches (`_climb`, DIVE_CLIMB_RUNS runs), all within
-    `limit_s`. The search is best
-    first, so under a limit it may spend all its time in MILPs of choices whose bounds are low while
-    a later choice holds a better plan (measured: OPT-350M on 5 zones x 80 A100, the P13-P16 D16
-    MILPs stopped at 5 s each with bounds of 1.50-1.68 s and no plan, and the 60 s ran out before P5
-    b1 D64, whose heuristic plan simulates at 1.756 s against the 1.779 s returned)."""
+    below the search's target (`_Outcome.target` with `rel_gap`), then, when they gave a new
+    incumbent, on the neighbours the local search from it reaches (`_climb`, DIVE_CLIMB_RUNS runs),
+    all within `limit_s`. The search is best first, so under a limit it may spend all its time in
+    MILPs of choices whose bounds are low while a later choice holds a better plan (measured:
+    OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with bounds of
+    1.50-1.68 s and no plan, and the 60 s ran out before P5 b1 D64, whose heuristic plan simulates
+    at 1.756 s against the 1.779 s returned)."""
     lead = out.lead
     with joint.deadline_scope(joint.Deadline.after(limit_s)):
         try:
