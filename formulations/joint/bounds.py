@@ -597,24 +597,19 @@ def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, flo
     GPUs used (< width): stage i adds, for an entry ((w_a, w_b), [(n, add)...]) of stages[i] and one (n, add),
     n blocks and best[s + n, a + x w_a] = min(best[s, a] + (D - x) w_b + add) over x = 0..D
     (`_stage_contrib`). Rows are kept to the band of block counts that the stages before can reach
-    and the stages after can complete to L, and columns to those the stages before can reach:
-    outside them every value is inf or cannot reach row L, so the result is the full DP's."""
+    and the stages after can complete to L (`block_bands`), and columns to those the stages before
+    can reach: outside them every value is inf or cannot reach row L, so the result is the full DP's."""
     stages = [[(key, per_n) for key, per_n in ch if not (math.isinf(key[0]) and math.isinf(key[1]))]
               for ch in stages]  # an entry neither resource serves adds nothing
-    spans = [(min(n for _, per_n in ch for n, _ in per_n), max(n for _, per_n in ch for n, _ in per_n))
-             if ch else None for ch in stages]
-    if any(s is None for s in spans):
+    if not all(stages):
         return np.full(width, np.inf)
-    lo_after = np.cumsum([0] + [s[0] for s in spans[::-1]])[::-1]  # lo_after[i]: blocks stages i.. hold at least
-    hi_after = np.cumsum([0] + [s[1] for s in spans[::-1]])[::-1]
+    bands = block_bands([[n for _, per_n in ch for n, _ in per_n] for ch in stages], L)
     best = np.full((L + 1, width), np.inf)
     best[0, 0] = 0.0
-    r0 = r1 = 0  # the rows of `best` in the band
     cols = 1  # columns of `best` that may be finite
     for i, choices in enumerate(stages):
         check_deadline()  # a stage's step: up to ~10 ms on 10,000 GPUs
-        q0 = max(r0 + spans[i][0], L - int(hi_after[i + 1]))
-        q1 = min(r1 + spans[i][1], L - int(lo_after[i + 1]))
+        (r0, r1), (q0, q1) = bands[i], bands[i + 1]
         new = np.full_like(best, np.inf)
         if q0 > q1:
             return new[L]
@@ -630,8 +625,24 @@ def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, flo
                 part = contrib[lo - r0 - n:hi - r0 - n + 1]
                 target = new[lo:hi + 1, :w]
                 np.minimum(target, part + add if add else part, out=target)
-        best, r0, r1, cols = new, q0, q1, reach
+        best, cols = new, reach
     return best[L]
+
+
+
+def block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
+    """Per stage boundary (before stage 0 .. after the last), the rows of blocks placed that the
+    stages before can reach and the stages after can complete to L, stage i taking one of
+    counts[i] blocks: outside them no state lies on a plan, so a DP over stages skips them and
+    every state inside keeps the value of the full DP (`_replica_dp`, `stage_dp.stage_dp`)."""
+    lo_n = [min(ns) for ns in counts]
+    hi_n = [max(ns) for ns in counts]
+    out, lo, hi = [(0, 0)], 0, 0
+    for i in range(len(counts)):
+        lo = max(lo + lo_n[i], L - sum(hi_n[i + 1:]))
+        hi = min(hi + hi_n[i], L - sum(lo_n[i + 1:]))
+        out.append((lo, hi))
+    return out
 
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline
 from hetplan.formulations.joint.tables import _class_extras, _class_figures, block_counts, blocks_identical
-from hetplan.formulations.joint.bounds import _first_true_from, in_region, stage_time_cap_s
+from hetplan.formulations.joint.bounds import _first_true_from, block_bands, in_region, stage_time_cap_s
 from hetplan.formulations.joint.evaluation import better, objective_within_limits
 
 MAX_USAGE_STATES = 4096  # product over (GPU type, region) of the usage axis lengths
@@ -107,7 +107,7 @@ def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
     best = np.full(shape, np.inf)
     best[(slice(None),) + (0,) * (len(shape) - 1)] = 0.0  # stage 0 may start in any region
     values = [best]  # after each stage: the plan is read back from these (`_read_back`)
-    bands = _block_bands([[n for (_, _, n), _ in row] for row in options], L)
+    bands = block_bands([[n for (_, _, n), _ in row] for row in options], L)
     scratch = np.empty(best[0].size)
     for i, row in enumerate(options):
         check_deadline()
@@ -145,20 +145,6 @@ def _entering(best: np.ndarray, r: int, step: float) -> np.ndarray:
     for rp in range(best.shape[0]):
         if rp != r:
             np.minimum(out, best[rp] + step, out=out)
-    return out
-
-
-def _block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
-    """Per stage boundary (before stage 0 .. after the last), the rows of blocks placed that the
-    stages before can reach and the stages after can complete to L: outside them no state is on a
-    plan, so the DP skips them and every state inside keeps the value of the full DP."""
-    lo_n = [min(ns) for ns in counts]
-    hi_n = [max(ns) for ns in counts]
-    out, lo, hi = [(0, 0)], 0, 0
-    for i in range(len(counts)):
-        lo = max(lo + lo_n[i], L - sum(hi_n[i + 1:]))
-        hi = min(hi + hi_n[i], L - sum(lo_n[i + 1:]))
-        out.append((lo, hi))
     return out
 
 
