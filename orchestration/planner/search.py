@@ -522,10 +522,9 @@ class _Search:
         choice the strong bound kept may beat it. True when it gave a new incumbent."""
         if self.dived:
             return False
-        self.dived, lead = True, self.out.lead
-        _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
-              self.opts.heuristic_choices, self.out, self.opts.combo_time_limit_s, self.opts.rel_gap)
-        return self.out.lead is not lead
+        self.dived = True
+        return _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
+                     self.opts.heuristic_choices, self.out, self.opts.combo_time_limit_s, self.opts.rel_gap)
 
     def refine(self, entry: tuple) -> None:
         """The choice's next bound, in three steps, each choice going back in the queue: the medium
@@ -820,7 +819,7 @@ def _unsolved_bound(inp: joint.JointInputs, lb: float, dual: float | None, cutof
 
 
 def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
-          greedies: dict, count: int, out: "_Outcome", limit_s: float, rel_gap: float = 0.0) -> None:
+          greedies: dict, count: int, out: "_Outcome", limit_s: float, rel_gap: float = 0.0) -> bool:
     """Before the first MILP (`_Search.dive_first`) and after one stopped at its limit with no plan:
     the heuristics (greedy and stage DP, 0.1-0.5 s each) on the `count` queued choices of least
     bound, those whose strong bound is in first, that have not had the DP yet and whose bound is
@@ -830,7 +829,7 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
     MILPs of choices whose bounds are low while a later choice holds a better plan (measured:
     OPT-350M on 5 zones x 80 A100, the P13-P16 D16 MILPs stopped at 5 s each with bounds of
     1.50-1.68 s and no plan, and the 60 s ran out before P5 b1 D64, whose heuristic plan simulates
-    at 1.756 s against the 1.779 s returned)."""
+    at 1.756 s against the 1.779 s returned). True when it gave a new incumbent."""
     lead = out.lead
     with joint.deadline_scope(joint.Deadline.after(limit_s)):
         try:
@@ -850,6 +849,7 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
                                  0.0, lambda what, best: None), heuristic=True)
         except joint.DeadlineExceeded:  # the dive's limit or the search's: the search's loop sees the latter
             pass
+    return out.lead is not lead
 
 
 
