@@ -199,10 +199,6 @@ def shape_of(plan: dict[str, Any]) -> str:
     return f"P{pipe['num_stages']} mbs{plan['mbs']} D{pipe['dp'][0]} tp{'/'.join(map(str, tps))}"
 
 
-def instance_for(sc: Scenario, ref: Path, batch: int, iteration: str = "sailor") -> Instance:
-    return instance_from_dict(instance_data(sc, ref, batch, iteration))
-
-
 def instance_data(sc: Scenario, ref: Path, batch: int, iteration: str = "sailor") -> dict[str, Any]:
     """The scenario's instance as a document (its file paths absolute, so it can be written anywhere)."""
     limits = {k: v for k, v in (("max_cost_per_iteration_usd", sc.max_cost_usd),
@@ -333,13 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     real = RealSailor(args.sailor_build)
     rows = []
     for sc in chosen:
-        inst = instance_for(sc, ref, real.training(sc.model)["global_batch_size"])
+        batch = real.training(sc.model)["global_batch_size"]
+        data = instance_data(sc, ref, batch)
+        inst = instance_from_dict(data)
         s = run_sailor(real, sc, inst)
-        search_inst = inst if args.search == "sailor" else instance_for(sc, ref, inst.workload.global_batch_size,
-                                                                        args.search)
+        search_data = data if args.search == "sailor" else instance_data(sc, ref, batch, args.search)
+        search_inst = inst if search_data is data else instance_from_dict(search_data)
         h = run_hetplan(real, sc, inst, search_inst, args.time_limit)
         if args.cli:
-            h.cli_s = cli_wall_s(instance_data(sc, ref, inst.workload.global_batch_size, args.search), args.time_limit)
+            h.cli_s = cli_wall_s(search_data, args.time_limit)
         print(f"  {sc.name}: sailor {cell(s.iters_per_s, '.4f')} it/s {cell(s.cost_usd, '.3f')} $ | hetplan "
               f"{cell(h.iters_per_s, '.4f')} it/s {cell(h.cost_usd, '.3f')} $ {h.note}", file=sys.stderr, flush=True)
         rows.append((sc, s, h))
