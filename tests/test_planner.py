@@ -441,6 +441,32 @@ def test_capped_sum_tau_holds_on_every_plan_and_the_strongest_bound_too():
     assert checked >= 10 and tighter >= 1, (checked, tighter)
 
 
+def test_capped_sum_tau_kept_per_allowed_classes_equals_a_fresh_computation():
+    """`capped_sum_tau_s` keeps its answers by the (stage, blocks, class) triples its caps allow:
+    asked with many caps in a random order, every answer equals that of a copy of the inputs with
+    nothing kept, and caps that allow different triples get different answers somewhere."""
+    rng = np.random.default_rng(3)
+    checked = differ = 0
+    for combo, inp in _tiny_inputs():
+        arr = joint.bounds._class_arrays(inp)
+        times = np.unique(arr.time_s[np.isfinite(arr.time_s)])
+        extras = np.unique(arr.extra_s[np.isfinite(arr.extra_s)])
+        if times.size == 0 or extras.size == 0:
+            continue
+        seen = set()
+        for _ in range(12):
+            theta = float(rng.choice(np.append(times, math.inf)))
+            extra = float(rng.choice(np.append(extras, math.inf)))
+            strong = bool(rng.integers(2))
+            got = joint.capped_sum_tau_s(inp, theta, extra, strong)
+            fresh = joint.capped_sum_tau_s(dataclasses.replace(inp), theta, extra, strong)
+            assert got == fresh, (combo, theta, extra, strong, got, fresh)
+            seen.add((got, strong))
+            checked += 1
+        differ += len(seen) > 2
+    assert checked >= 40 and differ >= 1, (checked, differ)
+
+
 def test_time_cutoff_keeps_the_optimum_and_only_it():
     """The cutoff drops stage choices slower than `stage_time_cap_s`: at the optimum the model still
     finds it, just below it the model is infeasible (or has no stage choice left)."""
