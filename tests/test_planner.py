@@ -467,6 +467,29 @@ def test_capped_sum_tau_kept_per_allowed_classes_equals_a_fresh_computation():
     assert checked >= 40 and differ >= 1, (checked, differ)
 
 
+def test_replica_stage_choices_match_their_definition():
+    """Per block count n and distinct finite stage time tau (ties, inf, both sides empty included):
+    w_a / w_b are the least TP of the left / other classes no slower than tau, and each (w_a, w_b)
+    keeps the least tau per n, against the definition written out with masks."""
+    rng = np.random.default_rng(5)
+    combo, inp = next(iter(_tiny_inputs()))
+    for _ in range(200):
+        C = int(rng.integers(1, 7))
+        t_i = rng.choice([0.5, 1.0, 1.5, 2.0, math.inf], size=(inp.U - 1, C))
+        tp = rng.choice([1.0, 2.0, 4.0], size=C)
+        in_left = rng.random(C) < 0.5
+        want: dict = {}
+        for n in joint.block_counts(inp, 0):
+            row = t_i[n]
+            for tau in sorted(set(row[np.isfinite(row)].tolist())):
+                ok = row <= tau
+                wa = float(tp[ok & in_left].min()) if (ok & in_left).any() else math.inf
+                wb = float(tp[ok & ~in_left].min()) if (ok & ~in_left).any() else math.inf
+                want.setdefault((wa, wb), {}).setdefault(n, tau)
+        got = joint.bounds._replica_stage_choices(inp, t_i, 0, in_left, tp)
+        assert got == {key: list(per_n.items()) for key, per_n in want.items()}, (t_i, tp, in_left)
+
+
 def test_time_cutoff_keeps_the_optimum_and_only_it():
     """The cutoff drops stage choices slower than `stage_time_cap_s`: at the optimum the model still
     finds it, just below it the model is infeasible (or has no stage choice left)."""

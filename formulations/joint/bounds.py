@@ -1572,15 +1572,21 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str) -> floa
 
 def _replica_stage_choices(inp: JointInputs, t_i: np.ndarray, i: int, in_left: np.ndarray,
                            tp: np.ndarray) -> dict[tuple[float, float], list[tuple[int, float]]]:
-    """(w_a, w_b) -> [(n, least tau with those GPUs per replica)] for stage i (`_replica_sum_tau_s`)."""
+    """(w_a, w_b) -> [(n, least tau with those GPUs per replica)] for stage i (`_replica_sum_tau_s`):
+    with the classes of each n sorted by time, a stage time tau allows a prefix of them, and w_a,
+    w_b are running minima of the TP degrees along it (one per distinct tau: the last of its ties)."""
+    ns = list(block_counts(inp, i))
+    rows = t_i[ns]  # (K, C)
+    order = np.argsort(rows, axis=1, kind="stable")
+    ts = np.take_along_axis(rows, order, axis=1)
+    tps, lefts = tp[order], in_left[order]
+    w_a = np.minimum.accumulate(np.where(lefts, tps, np.inf), axis=1)
+    w_b = np.minimum.accumulate(np.where(lefts, np.inf, tps), axis=1)
+    last = np.isfinite(ts) & np.concatenate([ts[:, 1:] != ts[:, :-1], np.ones((len(ns), 1), bool)], axis=1)
+    rs, ks = np.nonzero(last)  # by n, then by tau ascending
     out: dict[tuple[float, float], dict[int, float]] = {}
-    for n in block_counts(inp, i):
-        row = t_i[n]
-        for tau in sorted(set(row[np.isfinite(row)].tolist())):
-            allowed = row <= tau
-            wa = float(tp[allowed & in_left].min()) if (allowed & in_left).any() else math.inf
-            wb = float(tp[allowed & ~in_left].min()) if (allowed & ~in_left).any() else math.inf
-            out.setdefault((wa, wb), {}).setdefault(n, tau)
+    for r, wa, wb, tau in zip(rs.tolist(), w_a[rs, ks].tolist(), w_b[rs, ks].tolist(), ts[rs, ks].tolist()):
+        out.setdefault((wa, wb), {}).setdefault(ns[r], tau)
     return {key: list(per_n.items()) for key, per_n in out.items()}
 
 
