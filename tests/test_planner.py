@@ -467,6 +467,30 @@ def test_capped_sum_tau_kept_per_allowed_classes_equals_a_fresh_computation():
     assert checked >= 40 and differ >= 1, (checked, differ)
 
 
+def test_stages_fit_under_rate_caps_kept_per_table_equals_a_fresh_computation():
+    """`stages_fit_dp` keeps the rate-free DP table of each split (`_two_resource_table`) and tests
+    the rate cap on it: asked with random stage-time and rate caps in a random order, every answer
+    equals that of a copy of the inputs with nothing kept, and the rate cap changes the answer
+    somewhere (else it is not exercised)."""
+    rng = np.random.default_rng(7)
+    checked = rate_binds = 0
+    for combo, inp in _tiny_inputs():
+        times = np.unique(joint.bounds._class_arrays(inp).time_s)
+        times = times[np.isfinite(times)]
+        rate = sum(joint.bounds.replica_rate_usd_per_s(p) for p in inp.pools) * inp.P * inp.D
+        if times.size == 0:
+            continue
+        for _ in range(10):
+            theta = float(rng.choice(times))
+            cap = float(rng.choice([math.inf, rate, rate / 4, rate / 16, rate / 64]))
+            got = joint.bounds.stages_fit_dp(inp, theta, max_rate_usd_per_s=cap)
+            fresh = joint.bounds.stages_fit_dp(dataclasses.replace(inp), theta, max_rate_usd_per_s=cap)
+            assert got == fresh, (combo, theta, cap)
+            rate_binds += got != joint.bounds.stages_fit_dp(dataclasses.replace(inp), theta)
+            checked += 1
+    assert checked >= 40 and rate_binds >= 1, (checked, rate_binds)
+
+
 def test_replica_stage_choices_match_their_definition():
     """Per block count n and distinct finite stage time tau (ties, inf, both sides empty included):
     w_a / w_b are the least TP of the left / other classes no slower than tau, and each (w_a, w_b)
@@ -1012,6 +1036,7 @@ def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_i
                 with monkeypatch.context() as m:  # the merge by count: every weight 1
                     m.setattr(joint.bounds, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds._gpus_per_type(inp), 1.0))
                     m.setitem(inp._cache, "fits_dp", {})  # not the answer kept for the weighted test
+                    m.setitem(inp._cache, "two_resource", {})  # nor the weighted test's own answer
                     tighter += joint.stages_fit_dp(inp, theta)
     assert checked >= 30
     assert tighter >= 1, "the speed weights never tightened the test"

@@ -525,19 +525,19 @@ def _gpu_rate_usd_per_s(inp: JointInputs, types: list[str]) -> float:
 
 def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str],
                      max_rate_usd_per_s: float = math.inf) -> bool:
-    L, D = inp.U - 2, inp.D
+    """One split of `stages_fit_dp`: the GPUs of `left` counted exactly, those of `right` as one
+    resource. The DP's table does not depend on the rate cap, which only tests its entries
+    (`_two_resource_table`: the budget's searches ask with many rates for one table)."""
+    D = inp.D
     cap_a = sum(gpus[g] for g in left)
     cap_b = sum(gpus[g] for g in right)
-    lay = _pair_layout(inp)
-    none = np.full(len(lay.pairs), np.inf)
-    w_a = np.min([need[g] for g in left], axis=0) if left else none
-    w_b = np.min([need[g] for g in right], axis=0) if right else none
-    if not np.isfinite(w_b).any():  # the left resource alone: the fewest GPUs decide
+    table = _two_resource_table(inp, need, gpus, left, right)
+    if table["units"] is not None:  # the left resource alone: the fewest GPUs decide
         cap = cap_a if inp.max_gpus is None else min(cap_a, inp.max_gpus)
         if max_rate_usd_per_s < math.inf:
             cap = min(cap, math.floor(max_rate_usd_per_s / _gpu_rate_usd_per_s(inp, left) * (1 + 1e-12)))
-        return _least_units_dp(inp, w_a) <= cap // D
-    last = _replica_dp(_stage_entries(inp, w_a, w_b), L, cap_a + 1, D)  # last[a]: fewest right-GPUs with a left-GPUs
+        return table["units"] <= cap // D
+    last = table["last"]  # last[a]: fewest right-GPUs with a left-GPUs
     ok = last <= cap_b
     if inp.max_gpus is not None:
         ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
@@ -545,7 +545,33 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
         with np.errstate(invalid="ignore"):  # inf GPUs x a price: not ok anyway
             rate = np.arange(cap_a + 1) * _gpu_rate_usd_per_s(inp, left) + last * _gpu_rate_usd_per_s(inp, right)
         ok &= rate <= max_rate_usd_per_s * (1 + 1e-12)
-    return bool(ok.any()) and (len(right) < 2 or _weighted_right_fits(inp, need, gpus, right, w_a, cap_a))
+    if not ok.any():
+        return False
+    if len(right) >= 2 and table["weighted"] is None:  # the same for every rate: asked once
+        table["weighted"] = _weighted_right_fits(inp, need, gpus, right, table["w_a"], cap_a)
+    return len(right) < 2 or table["weighted"]
+
+
+
+def _two_resource_table(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> dict:
+    """The rate-free part of `_two_resource_dp`, once per (GPUs-per-replica table, split): "units",
+    the fewest units of D GPUs when the right resource serves no pair, else "last" (`_replica_dp`'s
+    last row); "w_a" the left's GPUs per replica; "weighted" the answer of `_weighted_right_fits`
+    once asked (None before)."""
+    key = (tuple(need[g].tobytes() for g in sorted(need)), tuple(left), tuple(right))
+    cache = _per_inputs_cache(inp, "two_resource")
+    if key not in cache:
+        none = np.full(len(_pair_layout(inp).pairs), np.inf)
+        w_a = np.min([need[g] for g in left], axis=0) if left else none
+        w_b = np.min([need[g] for g in right], axis=0) if right else none
+        entry = {"w_a": w_a, "units": None, "last": None, "weighted": None}
+        if not np.isfinite(w_b).any():
+            entry["units"] = _least_units_dp(inp, w_a)
+        else:
+            entry["last"] = _replica_dp(_stage_entries(inp, w_a, w_b), inp.U - 2, sum(gpus[g] for g in left) + 1,
+                                        inp.D)
+        cache[key] = entry
+    return cache[key]
 
 
 
