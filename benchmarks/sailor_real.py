@@ -253,10 +253,12 @@ def disagreement(rep, s: dict[str, float]) -> float:
                abs(rep.cost_per_iteration_usd - s["cost_usd"]) / s["cost_usd"])
 
 
-def run_hetplan(real: RealSailor, sc: Scenario, inst: Instance, search_inst: Instance, time_limit_s: float) -> Side:
+def run_hetplan(real: RealSailor, sc: Scenario, inst: Instance, search_inst: Instance, time_limit_s: float,
+                concurrent_milps: int = PlannerOptions.concurrent_milps) -> Side:
     t0 = time.perf_counter()
     try:
-        res = hetplan_plan(search_inst, PlannerOptions(time_limit_s=time_limit_s), build_estimators(search_inst))
+        res = hetplan_plan(search_inst, PlannerOptions(time_limit_s=time_limit_s, concurrent_milps=concurrent_milps),
+                           build_estimators(search_inst))
     except HetplanError as exc:
         return Side(search_s=time.perf_counter() - t0, note=f"{type(exc).__name__}: {str(exc)[:90]}")
     rep = simulate(inst, res.plan) if search_inst is not inst else res.report
@@ -315,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="iteration model hetplan searches with (hetplan: its own composition over Sailor's "
                          "estimators, the plan re-scored by Sailor's)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    ap.add_argument("--concurrent-milps", type=int, default=PlannerOptions.concurrent_milps,
+                    help="MILPs the in-process search solves at once, each in a thread (1: one after another; "
+                         "`--cli` runs keep the CLI's default)")
     ap.add_argument("--cli", action="store_true",
                     help="also time the whole `hetplan solve` process on each scenario (process start to plan written)")
     args = ap.parse_args(argv)
@@ -335,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         s = run_sailor(real, sc, inst)
         search_data = data if args.search == "sailor" else instance_data(sc, ref, batch, args.search)
         search_inst = inst if search_data is data else instance_from_dict(search_data)
-        h = run_hetplan(real, sc, inst, search_inst, args.time_limit)
+        h = run_hetplan(real, sc, inst, search_inst, args.time_limit, args.concurrent_milps)
         if args.cli:
             h.cli_s = cli_wall_s(search_data, args.time_limit)
         print(f"  {sc.name}: sailor {cell(s.iters_per_s, '.4f')} it/s {cell(s.cost_usd, '.3f')} $ | hetplan "

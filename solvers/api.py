@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hetplan.errors import InfeasibleError, SolverError
 
@@ -52,6 +52,9 @@ class SolveOptions:
     memory_limit_MB: float | None = None  # SCIP limits/memory; None = 75 % of this machine's RAM
     diagnose_infeasible: bool = True  # run the deletion filter on an infeasible answer ...
     diagnose_max_rows: int = 500  # ... when the model has at most this many constraints
+    # asked at the solver's callbacks, in the thread that solves: True stops the solve as its time
+    # limit would (back-ends with Capabilities.parallel_solves; the others run to their limit)
+    interrupt: Callable[[], bool] | None = field(default=None, compare=False)
 
     def validate(self) -> None:
         """Raise SolverError naming the first option that is out of range."""

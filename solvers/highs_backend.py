@@ -15,7 +15,7 @@ import math
 import re
 import threading
 from time import perf_counter
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,7 +37,7 @@ _LIMIT_WORDS = {"kTimeLimit", "kIterationLimit", "kSolutionLimit", "kInterrupt",
 class HighsBackend(Backend):
     name = "highs"
     capabilities = Capabilities(integer=True, quadratic=False, nonlinear=False, warm_start=True,
-                                partial_warm_start=True, dual_bound=True)
+                                partial_warm_start=True, dual_bound=True, parallel_solves=True)
 
     @classmethod
     def _detect(cls) -> Probe:
@@ -62,7 +62,7 @@ class HighsBackend(Backend):
         build_s = perf_counter() - t0
         t1 = perf_counter()
         try:
-            _run_interruptible(h)
+            _run_interruptible(h, request.options.interrupt)
         except Exception as exc:
             return Outcome(Status.ERROR, "exception", build_s=build_s, solve_s=perf_counter() - t1,
                            message=f"HiGHS failed: {exc}")
@@ -77,26 +77,32 @@ class HighsBackend(Backend):
         return outcome
 
 
+_NEW_HIGHS = threading.Lock()  # one redirection of file descriptor 1 at a time (solves in threads)
+
+
 def _new_highs(highspy: Any) -> Any:
     """A Highs object, its banner (printed on file descriptor 1 by the first one a process makes)
-    sent to stderr: stdout belongs to the caller (a table, JSON, a pipe), also outside the CLI."""
-    with stdout_fd_to(2):
+    sent to stderr: stdout belongs to the caller (a table, JSON, a pipe), also outside the CLI.
+    Two threads redirecting at once could leave stdout on stderr, hence the lock."""
+    with _NEW_HIGHS, stdout_fd_to(2):
         return highspy.Highs()
 
 
-def _run_interruptible(h: Any) -> None:
+def _run_interruptible(h: Any, interrupt: Callable[[], bool] | None = None) -> None:
     """`h.run()` in a worker thread while this one waits. Python runs signal handlers in the main
     thread only, between bytecodes, so a Ctrl-C (KeyboardInterrupt; SIGTERM where a handler turns
     it into one) during `h.run()` on the main thread would act only when the solve ends, at its
     time limit seconds later. Here the handler runs at once; HiGHS is asked to stop at its next
     interrupt callback (measured on a planner MILP: 71 in 4 s, at most 0.76 s apart), and the
     exception goes on once it has stopped (a HiGHS thread still running at interpreter exit aborts
-    the process). A solve's outcome is the same either way."""
+    the process). A solve's outcome is the same either way. It stops likewise when `interrupt()`,
+    asked at the callbacks in the thread that runs HiGHS, says so (several solves at once: the
+    search's own stop and limits)."""
     stop, done = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 
-    def interrupt(event: Any) -> None:
-        if stop.is_set():
+    def on_callback(event: Any) -> None:
+        if stop.is_set() or (interrupt is not None and interrupt()):
             event.interrupt()
 
     def work() -> None:
@@ -110,9 +116,9 @@ def _run_interruptible(h: Any) -> None:
                 reset(False)
             done.set()
 
-    h.cbSimplexInterrupt += interrupt
-    h.cbIpmInterrupt += interrupt
-    h.cbMipInterrupt += interrupt
+    h.cbSimplexInterrupt += on_callback
+    h.cbIpmInterrupt += on_callback
+    h.cbMipInterrupt += on_callback
     threading.Thread(target=work, name="highs-run", daemon=True).start()
     try:
         done.wait()  # Event.wait returns to the interpreter when a signal arrives

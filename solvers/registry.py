@@ -33,6 +33,9 @@ class Capabilities:
     warm_start: bool  # takes a complete start
     partial_warm_start: bool  # completes a start that gives only some variables
     dual_bound: bool  # reports a proven bound
+    # solves in several threads of one process at once (the solver runs without the GIL) and asks
+    # SolveOptions.interrupt at its callbacks
+    parallel_solves: bool = False
 
 
 @dataclass(frozen=True)

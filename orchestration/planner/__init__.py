@@ -68,6 +68,23 @@ incumbent's heuristics, then the later steps of the choices under the target, in
 step's result depends only on the step (`_Step`) and is used only when the search reaches it, so
 the search makes exactly the decisions it makes in one process (`_Refiner`, `_Helper`, `_refine`).
 
+MILPs side by side: with `concurrent_milps=2` (the default) and a back-end that solves without the
+GIL (HiGHS: `Capabilities.parallel_solves`), a choice's MILP runs in a thread of its own while the
+search goes on with the next choices: their bounds, their heuristics, and the next MILP when the
+head of the queue needs one (`_Flight`; at most two at once, the search waits for one to end
+before a third). A MILP's own limit (`combo_time_limit_s`) is then CPU seconds of its thread
+(`_CpuBudget`) and its wall-clock limit the search's deadline, so MILPs that share the cores with
+each other and the helper are not stopped earlier than one alone. A MILP started while another runs
+has the older incumbent as its cutoff: its answer is valid (a cutoff above the final incumbent only
+keeps more plans in), but the search may take other steps than with `concurrent_milps=1` and
+return another plan within the gap. Measured side by side on the 8 scenarios of
+benchmarks/sailor_real.py that solve MILPs (`--time-limit 30 --only ... --concurrent-milps 1`, then
+2, twice, 2-core machine): search time 143.3 / 144.8 -> 134.7 / 137.6 s in all;
+c_opt350_a100_2regions_64each 16.70 / 16.70 -> 11.78 / 14.80 s, d_opt350_het_32_96_maxthr_budget0.5
+12.48 / 13.33 -> 10.67 / 10.19 s, b_OPT-350_a128_v384 9.44 / 10.10 -> 8.66 / 8.91 s, the one with a
+single MILP within noise (4.48 / 4.50 -> 4.49 / 4.78 s), the same plans; the three stopped at 30 s
+solve 8-11 MILPs instead of 5-8 and keep their gaps.
+
 Time limit: `time_limit_s` bounds the whole call (measured within 10 % + 1 s where the final
 plan's simulation is short). One `joint.Deadline` is checked by the preparation of the choices'
 inputs (at most PREPARE_SHARE of the limit, the most promising choices first by `_Floor`, a bound

@@ -3,8 +3,11 @@ incumbent, best first refinement, the MILPs with a cutoff, the result."""
 from __future__ import annotations
 from __future__ import annotations
 
+import contextvars
+import functools
 import heapq
 import math
+import queue as queues
 import signal
 import threading
 import time
@@ -440,7 +443,9 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
             not refined three times?          its next bound, back in the queue   (`_Search.refine`)
             its strongest bound is stale?     again at today's target, back        (`_Search.retarget`)
             no stage-DP plan yet?             the heuristics; a better incumbent sends it back
-            else                              its MILP with the incumbent as cutoff (`_Search.solve`)
+            else                              its MILP with the incumbent as cutoff (`_Search.solve`),
+                                              in a thread while the search goes on (`_Flight`)
+        the MILPs still running: their plans and bounds
         the time left goes to the MILPs stopped at their own limit
 
     At the deadline every choice left is recorded "skipped_time" with the bound it has (a
@@ -469,17 +474,27 @@ class _Search:
         self.strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
         self.dived = False  # whether the heuristics dived before the first MILP
         self.helper = self.refiner = None
+        self.flight = _Flight(opts.concurrent_milps if _parallel_solves(milp.backend) else 1)
 
     # ---- the search ------------------------------------------------------------------------------
     def run(self) -> None:
-        queue, out, opts = self.queue, self.out, self.opts
+        out, opts = self.out, self.opts
         self._start_refiner()
-        out.found(_first_incumbent(queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
+        out.found(_first_incumbent(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
                                    opts.heuristic_choices, opts.heuristic_degrees, opts.rel_gap, self._tick,
                                    opts.climb_runs),
                   heuristic=True)
         self._follow()
+        self._loop()
+        while self.flight.threads:  # the MILPs still running: their plans and bounds (no dive: no MILP follows)
+            for item in self.flight.collect(block=True):
+                self._settle(item, dive=False)
+
+    def _loop(self) -> None:
+        queue, out, opts = self.queue, self.out, self.opts
         while queue:
+            for item in self.flight.collect(block=False):
+                self._settle(item)
             entry = heapq.heappop(queue)
             lb, _, _, _, level, combo, _ = entry
             incumbent = out.incumbent
@@ -515,6 +530,11 @@ class _Search:
             except joint.DeadlineExceeded:  # a bound or heuristic of this choice reached the deadline
                 out.skip_rest(entry, queue)
                 return
+            if self.flight.full():  # back in the queue: what the running MILPs find may settle it
+                heapq.heappush(queue, entry)
+                for item in self.flight.collect(block=True):
+                    self._settle(item)
+                continue
             self.solve(entry, found, with_dp)
 
     def dive_first(self) -> bool:
@@ -576,18 +596,27 @@ class _Search:
         out.records.append(rec)
         if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
             out.found((*found, inp), heuristic=True)
-        item = _solve_choice(rec, inp, found, out.lead, self.objective, self.milp, self.opts.combo_time_limit_s,
-                             self.deadline)
+        limit_s = self.opts.combo_time_limit_s
+        if self.flight.slots > 1:  # its wall-clock limit is the search's deadline; its own limit is CPU time
+            self.flight.launch(functools.partial(_solve_choice, rec, inp, found, out.lead, self.objective, self.milp,
+                                                 math.inf, self.deadline), limit_s)
+        else:
+            self._settle(_solve_choice(rec, inp, found, out.lead, self.objective, self.milp, limit_s, self.deadline))
+
+    def _settle(self, item: "_ChoiceResult | None", dive: bool = True) -> None:
+        """What one choice's MILP gave (None: nothing in the choice beats its cutoff)."""
+        out = self.out
         out.solved += 1
         if item is not None:
             out.found(item.solution)
             _file(item, out.unfinished, out.open_bounds)
-            if item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
+            if dive and item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
                 _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
                       self.opts.heuristic_choices, out, self.opts.combo_time_limit_s, self.opts.rel_gap)
         self._follow()
 
     def close(self) -> None:
+        self.flight.close()
         if self.refiner is not None:
             self.refiner.close()
         elif self.helper is not None:
@@ -644,6 +673,91 @@ class _Search:
             self.refiner.reset(state, self._target_now(), self._steps_ahead(item for item in self.queue if item[4] > 0))
         elif pushed is not None:
             self.refiner.enqueue(self._steps_ahead([pushed]))
+
+
+class _Flight:
+    """The choices' MILPs (`_solve_choice`), up to `slots` at once, each in a thread of its own
+    while the search goes on (HiGHS solves without the GIL). A MILP launched while another runs has
+    the incumbent of its launch as cutoff: valid whatever the other finds, since a cutoff above the
+    final incumbent only keeps more plans in. One slot: each MILP runs at once in the caller's thread."""
+
+    def __init__(self, slots: int):
+        self.slots = max(1, slots)
+        self.threads: list[threading.Thread] = []
+        self.results: queues.SimpleQueue = queues.SimpleQueue()
+        self.stop = threading.Event()  # `close`: the running solves stop at HiGHS's next callback
+
+    def full(self) -> bool:
+        return len(self.threads) >= self.slots
+
+    def launch(self, job: Callable[..., "_ChoiceResult | None"], limit_s: float) -> None:
+        """Run `job(interrupt=...)` in a thread, in the caller's context (its deadline scope), its
+        MILP stopped by `close` or after `limit_s` seconds of its thread's CPU time (`_CpuBudget`)."""
+        context = contextvars.copy_context()
+
+        def work() -> None:
+            try:
+                got = (True, context.run(job, interrupt=_CpuBudget(limit_s, self.stop)))
+            except BaseException as exc:  # noqa: BLE001  re-raised by `collect` in the search's thread
+                got = (False, exc)
+            self.results.put((thread, got))
+
+        thread = threading.Thread(target=work, name="hetplan-milp", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def collect(self, block: bool) -> list:
+        """The results of the MILPs that finished; with `block`, at least one if any runs."""
+        done: list = []
+        while self.threads:
+            try:
+                thread, (ok, value) = self.results.get(block=block and not done)
+            except queues.Empty:
+                break
+            self.threads.remove(thread)
+            if not ok:
+                raise value
+            done.append(value)
+        return done
+
+    def close(self) -> None:
+        """Stop the running MILPs and wait for them (a HiGHS thread still running at interpreter
+        exit aborts the process); a Ctrl-C meanwhile does not cut the wait short."""
+        self.stop.set()
+        for thread in self.threads:
+            while thread.is_alive():
+                try:
+                    thread.join()
+                except KeyboardInterrupt:
+                    pass
+        self.threads.clear()
+
+
+
+class _CpuBudget:
+    """Asked at HiGHS's callbacks in the thread that solves (`SolveOptions.interrupt`): stop when the
+    search stops (`stop`) or when that thread has had `limit_s` seconds of CPU since the first call.
+    A MILP's own limit counts the work it was given, not the wall time: MILPs solving side by side
+    with each other and the helper get less of the two cores each (measured:
+    d_opt350_het_32_96_maxthr_budget0.5, a MILP that ends in 4.8 s alone stopped at a 5 s wall-clock
+    limit and was solved again)."""
+
+    def __init__(self, limit_s: float, stop: threading.Event):
+        self.limit_s, self.stop, self.start = limit_s, stop, None
+
+    def __call__(self) -> bool:
+        now = time.thread_time()
+        if self.start is None:
+            self.start = now
+        return self.stop.is_set() or now - self.start > self.limit_s
+
+
+
+def _parallel_solves(backend: str) -> bool:
+    from hetplan.solvers.registry import backend_class
+
+    return backend_class(backend).capabilities.parallel_solves
+
 
 
 def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", deadline: joint.Deadline,
@@ -754,7 +868,7 @@ class _ChoiceResult:
 
 def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
                   objective: str, milp: _MilpSettings, limit_s: float, deadline: joint.Deadline,
-                  lb: float | None = None) -> _ChoiceResult | None:
+                  lb: float | None = None, interrupt: Callable[[], bool] | None = None) -> _ChoiceResult | None:
     """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
     `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
     proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
@@ -783,7 +897,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         return _ChoiceResult(lb, rec, inp, found, None, open=False)
     res = solve(model, backend=milp.backend, warm_start=start,
                 options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=milp.rel_gap / 2,
-                                     diagnose_infeasible=False))  # a cutoff makes infeasible normal
+                                     diagnose_infeasible=False, interrupt=interrupt))  # a cutoff makes infeasible normal
     rec.solve_s += res.solve_s
     rec.status = f"solved:{res.status.value}"
     if res.status.has_solution:

@@ -1,0 +1,182 @@
+"""MILPs solving side by side: the solver layer's interrupt, the planner's `_Flight` of MILP threads
+and its CPU-time limit, and a search with two MILPs at once against one at a time."""
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyomo.environ as pyo
+import pytest
+
+from hetplan.orchestration.planner import PlannerOptions, plan
+from hetplan.orchestration.planner import search as S
+from hetplan.solvers import SolveOptions, Status, solve
+from hetplan.solvers.registry import backend_class
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_planner import tiny_three_types  # noqa: E402
+
+
+def market_split(seed: int, rows: int = 4, cols: int = 32) -> pyo.ConcreteModel:
+    """Cornuejols and Dawande's market split instances: sum_j a_ij x_j = floor(sum_j a_ij / 2) with
+    a_ij in 0..99, binary x. Branch and bound takes far longer than these tests on them."""
+    rng = random.Random(seed)
+    a = [[rng.randrange(100) for _ in range(cols)] for _ in range(rows)]
+    m = pyo.ConcreteModel()
+    m.x = pyo.Var(range(cols), domain=pyo.Binary)
+    m.s = pyo.Var(range(rows), range(2), domain=pyo.NonNegativeReals)  # slack up / down
+    m.row = pyo.Constraint(range(rows), rule=lambda m, i: sum(a[i][j] * m.x[j] for j in range(cols))
+                           + m.s[i, 0] - m.s[i, 1] == sum(a[i]) // 2)
+    m.obj = pyo.Objective(expr=sum(m.s[i, k] for i in range(rows) for k in range(2)))
+    return m
+
+
+def test_highs_says_it_solves_side_by_side_and_the_others_do_not():
+    assert backend_class("highs").capabilities.parallel_solves
+    assert not backend_class("scip").capabilities.parallel_solves
+
+
+def test_an_interrupt_stops_a_highs_solve_in_another_thread_as_a_limit_does():
+    """Two market-split solves, each in a thread with a 60 s limit; the interrupt stops both,
+    which report a limit status (the plan found so far, if any) and HiGHS's interrupt."""
+    stop = threading.Event()
+    results: list = []
+
+    def work(seed: int) -> None:
+        results.append(solve(market_split(seed), backend="highs",
+                             options=SolveOptions(time_limit_s=60, interrupt=stop.is_set,
+                                                  diagnose_infeasible=False)))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads)
+    assert len(results) == 2
+    for res in results:
+        assert res.status in (Status.FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION), res.status
+        assert "interrupt" in res.termination.lower(), res.termination
+
+
+def test_the_cpu_budget_counts_the_asking_threads_time_from_its_first_question(monkeypatch):
+    clock = iter([10.0, 10.5, 12.9, 13.1, 13.1])
+    monkeypatch.setattr(S.time, "thread_time", lambda: next(clock))
+    stop = threading.Event()
+    budget = S._CpuBudget(3.0, stop)
+    assert [budget(), budget(), budget(), budget()] == [False, False, False, True]  # 0, 0.5, 2.9, 3.1 s
+    stop.set()
+    assert S._CpuBudget(3.0, stop)()  # the search stops: at once
+
+
+def test_a_flight_hands_back_results_and_raises_a_jobs_failure_in_the_search():
+    flight = S._Flight(2)
+    seen: list = []
+
+    def ok(value, interrupt):
+        seen.append(interrupt)
+        return value
+
+    def fails(interrupt):
+        raise ValueError("broken MILP")
+
+    flight.launch(lambda interrupt: ok(1, interrupt), 5.0)
+    assert flight.collect(block=True) == [1]
+    assert isinstance(seen[0], S._CpuBudget) and seen[0].limit_s == 5.0
+    flight.launch(lambda interrupt: ok(2, interrupt), 5.0)
+    flight.launch(fails, 5.0)
+    assert flight.full()
+    got: list = []
+    with pytest.raises(ValueError, match="broken MILP"):
+        while flight.threads:
+            got += flight.collect(block=True)
+    flight.close()
+    assert not flight.threads
+
+
+def test_closing_a_flight_stops_its_running_solves():
+    flight = S._Flight(2)
+    for seed in (3, 4):
+        flight.launch(lambda interrupt, seed=seed: solve(
+            market_split(seed), backend="highs",
+            options=SolveOptions(time_limit_s=60, interrupt=interrupt, diagnose_infeasible=False)), 60.0)
+    time.sleep(0.5)
+    threads = list(flight.threads)
+    flight.close()
+    assert not any(t.is_alive() for t in threads) and not flight.threads
+
+
+@pytest.mark.parametrize("objective", ["max_throughput", "min_cost"])
+def test_two_milps_at_once_prove_what_one_at_a_time_proves(objective, monkeypatch):
+    """rel_gap 0 sends choices to their MILPs; each search's plan is within the other's bound (both
+    bounds hold on the same space), and the two at once solve their MILPs in threads, two at a time."""
+    opts = dict(max_stages=3, time_limit_s=120, rel_gap=0.0, workers=1, objective=objective)
+    one = plan(tiny_three_types(), PlannerOptions(concurrent_milps=1, **opts))
+    launched, most = [], [0]
+    launch = S._Flight.launch
+    both = threading.Barrier(2, timeout=30)  # the first MILP ends only once the second has started
+
+    def counted(flight, job, limit_s):
+        def held(interrupt):
+            if len(launched) <= 2:
+                try:
+                    both.wait()
+                except threading.BrokenBarrierError:
+                    pass
+            return job(interrupt=interrupt)
+
+        launched.append(job)
+        launch(flight, held, limit_s)
+        most[0] = max(most[0], len(flight.threads))
+
+    monkeypatch.setattr(S._Flight, "launch", counted)
+    two = plan(tiny_three_types(), PlannerOptions(concurrent_milps=2, **opts))
+    assert len(launched) == two.combos_solved and most[0] == 2
+    for res in (one, two):
+        assert res.status == "complete" and res.combos_solved >= 2, (res.status, res.combos_solved)
+    tol = 1e-6
+    assert two.model_objective >= one.bound * (1 - tol) and one.model_objective >= two.bound * (1 - tol)
+    assert two.model_objective == pytest.approx(one.model_objective, rel=1e-4)
+
+
+WAITING = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_concurrent_milps import market_split
+from hetplan.orchestration.planner import search as S
+from hetplan.solvers import SolveOptions, solve
+
+flight = S._Flight(2)
+for seed in (5, 6):
+    flight.launch(lambda interrupt, seed=seed: solve(market_split(seed), backend="highs", options=SolveOptions(
+        time_limit_s=60, interrupt=interrupt, diagnose_infeasible=False)), 60.0)
+print("waiting", flush=True)
+try:
+    flight.collect(block=True)  # where the search waits when both slots are taken
+except KeyboardInterrupt:
+    flight.close()
+    sys.exit(3)
+"""
+
+
+def test_sigint_interrupts_a_wait_on_solves_side_by_side():
+    """Ctrl-C while the search waits for its MILPs: KeyboardInterrupt at once, and `close` stops
+    both solves (a HiGHS thread alive at interpreter exit would abort the process: no exit 3)."""
+    proc = subprocess.Popen([sys.executable, "-c", WAITING.format(tests=str(Path(__file__).parent))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err
