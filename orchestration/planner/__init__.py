@@ -83,7 +83,12 @@ benchmarks/sailor_real.py that solve MILPs (`--time-limit 30 --only ... --concur
 c_opt350_a100_2regions_64each 16.70 / 16.70 -> 11.78 / 14.80 s, d_opt350_het_32_96_maxthr_budget0.5
 12.48 / 13.33 -> 10.67 / 10.19 s, b_OPT-350_a128_v384 9.44 / 10.10 -> 8.66 / 8.91 s, the one with a
 single MILP within noise (4.48 / 4.50 -> 4.49 / 4.78 s), the same plans; the three stopped at 30 s
-solve 8-11 MILPs instead of 5-8 and keep their gaps.
+solve 8-11 MILPs instead of 5-8 and keep their gaps. With two slots, the MILP limit went from 5 to
+10 s (one run each, all 17 scenarios, `--time-limit 30`): c_gptneo_a100_5zones_32each 4.48 -> 2.60 %,
+c_opt350_het_2zones_128x4 7.61 -> 1.14 %, the others the same plans, gaps and MILP counts within
+noise of their times (145.2 -> 147.2 s in all, most of it the three at 30 s); benchmarks/planner.py
+--no-baseline 58.2 -> 45.4 s, opt350-2zones-budget 23.10 -> 11.13 s (its two MILPs no longer stop at
+5 s to be solved again from the start).
 
 Time limit: `time_limit_s` bounds the whole call (measured within 10 % + 1 s where the final
 plan's simulation is short). One `joint.Deadline` is checked by the preparation of the choices'

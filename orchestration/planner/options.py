@@ -20,7 +20,9 @@ class PlannerOptions:
     max_cost_usd: float | None = None  # override / add constraints
     min_iters_per_s: float | None = None
     time_limit_s: float = 60.0  # whole search
-    combo_time_limit_s: float = 5.0  # one outer choice's MILP; its bound enters the reported bound
+    # one outer choice's MILP (CPU seconds of its thread when MILPs solve side by side); its bound
+    # enters the reported bound
+    combo_time_limit_s: float = 10.0
     rel_gap: float = 0.01  # on the simulated objective, as far as the model can prove (PlannerResult.status)
     max_stages: int = 16
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
