@@ -180,3 +180,15 @@ def test_sigint_interrupts_a_wait_on_solves_side_by_side():
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 3, err
+
+
+def test_the_milp_gap_reaches_the_search_target_from_the_cutoff():
+    """g = 1 - target / cutoff: a MILP stopped at a plan at the cutoff with d >= cutoff (1 - g)
+    has d >= target; within [rel_gap / 10, rel_gap]; rel_gap / 2 with no cutoff or target."""
+    milp = S._MilpSettings("highs", True, 0.01)
+    assert S._milp_gap(milp, None, None) == S._milp_gap(milp, 2.0, None) == 0.005
+    assert S._milp_gap(milp, 2.0, 2.0 * 0.996) == pytest.approx(0.004)
+    assert S._milp_gap(milp, 2.0, 2.0 * 0.99) == pytest.approx(0.01)
+    assert S._milp_gap(milp, 2.0, 1.5) == 0.01  # the search's gap at most
+    assert S._milp_gap(milp, 2.0, 2.0) == pytest.approx(0.001)  # target at the cutoff: no exact proof
+    assert S._milp_gap(S._MilpSettings("highs", True, 0.0), 2.0, 1.9) == 0.0

@@ -599,9 +599,10 @@ class _Search:
         limit_s = self.opts.combo_time_limit_s
         if self.flight.slots > 1:  # its wall-clock limit is the search's deadline; its own limit is CPU time
             self.flight.launch(functools.partial(_solve_choice, rec, inp, found, out.lead, self.objective, self.milp,
-                                                 math.inf, self.deadline), limit_s)
+                                                 math.inf, self.deadline, target=self._target_now()), limit_s)
         else:
-            self._settle(_solve_choice(rec, inp, found, out.lead, self.objective, self.milp, limit_s, self.deadline))
+            self._settle(_solve_choice(rec, inp, found, out.lead, self.objective, self.milp, limit_s, self.deadline,
+                                       target=self._target_now()))
 
     def _settle(self, item: "_ChoiceResult | None", dive: bool = True) -> None:
         """What one choice's MILP gave (None: nothing in the choice beats its cutoff)."""
@@ -776,7 +777,8 @@ def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", de
             break
         out.unfinished.pop(0)
         again = _solve_choice(item.record, item.inputs, item.start, out.lead, objective, milp,
-                              remaining / (len(out.unfinished) + 1), deadline, item.bound)
+                              remaining / (len(out.unfinished) + 1), deadline, item.bound,
+                              target=out.target(rel_gap) if out.lead is not None else None)
         if again is not None:
             out.found(again.solution)
             _file(again, out.unfinished, out.open_bounds)
@@ -868,7 +870,8 @@ class _ChoiceResult:
 
 def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
                   objective: str, milp: _MilpSettings, limit_s: float, deadline: joint.Deadline,
-                  lb: float | None = None, interrupt: Callable[[], bool] | None = None) -> _ChoiceResult | None:
+                  lb: float | None = None, interrupt: Callable[[], bool] | None = None,
+                  target: float | None = None) -> _ChoiceResult | None:
     """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
     `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
     proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
@@ -896,7 +899,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         rec.status = "skipped_time"
         return _ChoiceResult(lb, rec, inp, found, None, open=False)
     res = solve(model, backend=milp.backend, warm_start=start,
-                options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=milp.rel_gap / 2,
+                options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=_milp_gap(milp, cutoff, target),
                                      diagnose_infeasible=False, interrupt=interrupt))  # a cutoff makes infeasible normal
     rec.solve_s += res.solve_s
     rec.status = f"solved:{res.status.value}"
@@ -917,6 +920,17 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
     # a back-end error on one choice: not solved again, and its lower bound stays in the bound
     rec.status = f"error:{res.message[:80]}"
     return _ChoiceResult(lb, rec, inp, found, None, open=False)
+
+
+
+def _milp_gap(milp: _MilpSettings, cutoff: float | None, target: float | None) -> float:
+    """The MILP's own relative gap: stopped at a plan p with dual bound d >= p (1 - g), the choice
+    is closed when d reaches the search's `target`; with the plan at the cutoff, g = 1 - target /
+    cutoff does exactly that. Kept within [rel_gap / 10, rel_gap]: the search's gap at most, and
+    not an exact proof where the simulator rates plans above the model (target = cutoff)."""
+    if cutoff is None or target is None or cutoff <= 0:
+        return milp.rel_gap / 2
+    return min(milp.rel_gap, max(milp.rel_gap / 10, 1 - target / cutoff))
 
 
 
