@@ -596,13 +596,13 @@ class _Search:
         out.records.append(rec)
         if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
             out.found((*found, inp), heuristic=True)
+        job = functools.partial(_solve_choice, rec, inp, found, out.lead, self.objective, self.milp,
+                                deadline=self.deadline, target=self._target_now())
         limit_s = self.opts.combo_time_limit_s
         if self.flight.slots > 1:  # its wall-clock limit is the search's deadline; its own limit is CPU time
-            self.flight.launch(functools.partial(_solve_choice, rec, inp, found, out.lead, self.objective, self.milp,
-                                                 math.inf, self.deadline, target=self._target_now()), limit_s)
+            self.flight.launch(functools.partial(job, limit_s=math.inf), limit_s)
         else:
-            self._settle(_solve_choice(rec, inp, found, out.lead, self.objective, self.milp, limit_s, self.deadline,
-                                       target=self._target_now()))
+            self._settle(job(limit_s=limit_s))
 
     def _settle(self, item: "_ChoiceResult | None", dive: bool = True) -> None:
         """What one choice's MILP gave (None: nothing in the choice beats its cutoff)."""
@@ -680,7 +680,8 @@ class _Flight:
     """The choices' MILPs (`_solve_choice`), up to `slots` at once, each in a thread of its own
     while the search goes on (HiGHS solves without the GIL). A MILP launched while another runs has
     the incumbent of its launch as cutoff: valid whatever the other finds, since a cutoff above the
-    final incumbent only keeps more plans in. One slot: each MILP runs at once in the caller's thread."""
+    final incumbent only keeps more plans in. With one slot the search solves each MILP in its own
+    thread instead (`_Search.solve`)."""
 
     def __init__(self, slots: int):
         self.slots = max(1, slots)
