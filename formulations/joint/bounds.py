@@ -1506,12 +1506,20 @@ def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_
     allowed = np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
     # the caps act through the (stage, blocks, class) triples they allow alone: the searches ask
     # with many caps that allow the same ones (measured: 28 % of the replica DPs' time repeated)
-    key = (np.packbits(allowed).tobytes(), strong)
+    return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong)
+
+
+
+def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, strong: bool) -> float:
+    """`capped_sum_tau_s` once per (allowed classes, `packed` their bits, strong); the strong one
+    starts from the plain one of the same classes."""
     cache = _per_inputs_cache(inp, "capped_sum_tau")
+    key = (packed, strong)
     if key not in cache:
-        out = capped_sum_tau_s(inp, theta_cap_s, extra_cap_s) if strong else _capped_sum_tau_s(inp, allowed)
+        out = _capped_sum_tau_kept(inp, allowed, packed, False) if strong else _capped_sum_tau_s(inp, allowed)
         if strong and out < math.inf:
-            for g in (arr.types if len(arr.types) > 2 else arr.types[:1]):
+            types = _class_arrays(inp).types
+            for g in (types if len(types) > 2 else types[:1]):
                 out = max(out, _replica_sum_tau_s(inp, allowed, g))
         cache[key] = out
     return cache[key]
