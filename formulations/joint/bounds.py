@@ -944,10 +944,12 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     sum of stage times is lifted to the least under its cap (`capped_sum_tau_s`, strong: GPU
     counts and the types' quotas; sum tau_i over compute times, the sends stay in `transfers`) and
     tested again (measured: Sailor's GPT-Neo on 128 A100 + 384 V100, P10 b1 D16: sum tau >= 0.326 s
-    alone, the optimum's 0.508 s). Not under a budget: there the cell's bisection by ranges
-    (`_send_aware_cell_s`) already costs up to 127 DP tests a step; with the lift, in
-    benchmarks/sailor_real.py --time-limit 30, 32 A100 + 96 V100 under 0.5 USD went from gap
-    1.0 % in 24 s to 6.6 % at the limit (fig. 12's budget scenario from 11.4 to 7.9 %, both at it)."""
+    alone, the optimum's 0.508 s), then lifted by the stage times with their sends under a cap on
+    the slowest (`_lifted_send_cell_s`). Under a budget the cell gets only the latter, and before
+    its bisection by ranges (`_send_aware_cell_s`, up to 127 DP tests a step), which it then
+    spares where it rules the target out. (The compute-only lift under a budget had cost more
+    than it gave: 32 A100 + 96 V100 under 0.5 USD went from gap 1.0 % in 24 s to 6.6 % at the
+    limit of benchmarks/sailor_real.py --time-limit 30.)"""
     def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest, the cap)
         return lambda t, rate=math.inf: fits(t, cap, rate), max(sync_update, rest_floor, floor), cap
 
@@ -963,7 +965,13 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
             ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
             if ruled is not None:
                 return ruled
-            return _send_aware_cell_s(inp, test, cands, rest, lifted(cap), 0.0, target)
+            return _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target)
+        if lift and target is not None and inp.m > 1:  # under a budget: the lift first, as the
+            # budget's tests by ranges cost up to 127 DP tests a cell where the lift's cost a few
+            out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
+            if out >= target:
+                return out
+            return max(out, _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target))
         return _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
 
     vals = _extra_values_s(inp)
@@ -986,6 +994,42 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
         else:
             stack += [((a + b) // 2, b), (a, (a + b) // 2)]
     return out
+
+
+
+LIFT_SPLITS = 6  # halvings of `_lifted_send_cell_s`'s range of slowest stage times
+
+
+
+def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, stages_s: float, cap: float,
+                        target_s: float, depth: int = LIFT_SPLITS) -> float:
+    """A cell of `_split_cells_bound_s` (m > 1, a target), its stages and sends at least `stages_s`,
+    lifted where the slowest stage time caps them: a plan whose theta lies in [cands[l], cands[h]]
+    (cands: stage times with sends) has every tau_i + p_i <= cands[h], so sum_i (tau_i + p_i) >=
+    `capped_sum_tau_s`(cands[h], cap, strong, sends) and T >= that + (m - 1) cands[l] + rest. The
+    range of thetas that could beat the target with `stages_s` is halved (at most `depth` times)
+    where a part's bound falls short. The fast classes that a small theta needs cannot serve every
+    stage, so the stages they leave run slower and their sends count (measured: Sailor's OPT-350M
+    on 2 zones of 128 A100 + 128 V100, P6 b2 D32: 1.2767 s before, 1.3192 s with it; the MILP's
+    optimum is 1.3734 s)."""
+    def time_at(stages: float, j: int) -> float:
+        return iteration_time_s(inp.m, stages, 0.0, cands[j] if j < len(cands) else math.inf, rest)
+
+    hi = _last_beating(inp, cands, rest, stages_s, 0.0, target_s)
+    if hi < 0 or not fits(cands[hi]):
+        return time_at(stages_s, hi + 1)
+
+    def part(lo: int, up: int, d: int) -> float:
+        out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True)), lo)
+        if out < target_s:  # the replica-level DPs only where the units DP falls short
+            out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, True, sends=True)), lo)
+        if out >= target_s or d == 0 or lo == up:
+            return out
+        mid = (lo + up) // 2
+        left = part(lo, mid, d - 1)
+        return max(out, min(left, part(mid + 1, up, 0 if left < target_s else d - 1)))
+
+    return min(part(_first_true_from(fits, cands, 0, hi), hi, depth), time_at(stages_s, hi + 1))
 
 
 
@@ -1370,12 +1414,16 @@ class _ClassArrays:
 
 
 
-def _class_arrays(inp: JointInputs) -> _ClassArrays:
+def _class_arrays(inp: JointInputs, sends: bool = False) -> _ClassArrays:
+    """`sends` (Sailor's composition): each stage time with the least its stage's sends take
+    (`_sailor_stage_times_s`), a lower bound on tau_i + p_i where the class serves stage i."""
+    if sends:
+        return _cached_for(inp, "class_arrays_sends", lambda inp: _make_class_arrays(inp, True))
     return _cached_for(inp, "class_arrays", _make_class_arrays)
 
 
 
-def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
+def _make_class_arrays(inp: JointInputs, sends: bool = False) -> _ClassArrays:
     tab, lay = _class_tables(inp), _pair_layout(inp)
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
@@ -1387,7 +1435,8 @@ def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
         return out
 
     total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
-    return _ClassArrays(spread(tab.time_s, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
+    times = _sailor_stage_times_s(inp) if sends else tab.time_s
+    return _ClassArrays(spread(times, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
                         spread(np.maximum(*(np.where(np.isfinite(e), e, -np.inf)  # inf: no such placement
                                             for e in (tab.extra_in_s, tab.extra_span_s))), -np.inf),
                         np.array([c[1] for c in tab.classes], dtype=float),
@@ -1487,7 +1536,7 @@ def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
-                     strong: bool = False) -> float:
+                     strong: bool = False, sends: bool = False) -> float:
     """A lower bound on sum_i tau_i over the plans whose stages all run within theta_cap_s and whose
     (stage, class) extras (`_ClassTables.extra_in_s`, or `_ClassTables.extra_span_s` where smaller) are within
     extra_cap_s (blocks form). A DP over (blocks placed, GPUs used in units of D) keeps the GPU
@@ -1501,34 +1550,40 @@ def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_
 
     `strong` also takes `_replica_sum_tau_s` for every split of the GPU types into one type and
     the rest, which sees the quota of that type exactly (measured: A100 + V100, 32 + 96 GPUs,
-    P5 b1 D16, at the optimum's theta and extras: 0.627 s here, 0.882 s with it, the optimum's)."""
-    arr = _class_arrays(inp)
+    P5 b1 D16, at the optimum's theta and extras: 0.627 s here, 0.882 s with it, the optimum's).
+
+    `sends` (Sailor's composition): the same over the stage times with their sends
+    (`_class_arrays`), a lower bound on sum_i (tau_i + p_i) over the plans whose theta (which is
+    at least every tau_i + p_i there) is within theta_cap_s."""
+    arr = _class_arrays(inp, sends)
     allowed = np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
     # the caps act through the (stage, blocks, class) triples they allow alone: the searches ask
     # with many caps that allow the same ones (measured: 28 % of the replica DPs' time repeated)
-    return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong)
+    return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong, sends)
 
 
 
-def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, strong: bool) -> float:
-    """`capped_sum_tau_s` once per (allowed classes, `packed` their bits, strong); the strong one
-    starts from the plain one of the same classes."""
+def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, strong: bool,
+                         sends: bool = False) -> float:
+    """`capped_sum_tau_s` once per (allowed classes, `packed` their bits, strong, sends); the
+    strong one starts from the plain one of the same classes."""
     cache = _per_inputs_cache(inp, "capped_sum_tau")
-    key = (packed, strong)
+    key = (packed, strong, sends)
     if key not in cache:
-        out = _capped_sum_tau_kept(inp, allowed, packed, False) if strong else _capped_sum_tau_s(inp, allowed)
+        out = _capped_sum_tau_kept(inp, allowed, packed, False, sends) if strong else \
+            _capped_sum_tau_s(inp, allowed, sends)
         if strong and out < math.inf:
             types = _class_arrays(inp).types
             for g in (types if len(types) > 2 else types[:1]):
-                out = max(out, _replica_sum_tau_s(inp, allowed, g))
+                out = max(out, _replica_sum_tau_s(inp, allowed, g, sends))
         cache[key] = out
     return cache[key]
 
 
 
-def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray) -> float:
+def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False) -> float:
     """`capped_sum_tau_s` without `strong`, with the classes its caps allow (`allowed`)."""
-    arr = _class_arrays(inp)
+    arr = _class_arrays(inp, sends)
     t = np.where(allowed, arr.time_s, np.inf)
     L, P, D = inp.U - 2, inp.P, inp.D
     N = L + 1
@@ -1567,7 +1622,7 @@ def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray) -> float:
 
 
 
-def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str) -> float:
+def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: bool = False) -> float:
     """A lower bound on sum tau over the classes `allowed` (by the caps of `capped_sum_tau_s`) that
     counts the GPUs of type `left` exactly, replica by replica, and prices the GPUs of the other
     types (merged into one) at mu per GPU (Lagrangian: any mu >= 0 gives a bound; the dual is
@@ -1576,7 +1631,7 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str) -> floa
     of the others at their least such TP w_b, in any mix: best'[s + n, a + x w_a] = min(best[s, a] +
     tau + mu (D - x) w_b) over x = 0..D (`_stage_contrib`), a <= the GPUs of `left`; the bound is
     min_a best[L, a] - mu (the other GPUs)."""
-    arr = _class_arrays(inp)
+    arr = _class_arrays(inp, sends)
     t = np.where(allowed, arr.time_s, np.inf)
     gpus = _gpus_per_type(inp)
     in_left = arr.gpu_of == arr.types.index(left)

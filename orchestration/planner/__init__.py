@@ -22,7 +22,9 @@ times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_l
 for cost also `joint.cost_lower_bound_dp_usd`; under a budget also the least time of the stage times
 it affords, `joint.budget_time_lower_bound_s`, both per cell of the plans' largest all-reduce + update; in Sailor's composition also the stage DP on stage
 times that include each stage's own sends, `joint.sailor_send_aware_time_bound_s`, whose cells of the
-plans' largest all-reduce + update are split in halves where they cannot rule the target out). The cheap bound
+plans' largest all-reduce + update are split in halves where they cannot rule the target out, and
+lifted by the least sum of those stage times with their sends under a cap on the slowest,
+`joint.capped_sum_tau_s(sends=True)`). The cheap bound
 is the GPUs' work with each type at its speed (`joint.fluid_gpu_seconds_s`), per region or with a
 crossing between regions. Each (slowest stage, all-reduce + update) cell of the
 sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
