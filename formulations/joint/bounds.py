@@ -941,11 +941,14 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     target (measured: Sailor's GPT-Neo, 5 zones x 32 A100, P7 b2 D16, whose optimum has sigma =
     1.34 s: a fixed grid of 4, 8, 16 cells gives 10.41, 10.93, 11.14 s). After SPLIT_TESTS tests the
     cells left are bounded whole. `lift`: where a cell's test does not rule the target out, its
-    sum of stage times is lifted to the least under its cap (`capped_sum_tau_s`, strong: GPU
-    counts and the types' quotas; sum tau_i over compute times, the sends stay in `transfers`) and
-    tested again (measured: Sailor's GPT-Neo on 128 A100 + 384 V100, P10 b1 D16: sum tau >= 0.326 s
-    alone, the optimum's 0.508 s), then lifted by the stage times with their sends under a cap on
-    the slowest (`_lifted_send_cell_s`). Under a budget the cell gets only the latter, and before
+    stage times with their sends are lifted under a cap on the slowest (`_lifted_send_cell_s`);
+    where that falls short too, its sum of stage times is lifted to the least under its cap
+    (`capped_sum_tau_s`, strong: GPU counts and the types' quotas; sum tau_i over compute times, the
+    sends stay in `transfers`; measured: Sailor's GPT-Neo on 128 A100 + 384 V100, P10 b1 D16: sum
+    tau >= 0.326 s alone, the optimum's 0.508 s) and the send lift runs again from there. That
+    order spares the compute-only lift's replica-level DP in most cells (measured: Sailor's
+    OPT-350M on 128 A100 + 384 V100, 341 of those DPs in a search, none after). Under a budget the
+    cell gets only the send lift, and before
     its bisection by ranges (`_send_aware_cell_s`, up to 127 DP tests a step), which it then
     spares where it rules the target out. (The compute-only lift under a budget had cost more
     than it gave: 32 A100 + 96 V100 under 0.5 USD went from gap 1.0 % in 24 s to 6.6 % at the
@@ -965,7 +968,10 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
             ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
             if ruled is not None:
                 return ruled
-            return _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target)
+            out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
+            if out >= target:  # the compute-only lift below costs a replica-level DP a cell
+                return out
+            return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target))
         if lift and target is not None and inp.m > 1:  # under a budget: the lift first, as the
             # budget's tests by ranges cost up to 127 DP tests a cell where the lift's cost a few
             out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
