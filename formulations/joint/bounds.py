@@ -964,21 +964,19 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
 
     def bound(test_rest: tuple, target: float | None) -> float:
         test, rest, cap = test_rest
-        if lift and target is not None and inp.m > 1 and inp.max_cost_usd is None:  # plain test first
+        if not (lift and target is not None and inp.m > 1):
+            return _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
+        budget = inp.max_cost_usd is not None
+        if not budget:  # the plain test first (under a budget it is the costly bisection by ranges)
             ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
             if ruled is not None:
                 return ruled
-            out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
-            if out >= target:  # the compute-only lift below costs a replica-level DP a cell
-                return out
-            return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target))
-        if lift and target is not None and inp.m > 1:  # under a budget: the lift first, as the
-            # budget's tests by ranges cost up to 127 DP tests a cell where the lift's cost a few
-            out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
-            if out >= target:
-                return out
+        out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
+        if out >= target:  # spares what follows: a replica-level DP, or up to 127 DP tests a cell
+            return out
+        if budget:
             return max(out, _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target))
-        return _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
+        return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target))
 
     vals = _extra_values_s(inp)
     if target_s is None:
@@ -1423,26 +1421,29 @@ class _ClassArrays:
 def _class_arrays(inp: JointInputs, sends: bool = False) -> _ClassArrays:
     """`sends` (Sailor's composition): each stage time with the least its stage's sends take
     (`_sailor_stage_times_s`), a lower bound on tau_i + p_i where the class serves stage i."""
-    if sends:
-        return _cached_for(inp, "class_arrays_sends", lambda inp: _make_class_arrays(inp, True))
+    if sends:  # only the stage times differ
+        return _cached_for(inp, "class_arrays_sends", lambda inp: replace(
+            _class_arrays(inp), time_s=_by_stage(inp, _sailor_stage_times_s(inp), np.inf)))
     return _cached_for(inp, "class_arrays", _make_class_arrays)
 
 
 
-def _make_class_arrays(inp: JointInputs, sends: bool = False) -> _ClassArrays:
+def _by_stage(inp: JointInputs, values: np.ndarray, missing: float) -> np.ndarray:
+    """(C, M) per class and (stage, blocks) pair -> (P, N, C), `missing` where the class does not fit."""
     tab, lay = _class_tables(inp), _pair_layout(inp)
+    out = np.full((inp.P, inp.U - 1, len(tab.classes)), missing)
+    out[lay.stage, lay.count, :] = np.where(tab.fits, values, missing).T
+    return out
+
+
+
+def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
+    tab = _class_tables(inp)
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
-    shape = (inp.P, inp.U - 1, len(tab.classes))
-
-    def spread(values: np.ndarray, missing: float) -> np.ndarray:  # (C, M) -> (P, N, C), missing where unfit
-        out = np.full(shape, missing)
-        out[lay.stage, lay.count, :] = np.where(tab.fits, values, missing).T
-        return out
-
+    spread = functools.partial(_by_stage, inp)
     total = sum(gpus.values()) if inp.max_gpus is None else min(sum(gpus.values()), inp.max_gpus)
-    times = _sailor_stage_times_s(inp) if sends else tab.time_s
-    return _ClassArrays(spread(times, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
+    return _ClassArrays(spread(tab.time_s, np.inf), spread(np.minimum(tab.extra_in_s, tab.extra_span_s), np.inf),
                         spread(np.maximum(*(np.where(np.isfinite(e), e, -np.inf)  # inf: no such placement
                                             for e in (tab.extra_in_s, tab.extra_span_s))), -np.inf),
                         np.array([c[1] for c in tab.classes], dtype=float),
