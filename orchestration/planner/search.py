@@ -680,8 +680,8 @@ class _Flight:
     """The choices' MILPs (`_solve_choice`), up to `slots` at once, each in a thread of its own
     while the search goes on (HiGHS solves without the GIL). A MILP launched while another runs has
     the incumbent of its launch as cutoff: valid whatever the other finds, since a cutoff above the
-    final incumbent only keeps more plans in. With one slot the search solves each MILP in its own
-    thread instead (`_Search.solve`)."""
+    final incumbent only keeps more plans in. With one slot `_Search.solve` does not use it: it
+    solves each MILP itself, one after another."""
 
     def __init__(self, slots: int):
         self.slots = max(1, slots)
