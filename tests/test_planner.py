@@ -1054,6 +1054,41 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
     assert checked >= 80 and lifted >= 4, (checked, lifted)
 
 
+def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
+    """`_sailor_receiver_cases_s` (Sailor's composition on tiny / tiny_regions with send floors by
+    TP and receive floors three times those, so a receiver slows any sender): for every enumerated
+    plan some case puts every class the plan uses on every stage at most at that stage's tau_i +
+    p_i, so a DP over the cases is a relaxation, on many plans with a case above the plain times. On
+    tiny's choices, with a target at and above the least T, `sailor_send_aware_time_bound_s(
+    receivers=True)` stays below it, and above the bound without the cases on some, or the
+    receivers would add nothing."""
+    from hetplan.formulations.joint import bounds
+
+    plans = raised = checked = lifted = 0
+    for make, combo, sends in ((make, *choice) for make in (tiny, tiny_regions)
+                               for choice in sailor_choices(make, floor_s=0.03)):
+        inp = dataclasses.replace(sends, recv_floor_s=tuple(3 * x for x in sends.send_floor_s))
+        cases, plain = bounds._sailor_receiver_cases_s(inp), bounds._sailor_stage_times_s(inp)
+        classes, pairs = bounds._class_tables(inp).classes, bounds._pair_layout(inp).pairs
+        best = math.inf
+        for sol, ev in all_plans(inp, "blocks"):
+            cells = [(classes.index((p.gpu_type, p.tp)), pairs.index((i, n)), ev["tau"][i] + ev["p2p"][i])
+                     for i, n in enumerate(joint.solution_blocks(inp, sol))
+                     for k, p in enumerate(inp.pools) if sol.replicas[i][k]]
+            fitting = [case for case in cases if all(case[c, j] <= t * (1 + 1e-9) for c, j, t in cells)]
+            assert fitting, (combo, sol)
+            raised += any(case[c, j] > plain[c, j] * (1 + 1e-9) for case in fitting for c, j, _ in cells)
+            best = min(best, ev["T"])
+            plans += 1
+        for target in (best, 1.1 * best) if make is tiny else ():  # the DPs take most of the time
+            got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target, receivers=True)
+            without = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+            assert got <= best * (1 + 1e-9), (combo, target, got, best)
+            lifted += got > without * (1 + 1e-9)
+            checked += 1
+    assert plans >= 1000 and raised >= 100 and checked >= 10 and lifted >= 4, (plans, raised, checked, lifted)
+
+
 def test_a_milp_stopped_without_a_plan_lends_its_dual_bound_up_to_the_cutoff():
     """`_unsolved_bound`: the plans of a choice within the cutoff have at least the MILP's dual bound,
     the others more than the cutoff: max(lb, min(dual, cutoff)), hand-computed (the dual in the

@@ -760,14 +760,15 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     if exact and inp.sailor and inp.P > 1 and blocks_identical(inp) and out < math.inf and (
             target_s is None or out < target_s + shift):
         target_s = None if target_s is None else target_s + shift
-        out = max(out, sailor_send_aware_time_bound_s(inp, target_s))
+        out = max(out, sailor_send_aware_time_bound_s(inp, target_s, receivers=strongest))
         if len(inp.regions) > 1 and (target_s is None or out < target_s):
             out = max(out, sailor_region_split_bound_s(inp, target_s, strongest))
     return out
 
 
 
-def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = None) -> float:
+def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = None,
+                                   receivers: bool = False) -> float:
     """Sailor's composition: a stage's bottleneck time is its compute plus its own sends,
     theta >= tau_i + p_i, and p_i >= k_i x (the send floor of every pool the stage uses, and c_node
     / 2), k_i = 2 for a middle or last stage, 1 or 2 (P > 3) for the first (`sailor_p2p`). So every
@@ -779,16 +780,47 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     stages that `sailor_transfer_floor_s` adds misses that a slow sender (TP 1: ~4x slower fits)
     slows its own stage only (measured: Sailor's OPT-350M on 128 A100, the strong bound of P3 b4
     D16 from 2.337 to 2.388 s, the choice's optimum 2.674 s; of P4 b4 D16 from 2.375 to 2.516 s).
-    `target_s`: stops at the first stage time that rules it out. Blocks form only."""
-    times = _sailor_stage_times_s(inp)
+    `target_s`: stops at the first stage time that rules it out. `receivers`: the DP fits the
+    cases of `_sailor_receiver_cases_s` instead (each a DP test, so the search asks for them only
+    in a choice's strongest bound). Blocks form only."""
+    times = _sailor_receiver_cases_s(inp) if receivers else [_sailor_stage_times_s(inp)]
     sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
     transfers = _links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * _sailor_send_floor_s(inp)
-    cands = np.unique(times[np.isfinite(times)])
+    cands = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    return _split_cells_bound_s(inp, _times_fit(inp, times), cands, sum_tau, transfers, sync_update, target_s,
+    return _split_cells_bound_s(inp, _times_fit(inp, *times), cands, sum_tau, transfers, sync_update, target_s,
                                 lift=True)
+
+
+
+def _sailor_receiver_cases_s(inp: JointInputs) -> list[np.ndarray]:
+    """Stage times with their sends (`_sailor_stage_times_s`) where stage 0's activation send also
+    waits for stage 1's receiver: A_0 >= the receive floor of every pool stage 1 uses
+    (evaluation.sailor_sends). Per level phi of the classes' least receive floors r_c, one (C, M)
+    case: stage 0's classes at their compute + k_0 max(own send, phi), and stage 1 served only by
+    the classes with r_c <= phi. A plan fits the case of phi = the largest r_c of its stage-1
+    classes (at its own theta), so theta is at least the least stage time at which some case fits.
+    Levels at or below every class's own send give stage 0 its plain times, so of those only the
+    largest (the loosest on stage 1) is kept. Measured (Sailor's OPT-350M, 2 zones of 128 A100 +
+    128 V100, P6 b2 D32): the optimum's V100 TP 4 first stage (send floor 0.00354 s) sends at the
+    A100 TP 2 receiver's 0.00497 s."""
+    def make(inp: JointInputs) -> list[np.ndarray]:
+        tab, lay = _class_tables(inp), _pair_layout(inp)
+        plain, send, recv = _sailor_stage_times_s(inp), _sailor_class_sends_s(inp), _sailor_class_receives_s(inp)
+        first, second = lay.stage == 0, lay.stage == 1
+        levels = np.unique(recv)
+        low = levels[levels <= send.min()]
+        levels = np.concatenate([low[-1:], levels[levels > send.min()]])
+        cases = []
+        for phi in levels.tolist():
+            case = plain.copy()
+            case[:, first] = tab.time_s[:, first] + (1 if inp.P <= 3 else 2) * np.maximum(send, phi)[:, None]
+            case[np.ix_(recv > phi, second)] = np.inf
+            cases.append(case)
+        return cases
+    return _cached_for(inp, "sailor_receiver_cases", make)
 
 
 
@@ -1064,6 +1096,15 @@ def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
                           for c in _class_tables(inp).classes])
         return np.maximum(floor, _c_node_s(inp) / 2)
     return _cached_for(inp, "sailor_class_sends", make)
+
+
+
+def _sailor_class_receives_s(inp: JointInputs) -> np.ndarray:
+    """(C,): the least receive floor of class c's pools (what a send to a stage that c serves takes
+    at least)."""
+    return _cached_for(inp, "sailor_class_receives", lambda inp: np.array(
+        [min(inp.recv_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
+         for c in _class_tables(inp).classes]))
 
 
 
