@@ -1134,6 +1134,36 @@ def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_i
     assert tighter >= 1, "the speed weights never tightened the test"
 
 
+def test_a_milp_is_cut_off_at_the_target_and_closes_its_choice_there():
+    """`_solve_choice` with a target below the incumbent cuts its MILP off at the target: on tiny's
+    choices (the least T by enumeration, T*), a target under T* closes the choice with the target
+    as its bound (below T*, so the reported bound stays valid), a target above T* gets a plan within
+    it, and a target equal to the incumbent that nothing beats gives None as before."""
+    from hetplan.orchestration.planner.options import ComboRecord
+    from hetplan.orchestration.planner.search import _MilpSettings, _solve_choice
+
+    milp = _MilpSettings("highs", True, 0.01)
+    checked = 0
+    for combo, inp in combos_of(tiny(), "max_throughput"):
+        if combo.P > 2:
+            continue
+        best = brute_force(inp, "T", "blocks")
+        lead = (1.5 * best, None, None)
+
+        def milp_of(target, lead=lead):
+            return _solve_choice(ComboRecord(combo.P, combo.b, combo.D, 0.0, ""), inp, None, lead, "max_throughput",
+                                 milp, 30.0, joint.Deadline.after(60), target=target)
+
+        closed = milp_of(0.9 * best)
+        assert closed is not None and not closed.open and closed.solution is None, combo
+        assert closed.bound == pytest.approx(0.9 * best)
+        found = milp_of(1.2 * best)
+        assert found is not None and best * (1 - 1e-6) <= found.solution[0] <= 1.2 * best * (1 + 1e-9), combo
+        assert milp_of(0.9 * best, (0.9 * best, None, None)) is None, combo
+        checked += 1
+    assert checked >= 3, checked
+
+
 def test_crossing_bounds_hold_on_every_plan_by_its_regions():
     """Each crossing bound of `region_split_time_bound_s` against the plans it covers, by
     enumeration on tiny_regions: the ends in different regions, or both ends in one region and a

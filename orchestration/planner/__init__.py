@@ -32,8 +32,9 @@ sync-aware bound is lifted by the least sum of stage times under its caps (`join
 a DP over blocks and GPUs in units of D). Once an incumbent exists, a choice that comes out at the
 head with its strong bound gets the strongest one (the same, plus replica-level DPs that count one
 GPU type exactly and price the others), and only a choice still at the head after that is solved:
-heuristic warm start, then the MILP with the incumbent as a cutoff (which also drops stage choices
-too slow to beat it). Just before the first MILP, and after a MILP that stopped at its limit with
+heuristic warm start, then the MILP cut off at the target below (which also drops stage choices
+too slow to beat it; a choice with no plan below the target is closed with the target as its
+bound). Just before the first MILP, and after a MILP that stopped at its limit with
 no plan, the heuristics dive (`_dive`): they run on the queued choices of least bound that have
 not had the stage DP, those the strong bound kept first, for a better cutoff. The search stops when the head's bound
 reaches the target (`_Outcome.target`): the returned plan's simulated objective less the requested

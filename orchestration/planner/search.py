@@ -443,7 +443,7 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
             not refined three times?          its next bound, back in the queue   (`_Search.refine`)
             its strongest bound is stale?     again at today's target, back        (`_Search.retarget`)
             no stage-DP plan yet?             the heuristics; a better incumbent sends it back
-            else                              its MILP with the incumbent as cutoff (`_Search.solve`),
+            else                              its MILP with the target as cutoff (`_Search.solve`),
                                               in a thread while the search goes on (`_Flight`)
         the MILPs still running: their plans and bounds
         the time left goes to the MILPs stopped at their own limit
@@ -589,7 +589,7 @@ class _Search:
         return True
 
     def solve(self, entry: tuple, found: tuple | None, with_dp: bool) -> None:
-        """The choice's MILP with the incumbent as cutoff, warm-started from its heuristic plan."""
+        """The choice's MILP with the target as cutoff, warm-started from its heuristic plan."""
         lb, _, _, _, _, combo, inp = entry
         out = self.out
         rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
@@ -679,8 +679,8 @@ class _Search:
 class _Flight:
     """The choices' MILPs (`_solve_choice`), up to `slots` at once, each in a thread of its own
     while the search goes on (HiGHS solves without the GIL). A MILP launched while another runs has
-    the incumbent of its launch as cutoff: valid whatever the other finds, since a cutoff above the
-    final incumbent only keeps more plans in. With one slot `_Search.solve` does not use it: it
+    the target of its launch as cutoff: valid whatever the other finds, since a cutoff above the
+    final target only keeps more plans in. With one slot `_Search.solve` does not use it: it
     solves each MILP itself, one after another."""
 
     def __init__(self, slots: int):
@@ -873,22 +873,27 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
                   objective: str, milp: _MilpSettings, limit_s: float, deadline: joint.Deadline,
                   lb: float | None = None, interrupt: Callable[[], bool] | None = None,
                   target: float | None = None) -> _ChoiceResult | None:
-    """Build and solve one choice's MILP with the incumbent `best` as cutoff, warm-started from
-    `found` (objective, solution) when it is within the cutoff; update `rec`. Returns the choice's
-    proven bound, what it found (`solution`) and whether the MILP stopped at its limit (`open`);
-    None when nothing in the choice beats the cutoff (infeasible under it). The solver gets
-    `limit_s`, or what the build left of the search's `deadline` if that is less."""
+    """Build and solve one choice's MILP with the search's `target` as cutoff (the incumbent `best`
+    without one), warm-started from `found` (objective, solution) when it is within the cutoff;
+    update `rec`. Returns the choice's proven bound, what it found (`solution`) and whether the MILP
+    stopped at its limit (`open`); None when nothing in the choice beats the incumbent, and the
+    choice closed at the target when nothing beats that (`_closed_at`). The solver gets `limit_s`,
+    or what the build left of the search's `deadline` if that is less. The target (at most the
+    incumbent) is all a choice must be proven against: a plan below the incumbent but not the target
+    would leave the gap within rel_gap. Measured: Sailor's GPT-Neo on 5 zones x 32 A100, P5 b2 D16,
+    HiGHS proves no plan below 12.992 s in 11.7 s, below the incumbent's 13.1213 s in 14.4 s."""
     from hetplan.solvers import SolveOptions, solve
 
     lb = rec.lower_bound if lb is None else lb
-    cutoff = best[0] if best else None
+    lead = best[0] if best else None
+    cutoff = lead if target is None or lead is None else min(lead, target)
     t0 = time.perf_counter()
     try:
         model = joint.build(inp, linearize=milp.linear, time_cutoff_s=cutoff if objective != "min_cost" else None,
                             cost_cutoff_usd=cutoff if objective == "min_cost" else None)
     except joint.NoStageChoice:  # some stage position fits no pool (within the cutoff): nothing to solve
         rec.status, rec.bound = "infeasible", cutoff
-        return None
+        return _closed_at(cutoff, lead, rec, inp, found)
     if cutoff is not None and objective == "min_cost":
         model.cutoff = pyo.Constraint(expr=joint.COST_SCALE * model.cost <= joint.COST_SCALE * cutoff)
     start = None
@@ -900,7 +905,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         rec.status = "skipped_time"
         return _ChoiceResult(lb, rec, inp, found, None, open=False)
     res = solve(model, backend=milp.backend, warm_start=start,
-                options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=_milp_gap(milp, cutoff, target),
+                options=SolveOptions(time_limit_s=max(min(limit_s, left), 0.1), rel_gap=_milp_gap(milp, lead, target),
                                      diagnose_infeasible=False, interrupt=interrupt))  # a cutoff makes infeasible normal
     rec.solve_s += res.solve_s
     rec.status = f"solved:{res.status.value}"
@@ -915,12 +920,24 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         return _ChoiceResult(min(bound, obj), rec, inp, (obj, sol), (obj, sol, inp), open=not optimal)
     if res.status.value == "infeasible":
         rec.bound = cutoff  # nothing better than the cutoff in this choice (or nothing at all)
-        return None
+        return _closed_at(cutoff, lead, rec, inp, found)
     if res.status.value == "time_limit_no_solution":
         return _ChoiceResult(_unsolved_bound(inp, lb, res.bound, cutoff), rec, inp, found, None)
     # a back-end error on one choice: not solved again, and its lower bound stays in the bound
     rec.status = f"error:{res.message[:80]}"
     return _ChoiceResult(lb, rec, inp, found, None, open=False)
+
+
+
+def _closed_at(cutoff: float | None, lead: float | None, rec: ComboRecord, inp: joint.JointInputs,
+               found: tuple | None) -> "_ChoiceResult | None":
+    """A choice with no plan below the cutoff: None where the cutoff is the lead's objective (no plan
+    of the choice beats the incumbent), else the choice closed with the cutoff, the search's target,
+    as its bound: plans between the target and the lead are within the gap, so the MILP is not
+    asked for them, but the reported bound must not pass the target on their account."""
+    if cutoff is None or lead is None or cutoff >= lead:
+        return None
+    return _ChoiceResult(cutoff, rec, inp, found, None, open=False)
 
 
 
