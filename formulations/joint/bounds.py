@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline, model_coef
-from hetplan.formulations.joint.composition import (boundary_s, iteration_cost_usd, iteration_time_s,
-    replica_rate_usd_per_s, theta_for_time_s, worker_bytes)
+from hetplan.formulations.joint.composition import (boundary_s, first_stage_sends, iteration_cost_usd,
+    iteration_time_s, replica_rate_usd_per_s, theta_for_time_s, worker_bytes)
 from hetplan.formulations.joint.tables import (_cached_for, _class_figures, _class_tables, _gpus_per_group,
     _most_replicas, _pair_layout, _per_inputs_cache, _per_table, _shared_for, block_counts, blocks_identical)
 
@@ -101,7 +101,7 @@ def sailor_transfer_floor_s(inp: JointInputs) -> float:
     if not inp.sailor or inp.P == 1:
         return 0.0
     half = _sailor_send_floor_s(inp)  # every send is at least half the least boundary and the least floor
-    return iteration_time_s(inp.m, 0.0, (2 if inp.P > 3 else 1) * half, half, 0.0)
+    return iteration_time_s(inp.m, 0.0, first_stage_sends(inp.P) * half, half, 0.0)
 
 
 
@@ -785,7 +785,7 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     in a choice's strongest bound). Blocks form only."""
     times = _sailor_receiver_cases_s(inp) if receivers else [_sailor_stage_times_s(inp)]
     sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
-    transfers = _links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * _sailor_send_floor_s(inp)
+    transfers = _links_lower_bound_s(inp) + first_stage_sends(inp.P) * _sailor_send_floor_s(inp)
     cands = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
@@ -816,7 +816,7 @@ def _sailor_receiver_cases_s(inp: JointInputs) -> list[np.ndarray]:
         cases = []
         for phi in levels.tolist():
             case = plain.copy()
-            case[:, first] = tab.time_s[:, first] + (1 if inp.P <= 3 else 2) * np.maximum(send, phi)[:, None]
+            case[:, first] = tab.time_s[:, first] + first_stage_sends(inp.P) * np.maximum(send, phi)[:, None]
             case[np.ix_(recv > phi, second)] = np.inf
             cases.append(case)
         return cases
@@ -1082,7 +1082,7 @@ def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
     take when it serves the stage (`sailor_send_aware_time_bound_s`)."""
     def make(inp: JointInputs) -> np.ndarray:
         tab, lay = _class_tables(inp), _pair_layout(inp)
-        sends = np.where(lay.stage == 0, 1 if inp.P <= 3 else 2, 2)[None, :]
+        sends = np.where(lay.stage == 0, first_stage_sends(inp.P), 2)[None, :]
         return tab.time_s + sends * _sailor_class_sends_s(inp)[:, None]
     return _cached_for(inp, "sailor_stage_times", make)
 
@@ -1091,20 +1091,23 @@ def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
 def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least one send of a stage class c serves takes: max(c_node / 2, the least send
     floor of c's pools)."""
-    def make(inp: JointInputs) -> np.ndarray:
-        floor = np.array([min(inp.send_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
-                          for c in _class_tables(inp).classes])
-        return np.maximum(floor, _c_node_s(inp) / 2)
-    return _cached_for(inp, "sailor_class_sends", make)
+    return _cached_for(inp, "sailor_class_sends",
+                       lambda inp: np.maximum(_least_per_class(inp, inp.send_floor), _c_node_s(inp) / 2))
+
+
+
+def _least_per_class(inp: JointInputs, per_pool) -> np.ndarray:
+    """(C,): the least of `per_pool(k)` over the pools k of each class (GPU type, TP) of
+    `_class_tables`: what every pool of the class takes at least."""
+    return np.array([min(per_pool(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
+                     for c in _class_tables(inp).classes])
 
 
 
 def _sailor_class_receives_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least receive floor of class c's pools (what a send to a stage that c serves takes
     at least)."""
-    return _cached_for(inp, "sailor_class_receives", lambda inp: np.array(
-        [min(inp.recv_floor(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
-         for c in _class_tables(inp).classes]))
+    return _cached_for(inp, "sailor_class_receives", lambda inp: _least_per_class(inp, inp.recv_floor))
 
 
 
@@ -1148,7 +1151,7 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
     The transfers: sum p >= (P - 1 - n) c_node + 2 n min_c x_c + the ends' extra sends, n = 1 or 2."""
     times, x = _sailor_stage_times_s(inp), float(_sailor_crossing_sends_s(inp).min())
     sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
-    ends = (2 if inp.P > 3 else 1) * _sailor_send_floor_s(inp)
+    ends = first_stage_sends(inp.P) * _sailor_send_floor_s(inp)
     cases = [([(j,) for j in range(inp.P - 1)], 1, inp.tied_s[2] + _mu_lower_bound_s(inp))]
     if inp.P > 2:
         cases.append((list(itertools.combinations(range(inp.P - 1), 2)), 2, 0.0))
@@ -1171,8 +1174,7 @@ def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): x_c of `sailor_crossing_time_bound_s`, the least a send of class c over a boundary
     between regions takes."""
     def make(inp: JointInputs) -> np.ndarray:
-        away = np.array([min(max(inp.send_floor(k), inp.send_away(k)[1]) for k, p in enumerate(inp.pools)
-                             if (p.gpu_type, p.tp) == c) for c in _class_tables(inp).classes])
+        away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]))
         return np.maximum(np.maximum(away, _sailor_class_sends_s(inp)), inp.p2p_s(inp.region) / 2)
     return _cached_for(inp, "sailor_crossing_sends", make)
 
@@ -1187,7 +1189,7 @@ def _sailor_crossing_times_s(inp: JointInputs, crossings: tuple[int, ...]) -> np
     if crossings not in cache:
         tab, lay = _class_tables(inp), _pair_layout(inp)
         P, i = inp.P, lay.stage
-        a_times = np.where(i == 0, 1 if P <= 3 else 2, np.where(i == P - 1, 0, 1))  # sends of A_i
+        a_times = np.where(i == 0, first_stage_sends(P), np.where(i == P - 1, 0, 1))  # sends of A_i
         g_times = np.where(i == P - 1, 2, np.where(i == 0, 0, 1))  # sends of G_{i-1}
         crossed = set(crossings)
         n_x = a_times * np.isin(i, list(crossed)) + g_times * np.isin(i - 1, list(crossed))

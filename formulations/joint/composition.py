@@ -59,7 +59,14 @@ def sailor_p2p(A: list, G: list) -> list:
     P = len(A) + 1
     if P == 1:
         return [0.0]
-    return [A[0] * (1 if P <= 3 else 2)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
+    return [A[0] * first_stage_sends(P)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
+
+
+
+def first_stage_sends(P: int) -> int:
+    """How many times Sailor's composition counts stage 0's activation send (`sailor_p2p`): twice
+    when P > 3. Every other stage of a pipeline counts two sends."""
+    return 1 if P <= 3 else 2
 
 
 

@@ -941,14 +941,15 @@ def _closed_at(cutoff: float | None, lead: float | None, rec: ComboRecord, inp: 
 
 
 
-def _milp_gap(milp: _MilpSettings, cutoff: float | None, target: float | None) -> float:
+def _milp_gap(milp: _MilpSettings, incumbent: float | None, target: float | None) -> float:
     """The MILP's own relative gap: stopped at a plan p with dual bound d >= p (1 - g), the choice
-    is closed when d reaches the search's `target`; with the plan at the cutoff, g = 1 - target /
-    cutoff does exactly that. Kept within [rel_gap / 10, rel_gap]: the search's gap at most, and
-    not an exact proof where the simulator rates plans above the model (target = cutoff)."""
-    if cutoff is None or target is None or cutoff <= 0:
+    is closed when d reaches the search's `target`; with the plan at the incumbent's objective,
+    g = 1 - target / incumbent does exactly that. Kept within [rel_gap / 10, rel_gap]: the search's
+    gap at most, and not an exact proof where the simulator rates plans above the model (target =
+    incumbent)."""
+    if incumbent is None or target is None or incumbent <= 0:
         return milp.rel_gap / 2
-    return min(milp.rel_gap, max(milp.rel_gap / 10, 1 - target / cutoff))
+    return min(milp.rel_gap, max(milp.rel_gap / 10, 1 - target / incumbent))
 
 
 
