@@ -491,6 +491,29 @@ def test_stages_fit_under_rate_caps_kept_per_table_equals_a_fresh_computation():
     assert checked >= 40 and rate_binds >= 1, (checked, rate_binds)
 
 
+def test_stages_fit_settled_by_a_known_theta_equals_a_fresh_computation():
+    """`stages_fit_dp` answers a theta beyond one it already answered without the DP (its answer
+    grows with theta): asked random (theta, all-reduce cap, rate cap) in a random order on one copy
+    of the inputs, every answer equals that of a fresh copy, and some answers are settled so."""
+    rng = np.random.default_rng(11)
+    checked = settled = 0
+    for combo, inp in _tiny_inputs():
+        tab = joint.bounds._class_tables(inp)
+        times = np.unique(tab.time_s[np.isfinite(tab.time_s)])
+        caps = [math.inf, *np.unique(tab.extra_in_s)[::2].tolist()]
+        rate = sum(joint.bounds.replica_rate_usd_per_s(p) for p in inp.pools) * inp.P * inp.D
+        for _ in range(20 if times.size else 0):
+            theta = float(rng.choice(times)) * float(rng.choice([1.0, 1 - 1e-9, 1.5]))
+            cap, max_rate = float(rng.choice(caps)), float(rng.choice([math.inf, rate / 8]))
+            lo, hi = inp._cache.get("fits_dp_theta", {}).get((cap, None, max_rate), (math.inf, -math.inf))
+            got = joint.bounds.stages_fit_dp(inp, theta, cap, max_rate_usd_per_s=max_rate)
+            assert got == joint.bounds.stages_fit_dp(dataclasses.replace(inp), theta, cap,
+                                                     max_rate_usd_per_s=max_rate), (combo, theta, cap, max_rate)
+            settled += theta >= lo or theta <= hi
+            checked += 1
+    assert checked >= 100 and settled >= 20, (checked, settled)
+
+
 def test_replica_stage_choices_match_their_definition():
     """Per block count n and distinct finite stage time tau (ties, inf, both sides empty included):
     w_a / w_b are the least TP of the left / other classes no slower than tau, and each (w_a, w_b)
@@ -1128,6 +1151,7 @@ def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_i
                 with monkeypatch.context() as m:  # the merge by count: every weight 1
                     m.setattr(joint.bounds, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds._gpus_per_type(inp), 1.0))
                     m.setitem(inp._cache, "fits_dp", {})  # not the answer kept for the weighted test
+                    m.setitem(inp._cache, "fits_dp_theta", {})  # nor one settled by a smaller theta
                     m.setitem(inp._cache, "two_resource", {})  # nor the weighted test's own answer
                     tighter += joint.stages_fit_dp(inp, theta)
     assert checked >= 30

@@ -465,6 +465,23 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     `times_s` (C, M): what a class's stage takes instead of its compute time (`_sailor_stage_times_s`).
     `max_rate_usd_per_s`: the GPUs' rate is at most that, each GPU at its type's least price (a
     merged resource at its types' least), so the test stays a relaxation."""
+    # The answer only grows with theta_s: a larger theta admits a superset of classes, so every
+    # fewest-GPUs entry (and under a cap, every zone's replica count) is at most what it was, and a
+    # placement that fit still fits. One answer per side settles every theta beyond it (a bound's
+    # bisections ask ~10^5 thetas in a search, two thirds of them settled so on sailor two_regions).
+    known = _per_inputs_cache(inp, "fits_dp_theta").setdefault(
+        (extra_cap_s, None if times_s is None else times_s.tobytes(), max_rate_usd_per_s), [math.inf, -math.inf])
+    if theta_s >= known[0] or theta_s <= known[1]:
+        return theta_s >= known[0]
+    fits = _stages_fit_dp(inp, theta_s, extra_cap_s, times_s, max_rate_usd_per_s)
+    known[0 if fits else 1] = theta_s
+    return fits
+
+
+
+def _stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, times_s: np.ndarray | None,
+                   max_rate_usd_per_s: float) -> bool:
+    """`stages_fit_dp` at one theta, its answer not known from another."""
     gpus = _gpus_per_type(inp)
     types = sorted(gpus)
     need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times_s)
@@ -490,30 +507,44 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
     classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
     value (`_ClassTables.extra_span_s`)."""
     tab, lay = _class_tables(inp), _pair_layout(inp)
-    tp = np.array([c[1] for c in tab.classes], dtype=float)[:, None]
-    rows = {g: [j for j, c in enumerate(tab.classes) if c[0] == g] for g in types}
+    order, tp, starts, has, per_zone = _classes_by_type(inp, tuple(types))
 
-    def least(mask: np.ndarray) -> dict[str, np.ndarray]:  # (C, M) allowed -> g -> least TP per pair
-        return {g: np.where(mask[ix], tp[ix], np.inf).min(axis=0) if ix else np.full(len(lay.pairs), np.inf)
-                for g, ix in rows.items()}
+    def least(mask: np.ndarray) -> np.ndarray:  # (C, M) allowed -> (types, M) least TP per pair
+        out = np.full((len(types), len(lay.pairs)), np.inf)
+        if starts:
+            out[has] = np.minimum.reduceat(np.where(mask[order], tp, np.inf), starts, axis=0)
+        return out
 
     ok = tab.fits & ((tab.time_s if times_s is None else times_s) <= theta_s)
     if extra_cap_s < math.inf:
         in_zone = ok & (tab.extra_in_s <= extra_cap_s)
-        tp_in = least(in_zone)
-        most = np.zeros(len(lay.pairs))  # the most replicas one zone holds, each type at its least TP
-        for per in _gpus_per_group(inp, "zone").values():
-            held = [np.where(np.isfinite(tp_in[g]), per[g] // np.where(np.isfinite(tp_in[g]), tp_in[g], 1), 0)
-                    for g in per if g in tp_in]
-            most = np.maximum(most, sum(held) if held else 0)
+        # the most replicas one zone holds, each type at its least TP (GPUs // inf = 0: none)
+        most = (per_zone[:, :, None] // least(in_zone)[None]).sum(axis=1).max(axis=0, initial=0.0)
         ok = (in_zone & (most >= inp.D)[None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
     need = least(ok)
-    some = np.zeros(len(lay.pairs), dtype=bool)
-    for w in need.values():
-        some |= np.isfinite(w)
-    if not np.all(np.bincount(lay.stage[some], minlength=inp.P) > 0):
+    if not np.all(np.bincount(lay.stage[np.isfinite(need).any(axis=0)], minlength=inp.P) > 0):
         return None
-    return need
+    return dict(zip(types, need))
+
+
+
+def _classes_by_type(inp: JointInputs, types: tuple[str, ...]) -> tuple:
+    """The class rows of `_class_tables` grouped by GPU type in `types` order, for one
+    np.minimum.reduceat per mask in `_gpus_per_replica` (a search asks it ~10^5 times): (row order,
+    (C', 1) their TPs, each non-empty group's first position, per type whether it has classes,
+    (zones, types) the GPUs of each type in each zone)."""
+    cache = _per_inputs_cache(inp, "classes_by_type")
+    if types not in cache:
+        classes = _class_tables(inp).classes
+        groups = [[j for j, c in enumerate(classes) if c[0] == g] for g in types]
+        order = [j for ix in groups for j in ix]
+        has = np.array([bool(ix) for ix in groups], dtype=bool)
+        starts = np.cumsum([0] + [len(ix) for ix in groups])[:-1][has]
+        tp = np.array([classes[j][1] for j in order], dtype=float)[:, None]
+        per_zone = np.array([[per.get(g, 0) for g in types] for per in _gpus_per_group(inp, "zone").values()],
+                            dtype=float).reshape(-1, len(types))
+        cache[types] = (np.array(order, dtype=int), tp, starts.tolist(), has, per_zone)
+    return cache[types]
 
 
 
