@@ -167,7 +167,7 @@ def test_per_gpu_is_refused_by_highs_and_takes_a_warm_start():
     assert decode(model).objective == pytest.approx(brute_force(inputs))
 
 
-@pytest.mark.parametrize("k", [4, 5, 6])
+@pytest.mark.parametrize("k", [5, 6])  # k = 4 checked the same agreement at one more k in 20 s
 def test_per_k_models_agree_and_accept_greedy_start(k):
     """For a fixed k, the counts MILP and the max-min pattern MILP give the same z on HiGHS and
     SCIP, and each accepts the greedy k-grouping as a feasible start."""

@@ -52,8 +52,8 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
     equal, and the plan's outer choice has every lower bound of the search below its simulation."""
     inst = sailor_instance(layout)
     assert build_estimators(inst).iteration == "sailor"
-    view, plans = ModelView(inst), random_plans(inst, 28, seed=len(layout))
-    assert len(plans) >= 24
+    view, plans = ModelView(inst), random_plans(inst, 22, seed=len(layout))
+    assert len(plans) >= 18
     findings, depths, shifted, floored, away, exact, crossed = [], set(), 0, 0, 0, 0, 0
     for p, rep in plans:
         assert rep.iteration_model == "sailor"
@@ -167,7 +167,7 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
     (`_send_aware_cells`): below the MILP optimum of every outer choice tried (the model is what
     the bound bounds), and strictly above the bound with one cell on some of them. With a target
     just above the optimum (split cells, lifted sums of stage times) it stays below the optimum
-    and reaches within 3 % of it on some choices (2 of 9)."""
+    and reaches within 3 % of it on most choices (7 of 7 at 2b76ecb)."""
     from hetplan.formulations.joint import bounds
     from hetplan.orchestration.planner import Combo, joint_inputs, with_sync_table
     from hetplan.orchestration.planner.inputs import _quotas, _Tables
@@ -182,9 +182,9 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
                                             opts.tp_choices), tables)
 
     checked = lifted = close = 0
-    # P2-P4 x b1-2 x D2-4 without the three whose exact MILPs take 5-6 s each (P3 b2 D4, P4 b1 D2,
-    # P4 b2 D2; none of them came within 3 %): the suite's time
-    slow = {(3, 2, 4), (4, 1, 2), (4, 2, 2)}
+    # P2-P4 x b1-2 x D2-4 without the five whose exact MILPs take the longest (P3 b2 D4, P4 b1 D2,
+    # P4 b2 D2: 5-6 s each; P3 b1 D4, P3 b2 D2: 8 s each at 2b76ecb): the suite's time
+    slow = {(3, 2, 4), (4, 1, 2), (4, 2, 2), (3, 1, 4), (3, 2, 2)}
     for P, b, D in (c for c in itertools.product((2, 3, 4), (1, 2), (2, 4)) if c not in slow):
         inp = inputs(Combo(P, b, D))
         if inp is None or not joint.blocks_identical(inp):
@@ -205,4 +205,4 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
         assert got >= one * (1 - REL)
         lifted += got > one * (1 + 1e-9)
         checked += 1
-    assert checked >= 6 and lifted >= 1 and close >= 2, (checked, lifted, close)
+    assert checked >= 6 and lifted >= 1 and close >= 4, (checked, lifted, close)
