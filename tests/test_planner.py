@@ -491,10 +491,13 @@ def test_stages_fit_under_rate_caps_kept_per_table_equals_a_fresh_computation():
     assert checked >= 40 and rate_binds >= 1, (checked, rate_binds)
 
 
-def test_stages_fit_settled_by_a_known_theta_equals_a_fresh_computation():
+def test_stages_fit_settled_by_a_known_theta_equals_a_fresh_computation(monkeypatch):
     """`stages_fit_dp` answers a theta beyond one it already answered without the DP (its answer
     grows with theta): asked random (theta, all-reduce cap, rate cap) in a random order on one copy
     of the inputs, every answer equals that of a fresh copy, and some answers are settled so."""
+    computed = []  # one entry per call that ran the DP
+    dp = joint.bounds._stages_fit_dp
+    monkeypatch.setattr(joint.bounds, "_stages_fit_dp", lambda *args: computed.append(1) or dp(*args))
     rng = np.random.default_rng(11)
     checked = settled = 0
     for combo, inp in _tiny_inputs():
@@ -505,11 +508,11 @@ def test_stages_fit_settled_by_a_known_theta_equals_a_fresh_computation():
         for _ in range(20 if times.size else 0):
             theta = float(rng.choice(times)) * float(rng.choice([1.0, 1 - 1e-9, 1.5]))
             cap, max_rate = float(rng.choice(caps)), float(rng.choice([math.inf, rate / 8]))
-            lo, hi = inp._cache.get("fits_dp_theta", {}).get((cap, None, max_rate), (math.inf, -math.inf))
+            before = len(computed)
             got = joint.bounds.stages_fit_dp(inp, theta, cap, max_rate_usd_per_s=max_rate)
+            settled += len(computed) == before
             assert got == joint.bounds.stages_fit_dp(dataclasses.replace(inp), theta, cap,
                                                      max_rate_usd_per_s=max_rate), (combo, theta, cap, max_rate)
-            settled += theta >= lo or theta <= hi
             checked += 1
     assert checked >= 100 and settled >= 20, (checked, settled)
 
