@@ -1210,3 +1210,24 @@ def test_crossing_bounds_hold_on_every_plan_by_its_regions():
                 assert two_hops <= ev["T"] * (1 + 1e-9), combo
                 checked["two"] += 1
     assert min(checked.values()) >= 5, checked
+
+
+def test_a_search_without_a_milp_never_loads_pyomo():
+    """Pyomo takes about 0.5 s to import: the planner loads it only for a MILP. On the bundled
+    a100_homogeneous the heuristics find the plan and the bounds close every other choice, so a
+    fresh process plans it with Pyomo never imported; `joint.build` then loads it on first use."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    instance = Path(__file__).resolve().parents[1] / "instances" / "a100_homogeneous.yaml"
+    code = ("import sys\n"
+            "from hetplan.instance import load_instance\n"
+            "from hetplan.orchestration.planner import PlannerOptions, plan\n"
+            "from hetplan.formulations import joint\n"
+            f"r = plan(load_instance({str(instance)!r}), PlannerOptions(time_limit_s=60))\n"
+            "print(r.combos_solved, 'pyomo' in sys.modules)\n"
+            "joint.build\n"
+            "print('pyomo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "False", "True"], out

@@ -37,8 +37,6 @@ from hetplan.formulations.joint.composition import (worker_bytes, boundary_s, sa
     pipeline_transfers_s, iteration_time_s, theta_for_time_s, replica_rate_usd_per_s, iteration_cost_usd)
 from hetplan.formulations.joint.evaluation import (sailor_sends, to_plan, evaluate, evaluate_placed,
     better, objective_within_limits, solution_blocks)
-from hetplan.formulations.joint.milp import (build, in_model_units, objective_value, NoStageChoice, decode,
-    warm_start)
 from hetplan.formulations.joint.heuristics import greedy, POLISH_EVALS, polish, promise_s
 from hetplan.formulations.joint.stage_dp import dp_heuristic
 
@@ -60,3 +58,14 @@ __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "Deadlin
            "sailor_sends", "to_plan", "evaluate", "evaluate_placed", "better", "objective_within_limits",
            "solution_blocks", "build", "in_model_units", "objective_value", "NoStageChoice", "decode",
            "warm_start", "greedy", "promise_s", "POLISH_EVALS", "polish", "dp_heuristic"]
+
+_MILP_NAMES = frozenset({"build", "in_model_units", "objective_value", "NoStageChoice", "decode", "warm_start"})
+
+
+def __getattr__(name: str):
+    """milp.py's names, loaded on first use: it imports Pyomo (about 0.5 s), which a search that
+    solves no MILP, or a process that only simulates, never needs."""
+    if name in _MILP_NAMES:
+        from hetplan.formulations.joint import milp
+        return getattr(milp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

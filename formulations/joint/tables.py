@@ -5,12 +5,15 @@ keep them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyomo.environ as pyo
 
 from hetplan.formulations.joint.inputs import JointInputs
 from hetplan.formulations.joint.composition import worker_bytes
+
+if TYPE_CHECKING:  # only `stage_sum`'s annotation names Pyomo: the bounds and heuristics run without it
+    import pyomo.environ as pyo
 
 
 def _per_inputs_cache(inp: JointInputs, name: str) -> dict:

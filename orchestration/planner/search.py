@@ -15,8 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-import pyomo.environ as pyo
-
 from hetplan.errors import EstimatorError, InfeasibleError, InstanceError, NoPlanInTimeError, PlanError
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.memo import memoised
@@ -474,7 +472,7 @@ class _Search:
         self.strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
         self.dived = False  # whether the heuristics dived before the first MILP
         self.helper = self.refiner = None
-        self.flight = _Flight(opts.concurrent_milps if _parallel_solves(milp.backend) else 1)
+        self.flight = _Flight(opts.concurrent_milps, functools.partial(_parallel_solves, milp.backend))
 
     # ---- the search ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -683,11 +681,17 @@ class _Flight:
     final target only keeps more plans in. With one slot `_Search.solve` does not use it: it
     solves each MILP itself, one after another."""
 
-    def __init__(self, slots: int):
-        self.slots = max(1, slots)
+    def __init__(self, slots: int, parallel: Callable[[], bool] = lambda: True):
+        self._asked, self._parallel = slots, parallel
         self.threads: list[threading.Thread] = []
         self.results: queues.SimpleQueue = queues.SimpleQueue()
         self.stop = threading.Event()  # `close`: the running solves stop at HiGHS's next callback
+
+    @functools.cached_property
+    def slots(self) -> int:
+        """The slots asked for where the back-end solves without the GIL, else 1. Asked at the first
+        MILP, not before: the back-end's module loads Pyomo, which a search without a MILP never needs."""
+        return max(1, self._asked) if self._parallel() else 1
 
     def full(self) -> bool:
         return len(self.threads) >= self.slots
@@ -882,6 +886,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
     incumbent) is all a choice must be proven against: a plan below the incumbent but not the target
     would leave the gap within rel_gap. Measured: Sailor's GPT-Neo on 5 zones x 32 A100, P5 b2 D16,
     HiGHS proves no plan below 12.992 s in 11.7 s, below the incumbent's 13.1213 s in 14.4 s."""
+    import pyomo.environ as pyo  # here, not at the top: a search that solves no MILP never loads Pyomo
     from hetplan.solvers import SolveOptions, solve
 
     lb = rec.lower_bound if lb is None else lb
