@@ -8,6 +8,7 @@ Layer units follow the plan: 0 = embedding, 1..L = transformer blocks, L + 1 = h
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -115,6 +116,59 @@ def spans_pair(spans: str, a: Endpoint, b: Endpoint) -> bool:
     if spans == "zone":
         return a.zone != b.zone and a.region == b.region
     return a.region != b.region
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """Nodes alike for a communication estimator (same zone, region and GPU type), one group of
+    `bottleneck_floor_s`; `total` the members its nodes hold together."""
+
+    zone: str
+    region: str
+    total: int
+
+
+def bottleneck_floor_s(kinds: list[NodeKind], members: int, spans: str, pair_s: dict[tuple[int, int], float]) -> float:
+    """A lower bound on the slowest neighbour pair of every list of `members` endpoints drawn from
+    `kinds` that spans as `spans` says (SPANS), when a pair of kinds (i, j), i <= j, takes at least
+    pair_s[(i, j)] ((i, i): two members of kind i; absent: no such list has that pair, e.g. for
+    "node" a pair of two zones).
+    Why it holds: a list's neighbour pairs join the kinds it uses into one connected group (one kind
+    alone: a pair (i, i)); that group holds the `members`, and it spans as the list does (two zones
+    of one region; two regions; for "node" every pair lies in one zone, so `pair_s` holds no other).
+    With t the list's slowest pair, every pair it has is <= t, so such a group forms among the pairs
+    <= t. Adding pairs in increasing time (Kruskal's order), the first at which a group holds
+    `members` and spans is the bound; inf when none does. This counts what the least single pair of
+    that kind misses: a ring over 32 A100 TP 4 replicas in zones of 8 needs four zones, so three
+    pairs of zones, not only the fastest."""
+    parent = list(range(len(kinds)))
+    total = [k.total for k in kinds]
+    places = [{(k.region, k.zone)} for k in kinds]
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def spanned(at: set) -> bool:
+        if spans == "zone":
+            regions = [r for r, _ in at]
+            return len(regions) > len(set(regions))  # two zones of one region
+        if spans == "region":
+            return len({r for r, _ in at}) > 1
+        return True
+
+    for (i, j), t in sorted(pair_s.items(), key=lambda item: item[1]):
+        a, b = root(i), root(j)
+        if a != b:
+            parent[b] = a
+            total[a] += total[b]
+            places[a] |= places[b]
+        # a group only changes when a pair comes in, and a kind no pair reached has none (no list)
+        if total[a] >= members and spanned(places[a]):
+            return t
+    return math.inf
 
 
 def least_nodes(slots: list[int], members: int) -> int | None:

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
-from hetplan.estimators.base import Endpoint, LayerTime, MemoryBreakdown, least_nodes, spans_pair
+from hetplan.estimators.base import Endpoint, LayerTime, MemoryBreakdown, NodeKind, bottleneck_floor_s, least_nodes
 from hetplan.estimators.model_stats import DTYPE_BYTES
 from hetplan.estimators.profile_time import ProfileTimeEstimator, own_options
 from hetplan.estimators.sailor_network import ZoneKey
@@ -249,25 +249,33 @@ class SailorComm:
                           spans: str = "node", min_nodes: int = 1) -> list[float]:
         """A lower bound on `allreduce_time_s` of each size over every list of `members` endpoints drawn
         from `nodes` (endpoint, most members it holds) that spans as `spans` says (estimators.base.SPANS).
-        Valid because the time is the slowest neighbour pair (j, j + 1) and such a list has at least one
-        pair of that kind: in one zone every pair is; across zones (regions) some neighbours cross
-        them. So the least time over the pairs of that kind the nodes offer bounds it (inf: no list)."""
+        The time is the slowest neighbour pair (j, j + 1), so `bottleneck_floor_s` bounds it from the
+        pairs of node kinds (zone, region, GPU type: alike here), each at the faster of its two
+        directions; a pair the zone table lacks cannot be simulated, so no plan has it."""
         if members <= 1:
             return [0.0] * len(sizes)
         if least_nodes([slots for _, slots in nodes], members) is None:
             return [math.inf] * len(sizes)
         kinds: dict = {}  # nodes alike (zone, region, GPU type) give the same keys: one pair per kind pair
         for e, slots in nodes:
-            kind = kinds.setdefault((e.zone, e.region, self._gpu(e)), [e, 0, 0])
-            kind[1], kind[2] = kind[1] + 1, max(kind[2], slots)
-        fits = {self._entry(a, b, 1, 1) for a, count, most in kinds.values() for b, _, _ in kinds.values()
-                if (a is not b or count >= 2 or most >= 2)
-                and (a.zone == b.zone if spans == "node" else spans_pair(spans, a, b))}
-        if not fits:
-            return [math.inf] * len(sizes)
-        return [self._least_allreduce_s(n, members, fits) for n in sizes]
+            kind = kinds.setdefault((e.zone, e.region, self._gpu(e)), [e, 0, 0, 0])
+            kind[1], kind[2], kind[3] = kind[1] + 1, max(kind[2], slots), kind[3] + slots
+        rows = list(kinds.values())
+        pairs = {}  # (i, j) -> the zone table's keys of its two directions
+        for i, (a, count, most, _) in enumerate(rows):
+            for j in range(i, len(rows)):
+                b = rows[j][0]
+                if (i == j and count < 2 and most < 2) or (spans == "node" and a.zone != b.zone):
+                    continue
+                keys = [k for k in {(a.zone, self._gpu(a), 1, b.zone, self._gpu(b), 1),
+                                    (b.zone, self._gpu(b), 1, a.zone, self._gpu(a), 1)} if k in self.zone_fits]
+                if keys:
+                    pairs[i, j] = keys
+        groups = [NodeKind(e.zone, e.region, total) for e, _, _, total in rows]
+        return [bottleneck_floor_s(groups, members, spans, {ij: self._least_allreduce_s(n, members, keys)
+                                                            for ij, keys in pairs.items()}) for n in sizes]
 
-    def _least_allreduce_s(self, nbytes: float, members: int, fits: set) -> float:
+    def _least_allreduce_s(self, nbytes: float, members: int, fits) -> float:
         try:
             return min(bucketed_allreduce_s(nbytes, members, self.zone_fits[k], self.bucket_bytes) for k in fits)
         except EstimatorError:  # some fit gives no bandwidth at a bucket's size (the rest of a few bytes)

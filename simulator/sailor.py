@@ -28,6 +28,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import numpy as np
+
 from hetplan.errors import EstimatorError, PlanError
 from hetplan.estimators import Endpoint, EstimatorSet
 from hetplan.estimators.sailor import SailorComm, SailorMemory, SailorModelInfo, SailorTime, bucketed_allreduce_s
@@ -161,17 +163,21 @@ class _SailorIteration:
 
 
 # ---- replica order -------------------------------------------------------------------------------
-MAX_ORDERED_GROUPS = 7  # every order of up to 7! = 5,040 group sequences is tried; more keep theirs
+MAX_ORDERED_GROUPS = 7  # stages with more (zone, GPU type) groups keep their replica order
+MAX_ORDER_STATES = 200_000  # `_bottleneck_sequence`'s table: counts left x last group, at most this many
 
 
-def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet) -> Plan:
-    """A placed plan with each stage's replicas grouped by (zone, GPU type) and the groups in the
-    order whose slowest neighbour pair is fastest. Sailor's all-reduce time is that of the slowest
-    pair (j, j + 1) in the stage's replica order (`_sync`), so the order is part of a Sailor plan;
-    replicas of one group are interchangeable (one bandwidth fit). Stages with more than
-    MAX_ORDERED_GROUPS groups keep their order, and so does every stage when the communication
-    estimator is not Sailor's. The pipeline pairs j -> j mod D change with it: the caller compares
-    the simulations. `plan` itself when no stage's order changes."""
+def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet, whole_groups: bool = False) -> Plan:
+    """A placed plan with each stage's replicas in the order whose slowest neighbour pair is fastest.
+    Sailor's all-reduce time is that of the slowest pair (j, j + 1) in the stage's replica order
+    (`_sync`), so the order is part of a Sailor plan. Replicas of one (zone, GPU type) group share
+    their fits, so only the sequence of groups matters; two replicas of a group side by side are a
+    pair too (measured: Sailor's us-central1-b to itself is slower than to c or f). The sequence is
+    the exact least (`_bottleneck_sequence`) where its table is small enough, else (or with
+    `whole_groups`) the best order of whole groups, which crosses zones fewer times (less egress
+    where pairs of zones cost it). Stages with more than MAX_ORDERED_GROUPS groups keep their order, and so does every
+    stage when the communication estimator is not Sailor's. The pipeline pairs j -> j mod D change
+    with it: the caller compares the simulations. `plan` itself when no stage's order changes."""
     if not isinstance(est.comm, SailorComm):
         return plan
     stages = []
@@ -182,13 +188,61 @@ def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet) -> Plan:
         if not 1 < len(groups) <= MAX_ORDERED_GROUPS:
             stages.append(stage)
             continue
+        keys = list(groups)
         nbytes = sync_bytes(est.memory.info, stage)
-        ends = {key: replace(endpoint(instance, reps[0]), gpus=1) for key, reps in groups.items()}
-        cross = {(x, y): bucketed_allreduce_s(nbytes, len(stage.replicas), est.comm.fit(ends[x], ends[y]),
-                                              est.comm.bucket_bytes) for x in groups for y in groups if x != y}
-        best = min(itertools.permutations(groups), key=lambda order: max(cross[pair] for pair in zip(order, order[1:])))
-        replicas = tuple(r for key in best for r in groups[key])
+        ends = [replace(endpoint(instance, groups[key][0]), gpus=1) for key in keys]
+        pair = np.array([[bucketed_allreduce_s(nbytes, len(stage.replicas), est.comm.fit(a, b), est.comm.bucket_bytes)
+                          for b in ends] for a in ends])
+        counts = [len(groups[key]) for key in keys]
+        order = (None if whole_groups else _bottleneck_sequence(counts, pair)) or _best_group_order(counts, pair)
+        queues = [iter(groups[key]) for key in keys]
+        replicas = tuple(next(queues[g]) for g in order)
         stages.append(stage if replicas == stage.replicas else stage.model_copy(update={"replicas": replicas}))
     if all(new is old for new, old in zip(stages, plan.stages)):
         return plan
     return plan.model_copy(update={"stages": tuple(stages)})
+
+
+def _best_group_order(counts: list[int], pair: np.ndarray) -> list[int]:
+    """Every group's replicas side by side, the groups in the order whose slowest pair (two of one
+    group included) is fastest: the sequence of group indices."""
+    own = max((pair[g, g] for g, c in enumerate(counts) if c > 1), default=0.0)
+    best = min(itertools.permutations(range(len(counts))),
+               key=lambda order: max([own] + [pair[a, b] for a, b in zip(order, order[1:])]))
+    return [g for g in best for _ in range(counts[g])]
+
+
+def _bottleneck_sequence(counts: list[int], pair: np.ndarray) -> list[int] | None:
+    """The sequence holding counts[g] copies of each group g whose slowest neighbour pair
+    pair[a, b] is least (None when its table would pass MAX_ORDER_STATES). A dynamic program over
+    (copies left per group, last group placed): best[r, y] = min over z with r_z > 0 of
+    max(pair[y, z], best[r - e_z, z]), best[0, y] = 0, filled by the number of copies left; the
+    first copy has no pair before it."""
+    k = len(counts)
+    shape = [c + 1 for c in counts]
+    size = int(np.prod(shape))
+    if size * k > MAX_ORDER_STATES:
+        return None
+    strides = [int(np.prod(shape[g + 1:])) for g in range(k)]
+    left = np.indices(shape).reshape(k, size)  # (groups, states): copies left
+    total = left.sum(axis=0)
+    best = np.full((size, k), np.inf)
+    best[total == 0] = 0.0
+    for t in range(1, int(total.max()) + 1):
+        at = np.flatnonzero(total == t)
+        step = np.full((at.size, k), np.inf)
+        for z in range(k):
+            ok = left[z, at] > 0
+            cand = np.maximum(pair[:, z][None, :], best[at[ok] - strides[z], z][:, None])  # (states, last y)
+            step[ok] = np.minimum(step[ok], cand)
+        best[at] = step
+    state = size - 1  # every copy left
+    order: list[int] = []
+    last = None
+    for _ in range(int(total[state])):
+        options = [z for z in range(k) if left[z, state] > 0]
+        value = lambda z: max(0.0 if last is None else pair[last, z], best[state - strides[z], z])  # noqa: E731
+        last = min(options, key=value)
+        order.append(last)
+        state -= strides[last]
+    return order

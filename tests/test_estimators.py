@@ -5,7 +5,7 @@ import pytest
 
 from hetplan.catalog import LinkSpec, ModelArch, model_presets
 from hetplan.estimators.analytic import AnalyticMemory, ring_allreduce_s, state_bytes, zero_divisors
-from hetplan.estimators.base import Endpoint
+from hetplan.estimators.base import SPANS, Endpoint, NodeKind, bottleneck_floor_s
 from hetplan.estimators.cost import CloudCost
 from hetplan.estimators.model_stats import (
     megatron_block_activation_bytes,
@@ -197,3 +197,49 @@ def test_alpha_beta_allreduce_floor_bounds_every_placement_on_at_least_min_nodes
                 rises += floors[-1] > comm.allreduce_floor_s(nodes, members, sizes, "node", min_nodes - 1)[-1]
     assert checked > 300
     assert rises > 0 or mode == "ring"
+
+
+def _spans_as(spans: str, places: set) -> bool:
+    """Whether a list over these (region, zone) places spans as `spans` says (estimators.base.SPANS)."""
+    regions = [r for r, _ in places]
+    if spans == "node":
+        return len(places) == 1
+    if spans == "zone":
+        return len(regions) > len(set(regions))
+    return len(set(regions)) > 1
+
+
+def test_bottleneck_floor_is_below_every_list_of_kinds_by_enumeration():
+    """`bottleneck_floor_s` against every list of members over random kinds (zones, regions, how many
+    members each holds) and random pair times: at most the least slowest pair of the lists that span
+    as asked (inf when there is none), equal to it on most cases, and above the least single pair of
+    that kind (the floor before the kinds' capacities were counted) on some."""
+    import itertools
+    import random
+
+    rng = random.Random(11)
+    checked = met = rose = 0
+    for _ in range(150):
+        kinds = [NodeKind(zone=f"z{rng.randint(0, 2)}", region=f"r{rng.randint(0, 1)}", total=rng.randint(1, 3))
+                 for _ in range(rng.randint(2, 4))]
+        place = [(k.region, k.zone) for k in kinds]
+        pairs = {(i, j): rng.choice([0.5, 1.0, 1.5, 2.0, 2.5]) for i in range(len(kinds)) for j in range(i, len(kinds))
+                 if rng.random() < 0.85}
+        members = rng.randint(2, 5)
+        for spans in SPANS:
+            pair_s = {ij: t for ij, t in pairs.items() if spans != "node" or place[ij[0]] == place[ij[1]]}
+            best = math.inf
+            for seq in itertools.product(range(len(kinds)), repeat=members):
+                if any(seq.count(i) > k.total for i, k in enumerate(kinds)) or not _spans_as(spans, {place[i] for i in seq}):
+                    continue
+                steps = [pair_s.get((min(a, b), max(a, b))) for a, b in zip(seq, seq[1:])]
+                if None not in steps:
+                    best = min(best, max(steps))
+            floor = bottleneck_floor_s(kinds, members, spans, pair_s)
+            assert floor <= best, (kinds, pair_s, members, spans)
+            single = min((t for (i, j), t in pair_s.items() if spans == "node" or _spans_as(spans, {place[i], place[j]})),
+                         default=math.inf)
+            checked += best < math.inf
+            met += floor == best < math.inf
+            rose += single < floor < math.inf
+    assert checked >= 200 and met >= 0.8 * checked and rose >= 20, (checked, met, rose)

@@ -63,8 +63,9 @@ all, opt350-2zones-budget 4.6 -> 28.8 s with two MILPs the bounds had closed bef
 With `estimators: {preset: sailor}` the model is Sailor's composition (formulations/joint/milp.py,
 "Sailor's composition"), every plan is scored by `simulate_sailor`, and a stage spread over zones
 or GPU types gets the replica order whose slowest neighbour pair is fastest
-(`simulator_sailor.ring_ordered`; Sailor's all-reduce reads the pairs in replica order), kept when
-the simulation says it is better; the plan returned carries that order.
+(`simulator_sailor.ring_ordered`; Sailor's all-reduce reads the pairs in replica order, two
+replicas of one zone side by side included), kept when the simulation says it is better and within
+the limits (an interleaved order can cost more egress); the plan returned carries that order.
 
 Two cores: with `workers=2` (the default) a forked helper process takes refinement steps ahead
 of the search: the medium bounds of the queued choices while the main process runs the first

@@ -167,17 +167,18 @@ class _Tables:
         return self._node_sizes[key]
 
     def nodes(self, pools: tuple, zone: str | None = None, region: str | None = None,
-              gpu_type: str | None = None) -> tuple:
+              gpu_type: str | None = None, least_tp: int = 1) -> tuple:
         """(node endpoint, the most replicas it holds) for the nodes of the pools' (type, zone)
         groups in `zone` / `region` / of `gpu_type` (None: any); a node holds num_gpus // (the least
-        TP of its type's pools), since every replica takes at least that many GPUs."""
-        key = (pools, zone, region, gpu_type)
+        TP of its type's pools, or `least_tp` where larger), since every replica takes at least that
+        many GPUs."""
+        key = (pools, zone, region, gpu_type, least_tp)
         if key not in self._node_sets:
             least: dict = {}
             for p in pools:
                 if (zone or p.zone) == p.zone and (region or p.region) == p.region and (gpu_type or p.gpu_type) == p.gpu_type:
                     least[p.gpu_type, p.zone] = min(least.get((p.gpu_type, p.zone), p.tp), p.tp)
-            self._node_sets[key] = tuple((node_endpoint(n), n.num_gpus // least[n.gpu_type, n.zone])
+            self._node_sets[key] = tuple((node_endpoint(n), n.num_gpus // max(least_tp, least[n.gpu_type, n.zone]))
                                          for n in self.inst.nodes if (n.gpu_type, n.zone) in least)
         return self._node_sets[key]
 
@@ -322,10 +323,11 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
 def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInputs:
     """`inp` with lower bounds on the gradient all-reduce per (pool, stage position, blocks) filled in:
     `sync_table` for a stage in one zone, `span_sync_table` for one spanning zones of its region.
-    A stage holding a replica of pool k all-reduces at least factor x bytes / t_k per member (its
-    least TP is at most t_k) over D members placed on one node of k's type or on two or more nodes
-    of its zone (region, spanning); the estimator's floor over those placements
-    (`_Tables.floor_s`) holds whatever the first-fit placement and the stage's other pools. An
+    A stage holding a replica of pool k all-reduces factor x bytes / t per member, t its least TP
+    (at most t_k), over D members of at least t GPUs each, placed on one node of k's type or on two
+    or more nodes of its zone (region, spanning); the least over those t of the estimator's floor
+    over those placements (`_least_sync_floors_s`, `_Tables.floor_s`) holds whatever the first-fit
+    placement and the stage's other pools. An
     entry is inf where no such placement exists (D replicas do not fit in the zone; a region of
     one zone has no spanning stage): the bounds then rule the pair out, and the MILP reads 0
     there (`joint.model_coef`), since its quota and region rows already do."""
@@ -341,18 +343,39 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
         table, span = {}, {}
         for k, pool in enumerate(inp.pools):
             joint.check_deadline()
-            sizes = [factor * n / pool.tp for n in nbytes.values()]
-            one = [math.inf] * len(sizes)
-            if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
-                one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type), inp.D, sizes)
-            many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone), inp.D, sizes,
-                                  min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone)))
-            table.update(((k, pos, n), min(a, b)) for (pos, n), a, b in zip(nbytes, one, many))
+            one, far = _least_sync_floors_s(tables, inp, pool, list(nbytes.values()), factor)
+            table.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, one))
             if len(inp.zones) > 1:
-                far = tables.floor_s(tables.nodes(inp.pools, region=pool.region), inp.D, sizes, spans="zone")
                 span.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, far))
         tabs = tables.sync_tables[key] = (table, span or None)  # only once complete: a deadline may stop the loop
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1])
+
+
+
+def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, nbytes: list[float],
+                         factor: float) -> tuple[list[float], list[float]]:
+    """Per entry of `nbytes`: (in `pool`'s zone, spanning zones of its region) floors on the
+    all-reduce of a stage that holds a replica of `pool`. The stage's least TP t is at most
+    t_k; each member carries factor x bytes / t and takes at least t GPUs, so the least over those t
+    of the floor at that size, with every node holding num_gpus // t members at most, bounds it.
+    Measured (Sailor's OPT-350M on 5 zones x 8 A100 nodes of 4 GPUs, P1 b8 D32): counted as TP 1
+    slots, 32 TP 4 replicas fit one zone; as TP 4 they need four, so the in-zone entry of a TP 4 pool
+    goes from 0.4931 s to 1.9559 s (a stage in one zone has TP 1 replicas) and, with the pairs the
+    four zones need (`estimators.base.bottleneck_floor_s`), the spanning one from 0.4738 to 0.4787 s."""
+    one_zone, span = [math.inf] * len(nbytes), [math.inf] * len(nbytes)
+    for t in sorted({p.tp for p in inp.pools if p.tp <= pool.tp}):
+        sizes = [factor * n / t for n in nbytes]
+        if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
+            one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type, least_tp=t), inp.D,
+                                 sizes)
+            one_zone = list(map(min, one_zone, one))
+        many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, least_tp=t), inp.D, sizes,
+                              min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone)))
+        one_zone = list(map(min, one_zone, many))
+        if len(inp.zones) > 1:
+            far = tables.floor_s(tables.nodes(inp.pools, region=pool.region, least_tp=t), inp.D, sizes, spans="zone")
+            span = list(map(min, span, far))
+    return one_zone, span
 
 
 

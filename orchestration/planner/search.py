@@ -276,15 +276,19 @@ class _Scorer:
             return None
         except EstimatorError:  # e.g. Sailor's bandwidth fit is negative at some message size
             return None
-        if self.est.iteration == "sailor":  # Sailor's all-reduce reads the replica order: try the best one
-            ordered = ring_ordered(self.instance, rep.plan, self.est)
-            if ordered is not rep.plan:
-                again = simulate(self.instance, ordered, self.est)
-                rep = again if self._objective(again) < self._objective(rep) else rep
-        if rep.oom_ranks or (self.max_cost is not None and rep.cost_per_iteration_usd > self.max_cost) or (
-                self.min_its is not None and rep.iters_per_s < self.min_its):
-            return None
-        return rep
+        reports = [rep]
+        if self.est.iteration == "sailor":  # Sailor's all-reduce reads the replica order: try the best ones
+            # the least sync may interleave zones and cost more egress: also whole groups, then the
+            # best of the orders within the limits
+            for whole in (False, True):
+                ordered = ring_ordered(self.instance, rep.plan, self.est, whole_groups=whole)
+                if all(ordered != r.plan for r in reports):
+                    reports.append(simulate(self.instance, ordered, self.est))
+        return min((r for r in reports if self._within_limits(r)), key=self._objective, default=None)
+
+    def _within_limits(self, rep: SimulationReport) -> bool:
+        return not rep.oom_ranks and (self.max_cost is None or rep.cost_per_iteration_usd <= self.max_cost) and (
+            self.min_its is None or rep.iters_per_s >= self.min_its)
 
 
 
