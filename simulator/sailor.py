@@ -26,6 +26,7 @@ stage `p2p_s` = p2p_i, `fwd_s` / `bwd_s` of the slowest replica, `send_fwd_s` = 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -191,8 +192,7 @@ def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet, whole_groups
         keys = list(groups)
         nbytes = sync_bytes(est.memory.info, stage)
         ends = [replace(endpoint(instance, groups[key][0]), gpus=1) for key in keys]
-        pair = np.array([[bucketed_allreduce_s(nbytes, len(stage.replicas), est.comm.fit(a, b), est.comm.bucket_bytes)
-                          for b in ends] for a in ends])
+        pair = np.array([[_pair_s(est.comm, a, b, nbytes, len(stage.replicas)) for b in ends] for a in ends])
         counts = [len(groups[key]) for key in keys]
         order = (None if whole_groups else _bottleneck_sequence(counts, pair)) or _best_group_order(counts, pair)
         queues = [iter(groups[key]) for key in keys]
@@ -201,6 +201,15 @@ def ring_ordered(instance: Instance, plan: Plan, est: EstimatorSet, whole_groups
     if all(new is old for new, old in zip(stages, plan.stages)):
         return plan
     return plan.model_copy(update={"stages": tuple(stages)})
+
+
+def _pair_s(comm: SailorComm, a: Endpoint, b: Endpoint, nbytes: float, members: int) -> float:
+    """Sailor's all-reduce time when a -> b is the slowest pair; inf for a pair its zone table lacks
+    (an order that needs it cannot be simulated, so the orders avoid it where they can)."""
+    try:
+        return bucketed_allreduce_s(nbytes, members, comm.fit(a, b), comm.bucket_bytes)
+    except EstimatorError:
+        return math.inf
 
 
 def _best_group_order(counts: list[int], pair: np.ndarray) -> list[int]:

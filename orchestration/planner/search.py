@@ -281,9 +281,12 @@ class _Scorer:
             # the least sync may interleave zones and cost more egress: also whole groups, then the
             # best of the orders within the limits
             for whole in (False, True):
-                ordered = ring_ordered(self.instance, rep.plan, self.est, whole_groups=whole)
-                if all(ordered != r.plan for r in reports):
-                    reports.append(simulate(self.instance, ordered, self.est))
+                try:
+                    ordered = ring_ordered(self.instance, rep.plan, self.est, whole_groups=whole)
+                    if all(ordered != r.plan for r in reports):
+                        reports.append(simulate(self.instance, ordered, self.est))
+                except EstimatorError:  # a pair the zone table lacks: that order cannot be simulated
+                    continue
         return min((r for r in reports if self._within_limits(r)), key=self._objective, default=None)
 
     def _within_limits(self, rep: SimulationReport) -> bool:
