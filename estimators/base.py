@@ -109,8 +109,8 @@ SPANS = ("node", "zone", "region")
 
 
 def spans_pair(spans: str, a: Endpoint, b: Endpoint) -> bool:
-    """Whether two places on different nodes (endpoints, or the instance's nodes) are a pair of the
-    kind `spans` names: one zone, two zones of one region, two regions."""
+    """Whether two places on different nodes (endpoints, node kinds, or the instance's nodes) are a
+    pair of the kind `spans` names: one zone, two zones of one region, two regions."""
     if spans == "node":
         return a.zone == b.zone
     if spans == "zone":
@@ -143,7 +143,7 @@ def bottleneck_floor_s(kinds: list[NodeKind], members: int, spans: str, pair_s: 
     pairs of zones, not only the fastest."""
     parent = list(range(len(kinds)))
     total = [k.total for k in kinds]
-    places = [{(k.region, k.zone)} for k in kinds]
+    members_of = [[k] for k in kinds]  # per group root: its kinds
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -151,22 +151,17 @@ def bottleneck_floor_s(kinds: list[NodeKind], members: int, spans: str, pair_s: 
             i = parent[i]
         return i
 
-    def spanned(at: set) -> bool:
-        if spans == "zone":
-            regions = [r for r, _ in at]
-            return len(regions) > len(set(regions))  # two zones of one region
-        if spans == "region":
-            return len({r for r, _ in at}) > 1
-        return True
+    def spanned(group: list[NodeKind]) -> bool:  # in one zone by `pair_s` for "node"
+        return spans == "node" or any(spans_pair(spans, x, y) for x in group for y in group)
 
     for (i, j), t in sorted(pair_s.items(), key=lambda item: item[1]):
         a, b = root(i), root(j)
         if a != b:
             parent[b] = a
             total[a] += total[b]
-            places[a] |= places[b]
+            members_of[a] += members_of[b]
         # a group only changes when a pair comes in, and a kind no pair reached has none (no list)
-        if total[a] >= members and spanned(places[a]):
+        if total[a] >= members and spanned(members_of[a]):
             return t
     return math.inf
 

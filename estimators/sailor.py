@@ -219,9 +219,13 @@ class SailorComm:
         return cls(fits, {n.node_id: n.gpu_type for n in instance.nodes},
                    float(opts.get("bucket_bytes", DEEPSPEED_BUCKET_BYTES)))
 
+    def _key(self, a: Endpoint, b: Endpoint, count_a: int = 1, count_b: int = 1) -> ZoneKey:
+        """The zone table's key for a -> b (it may lack it)."""
+        return (a.zone, self._gpu(a), count_a, b.zone, self._gpu(b), count_b)
+
     def _entry(self, a: Endpoint, b: Endpoint, count_a: int, count_b: int) -> ZoneKey:
         """The zone table's key for a -> b; an error when the table lacks it."""
-        key = (a.zone, self._gpu(a), count_a, b.zone, self._gpu(b), count_b)
+        key = self._key(a, b, count_a, count_b)
         if key not in self.zone_fits:
             raise EstimatorError(f"sailor: the zone bandwidth table has no entry (src zone, GPU, GPUs, dst zone, "
                                  f"GPU, GPUs) = {key}")
@@ -267,8 +271,7 @@ class SailorComm:
                 b = rows[j][0]
                 if (i == j and count < 2 and most < 2) or (spans == "node" and a.zone != b.zone):
                     continue
-                keys = [k for k in {(a.zone, self._gpu(a), 1, b.zone, self._gpu(b), 1),
-                                    (b.zone, self._gpu(b), 1, a.zone, self._gpu(a), 1)} if k in self.zone_fits]
+                keys = [k for k in {self._key(a, b), self._key(b, a)} if k in self.zone_fits]
                 if keys:
                     pairs[i, j] = keys
         groups = [NodeKind(e.zone, e.region, total) for e, _, _, total in rows]
@@ -281,9 +284,12 @@ class SailorComm:
         except EstimatorError:  # some fit gives no bandwidth at a bucket's size (the rest of a few bytes)
             return 0.0  # no floor: a valid one, and such a plan cannot be simulated anyway
 
+    def pair_allreduce_s(self, a: Endpoint, b: Endpoint, nbytes: float, members: int) -> float:
+        """The all-reduce of `members` endpoints when a -> b is its slowest neighbour pair."""
+        return bucketed_allreduce_s(nbytes, members, self.fit(a, b), self.bucket_bytes)
+
     def allreduce_time_s(self, members: list[Endpoint], nbytes: float) -> float:
         d = len(members)
         if d <= 1 or nbytes <= 0:
             return 0.0
-        return max(bucketed_allreduce_s(nbytes, d, self.fit(members[j], members[j + 1]), self.bucket_bytes)
-                   for j in range(d - 1))
+        return max(self.pair_allreduce_s(members[j], members[j + 1], nbytes, d) for j in range(d - 1))

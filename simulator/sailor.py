@@ -33,7 +33,7 @@ import numpy as np
 
 from hetplan.errors import EstimatorError, PlanError
 from hetplan.estimators import Endpoint, EstimatorSet
-from hetplan.estimators.sailor import SailorComm, SailorMemory, SailorModelInfo, SailorTime, bucketed_allreduce_s
+from hetplan.estimators.sailor import SailorComm, SailorMemory, SailorModelInfo, SailorTime
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage
 from hetplan.formulations.stage_cost import endpoint
@@ -207,7 +207,7 @@ def _pair_s(comm: SailorComm, a: Endpoint, b: Endpoint, nbytes: float, members: 
     """Sailor's all-reduce time when a -> b is the slowest pair; inf for a pair its zone table lacks
     (an order that needs it cannot be simulated, so the orders avoid it where they can)."""
     try:
-        return bucketed_allreduce_s(nbytes, members, comm.fit(a, b), comm.bucket_bytes)
+        return comm.pair_allreduce_s(a, b, nbytes, members)
     except EstimatorError:
         return math.inf
 

@@ -363,14 +363,15 @@ def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Po
     goes from 0.4931 s to 1.9559 s (a stage in one zone has TP 1 replicas) and, with the pairs the
     four zones need (`estimators.base.bottleneck_floor_s`), the spanning one from 0.4738 to 0.4787 s."""
     one_zone, span = [math.inf] * len(nbytes), [math.inf] * len(nbytes)
+    one_node = _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone)  # both by the least TP: valid for every t
+    min_nodes = max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone))
     for t in sorted({p.tp for p in inp.pools if p.tp <= pool.tp}):
         sizes = [factor * n / t for n in nbytes]
-        if _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone):
+        if one_node:
             one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type, least_tp=t), inp.D,
                                  sizes)
             one_zone = list(map(min, one_zone, one))
-        many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, least_tp=t), inp.D, sizes,
-                              min_nodes=max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone)))
+        many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, least_tp=t), inp.D, sizes, min_nodes=min_nodes)
         one_zone = list(map(min, one_zone, many))
         if len(inp.zones) > 1:
             far = tables.floor_s(tables.nodes(inp.pools, region=pool.region, least_tp=t), inp.D, sizes, spans="zone")
