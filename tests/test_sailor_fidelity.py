@@ -224,6 +224,48 @@ def test_allreduce_floor_bounds_every_ring_by_enumeration() -> None:
     assert checked == 2028  # every list of 2, 3 or 5 members, 3 sizes each
 
 
+@needs_golden
+def test_repeat_floor_bounds_every_list_with_two_of_a_kind_by_enumeration() -> None:
+    """`SailorComm.repeat_floor_s` is at most `allreduce_time_s` of every list of 2-5 members from
+    the nodes of one region in which two or more sit on the kind (zone, GPU type) asked; it is met
+    by the least such list (here for every kind, length and size; always for lists of two), and it
+    is above the Kruskal floor (`allreduce_floor_s`, "zone") for most: the case it is there for."""
+    import itertools
+
+    from hetplan.importers.sailor import sailor_instance_dict
+    from hetplan.formulations.stage_cost import node_endpoint
+
+    counts = {("A100-40", "us-central1-a"): 4, ("V100-16", "us-central1-a"): 4, ("A100-40", "us-central1-b"): 4,
+              ("A100-40", "us-central1-c"): 4}
+    inst = instance_from_dict(sailor_instance_dict(SAILOR, "OPT-350", gpu_counts=counts, preset="sailor"))
+    comm = build_estimators(inst).comm
+    eps = [node_endpoint(n) for n in inst.nodes]
+    nodes = [(e, 5) for e in eps]
+    kind = lambda e: (e.zone, comm.nodes[e.node_id])  # noqa: E731
+    sizes = [3e6, 7e8, 1.3e9]
+    checked, met, above = 0, 0, 0
+    for d in (2, 3, 4, 5):
+        for like in {kind(e): e for e in eps}.values():
+            floors = comm.repeat_floor_s(nodes, like, d, sizes)
+            least = [math.inf] * len(sizes)
+            for seq in itertools.product(range(len(eps)), repeat=d):
+                members = [eps[i] for i in seq]
+                if sum(kind(e) == kind(like) for e in members) < 2:
+                    continue
+                for j, n in enumerate(sizes):
+                    time_s = comm.allreduce_time_s(members, n)
+                    assert floors[j] <= time_s * (1 + 1e-12), (kind(like), seq, n)
+                    least[j] = min(least[j], time_s)
+                    checked += 1
+            met += sum(f == pytest.approx(x, rel=1e-12) for f, x in zip(floors, least))
+            if d == 2:  # the list is the two of the kind
+                assert floors == pytest.approx(least, rel=1e-12), kind(like)
+            plain = comm.allreduce_floor_s(nodes, d, sizes, "zone")
+            above += sum(f > p * (1 + 1e-9) for f, p in zip(floors, plain))
+    # every list, 3 sizes each; met for all 4 kinds x 4 lengths x 3 sizes here; above the plain floor on 45
+    assert (checked, met, above) == (5448, 48, 45)
+
+
 # ---- the analytic estimators against Sailor's llm_info ----------------------------------------------
 LLM_INFO = SAILOR / "model" / "llm_info.json"
 needs_llm_info = pytest.mark.skipif(not LLM_INFO.is_file(), reason=f"Sailor's llm_info absent ({LLM_INFO})")

@@ -164,18 +164,24 @@ def test_ring_order_is_the_best_order_of_the_replicas() -> None:
 
 
 def test_warm_start_sets_every_variable_of_sailors_model() -> None:
-    """`joint.warm_start` is a complete assignment in Sailor's composition too (its send rows)."""
+    """`joint.warm_start` is a complete, feasible assignment in Sailor's composition too (its send
+    rows, the two-of-a-kind rows)."""
     import pyomo.environ as pyo
+
+    from hetplan.solvers import SolveOptions, solve
 
     inst = sailor_instance("one_zone")
     view = ModelView(inst)
-    p = next(p for p, _ in random_plans(inst, 20, seed=5) if len(p.stages) >= 3)
+    p = next(p for p, _ in random_plans(inst, 40, seed=5) if len(p.stages) >= 3 and len(p.stages[0].replicas) > 1)
     inp = view.inputs_for(len(p.stages), p.share(0, 0), len(p.stages[0].replicas))
-    m = joint.build(joint.in_model_units(inp))
+    m = joint.build(inp)
     start = joint.warm_start(m, inp, view.solution(p))
     assert hasattr(m, "A") and start is not None
+    assert hasattr(m, "rep")  # the two-of-a-kind rows: their binaries too
     missing = [v.name for v in m.component_data_objects(pyo.Var) if v not in start]
     assert not missing, missing[:5]
+    res = solve(m, backend="highs", warm_start=start, options=SolveOptions(time_limit_s=2))
+    assert res.warm_start_violations == ()  # and it meets every row
 
 
 def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(monkeypatch) -> None:
@@ -222,3 +228,40 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
         lifted += got > one * (1 + 1e-9)
         checked += 1
     assert checked >= 6 and lifted >= 1 and close >= 4, (checked, lifted, close)
+
+
+def test_milp_with_two_of_a_kind_rows_matches_brute_force(monkeypatch) -> None:
+    """Sailor's A100s, one 4-GPU node in each of two zones, TP 1: for one and two stages of 2-8
+    replicas, the MILP's optimum (HiGHS) equals the least model figure over every plan of the choice
+    (`all_plans`), whose all-reduce reads `repeat_sync_table` where a stage holds two replicas of a
+    (zone, GPU type); with it (and the tables it raises) that least figure is above the one of the
+    tables without it on some choice (8 replicas must span both zones)."""
+    import hetplan.orchestration.planner.inputs as planner_inputs
+    from hetplan.orchestration.planner.options import Combo
+    from hetplan.solvers import SolveOptions, solve
+    from test_planner import brute_force
+
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    counts = {(A100, z): 4 for z in SAILOR_ZONES["two_zones"]}
+    inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
+                                                   preset="sailor"))
+
+    def inputs(P: int, D: int) -> joint.JointInputs:
+        tables = planner_inputs._Tables(inst, build_estimators(inst))
+        inp = planner_inputs.joint_inputs(inst, tables, planner_inputs._quotas(inst, PlannerOptions()),
+                                          Combo(P, 2, D), "max_throughput", None, None, (1,))
+        return planner_inputs.with_sync_table(inp, tables)
+
+    choices = [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4)]
+    truths = {}
+    for P, D in choices:
+        inp = inputs(P, D)
+        assert inp.repeat_sync_table is not None
+        truths[P, D] = brute_force(inp, "T", "blocks")
+        res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-7, time_limit_s=30))
+        assert joint.objective_value(inp, res.objective) == pytest.approx(truths[P, D], rel=1e-6), (P, D)
+    monkeypatch.setattr(planner_inputs, "_repeat_floors_s", lambda *args: None)  # the tables before it
+    raised = [(P, D) for P, D in choices if brute_force(inputs(P, D), "T", "blocks") < truths[P, D] * (1 - 1e-9)]
+    assert raised == [(1, 4), (1, 8), (2, 4)], raised

@@ -23,7 +23,7 @@ from hetplan.formulations.joint.tables import (_cached_for, _class_figures, _cla
 def time_upper_bound_s(inp: JointInputs) -> float:
     """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
     worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
-    tables = [inp.sync_table or {}, inp.span_sync_table or {}]
+    tables = [inp.sync_table or {}, inp.span_sync_table or {}, inp.repeat_sync_table or {}]
     worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
     worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + worst_tied
     worst_c = (max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
@@ -1289,7 +1289,8 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
                    recv_floor_s=pick(inp.recv_floor_s) if inp.recv_floor_s else (),
                    send_away_s=pick(inp.send_away_s) if inp.send_away_s else (),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
-                   sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table))
+                   sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
+                   repeat_sync_table=table(inp.repeat_sync_table))
 
 
 

@@ -78,6 +78,10 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
         own = [0.0]  # the staircase form (layer units that differ) has no all-reduce floor
         if counts is not None and table is not None:
             own += [model_coef(table[k, position(inp, i), counts[i]]) for k in range(inp.K) if used[i][k]]
+        if counts is not None and inp.repeat_sync_table is not None:
+            twice = repeated_groups(inp, sol.replicas[i])
+            own += [model_coef(inp.repeat_sync_table[k, position(inp, i), counts[i]]) for k in range(inp.K)
+                    if used[i][k] and group_of(inp, k) in twice]
         sync.append(max(own) + tied.get(i, 0.0))
     mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) + inp.upd_fixed(k)
              for i in range(inp.P) for k in range(inp.K) if used[i][k])
@@ -113,6 +117,21 @@ def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     return {"T": T, "cost": iteration_cost_usd(rate, T, it.egress_usd), "rate": rate, "egress": it.egress_usd,
             "tau": [x + y for x, y in zip(it.f, it.b)], "c": [x.fwd_s + x.bwd_s for x in it.links],
             "sync": [x.time_s for x in it.syncs], "sigma": it.sync_s, "mu": it.update_s}
+
+
+
+def group_of(inp: JointInputs, k: int) -> tuple[str, str]:
+    """Pool k's (zone, GPU type): its replicas share the communication estimator's figures."""
+    return (inp.pools[k].zone, inp.pools[k].gpu_type)
+
+
+
+def repeated_groups(inp: JointInputs, row: tuple[int, ...]) -> set[tuple[str, str]]:
+    """The (zone, GPU type) groups holding two or more of a stage's replicas (`row`: per pool)."""
+    count: dict[tuple[str, str], int] = {}
+    for k, n in enumerate(row):
+        count[group_of(inp, k)] = count.get(group_of(inp, k), 0) + n
+    return {g for g, n in count.items() if n >= 2}
 
 
 

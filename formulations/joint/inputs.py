@@ -150,6 +150,11 @@ class JointInputs:
     sync_table: dict | None = None
     # the same for a stage spanning zones of its region (None with one zone or without sync_table)
     span_sync_table: dict | None = None
+    # (k, position(i), n) -> seconds: a floor on the same all-reduce when stage i also holds two or
+    # more replicas of pool k's (zone, GPU type), spanning zones or not (`planner.with_sync_table`;
+    # None where the communication estimator has no such floor: only Sailor's, whose all-reduce is
+    # its slowest neighbour pair, reads it)
+    repeat_sync_table: dict | None = None
     # [k]: lower bounds on the tied-embedding all-reduce of the first and last stage when pool k
     # serves one of them (the ring's size is bytes / its least TP, at most t_k) and both ends sit in
     # one zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`);

@@ -56,7 +56,11 @@ Constraints
                `span_sync_table`); tied[0] = tied[P-1] = tied, tied >= t(ez, er) and
                tied >= t_k(ez, er) - Mtied (1 - u[j,k]) for j in {0, P-1}, t_k(ez, er) = t_node,k +
                (t_zone,k - t_node,k) ez + (t_region,k - t_zone,k) er the floors at bytes / t_k
-               (`tied_pool_s`), t their least over k;  sigma >= sync[i]
+               (`tied_pool_s`), t their least over k;  sigma >= sync[i];
+               (D > 1, with `repeat_sync_table`) rep[i,g] in {0,1} per group g (zone, GPU type),
+               (D - 1) rep[i,g] >= sum_{k in g} x[i,k] - 1 (two replicas of g or more force it) and
+               sync[i] >= R[k,i,n_i] - Mrep (2 - u[i,k] - rep[i,g_k]) + tied[i], R the floor of a
+               stage holding pool k and two replicas of its group (Sailor's slowest pair)
   update:      mu >= sum_l upd[k,l] y[i,l] - Mupd[k] (1 - u[i,k])
   time (1F1B): T = sum_i tau[i] + sum_i c[i] + (m - 1) theta + sigma + mu
   (the boundary, bottleneck, time, memory and cost rows are written with composition.py's functions,
@@ -127,7 +131,10 @@ and no tied-embedding all-reduce (Sailor has none), the all-reduce of llm_info's
 bytes / t_k, boundary bytes the least unit output llm_info gives. Relaxed as above: c_node, c_zone,
 c_region are the least transfer over every pair of nodes of the kind, every TP group size and every
 unit output (Sailor sends the head's logits back from a last stage that holds the head alone), so
-p[i] is at most Sailor's slowest send of the stage; the ring floors are the least neighbour pair.
+p[i] is at most Sailor's slowest send of the stage; the ring floors are the least neighbour pair,
+and a stage with two replicas of one (zone, GPU type) g has g -> g side by side or g -> h and h' -> g
+(`SailorComm.repeat_floor_s`: the rep rows, and where D exceeds the groups of a region the tables
+themselves, `planner.inputs._pigeonhole`).
 Every bound below stays valid: Sailor's theta is at least max_i tau_i and c_i / 2 (p[i] >= a[i] and
 p[i+1] >= g[i]), and sum_i p[i] >= sum_i c[i] (tests/test_sailor_planning.py checks the figures
 and every bound against `simulate` on random plans). They ignore the transfers in theta, so they
@@ -146,7 +153,7 @@ from hetplan.formulations.joint.inputs import (COST_SCALE, JointInputs, JointSol
 from hetplan.formulations.joint.tables import (_class_figures, _class_sync_update, block_counts, blocks_identical,
     ends_forced, position, stage_sum, time_classes)
 from hetplan.formulations.joint.bounds import rate_lower_bound_usd_per_s, stage_time_cap_s, time_upper_bound_s
-from hetplan.formulations.joint.evaluation import evaluate, solution_blocks
+from hetplan.formulations.joint.evaluation import evaluate, group_of, repeated_groups, solution_blocks
 from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
     iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor, sailor_p2p,
     tied_at, tied_egress_bytes, worker_bytes)
@@ -235,6 +242,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
         sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
+        repeat_sync_table=table(inp.repeat_sync_table),
         tied_pool_s=tuple(tuple(v * ms for v in row) for row in inp.tied_pool_s))
 
 
@@ -483,6 +491,24 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     if inp.span_sync_table is not None:
         m.sync_zone = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= own(i, k, inp.span_sync_table)
                                      - big * (2 - m.u[i, k] - m.span[i]) + tied[i])
+    if inp.repeat_sync_table is not None and inp.D > 1:
+        _repeat_sync_rows(m, inp, own, tied)
+
+
+
+def _repeat_sync_rows(m: pyo.ConcreteModel, inp: JointInputs, own, tied: dict) -> None:
+    """rep[i,g] = 1 where stage i holds two or more replicas of group g (a zone's GPU type): the row
+    (D - 1) rep[i,g] >= sum_{k in g} x[i,k] - 1 forces it (the objective keeps it 0 otherwise), and
+    then stage i's all-reduce is at least the `repeat_sync_table` entry of every pool k of g it uses."""
+    groups = sorted({group_of(inp, k) for k in range(inp.K)})
+    m.groups = pyo.Set(initialize=range(len(groups)))
+    index = {g: j for j, g in enumerate(groups)}
+    m.rep = pyo.Var(m.I, m.groups, domain=pyo.Binary)
+    m.rep_def = pyo.Constraint(m.I, m.groups, rule=lambda m, i, j: (inp.D - 1) * m.rep[i, j] >= sum(
+        m.x[i, k] for k in m.K if group_of(inp, k) == groups[j]) - 1)
+    big = max([model_coef(v) for v in inp.repeat_sync_table.values()] + [0.0])
+    m.sync_repeat = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= own(i, k, inp.repeat_sync_table)
+                                   - big * (2 - m.u[i, k] - m.rep[i, index[group_of(inp, k)]]) + tied[i])
 
 
 
@@ -637,6 +663,11 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.span[i]] = ev["span"][i]
         start[m.tau[i]] = ev["tau"][i]
         start[m.sync[i]] = ev["sync"][i]
+        if hasattr(m, "rep"):
+            twice = repeated_groups(inp, sol.replicas[i])
+            groups = sorted({group_of(inp, k) for k in range(inp.K)})
+            for j, g in enumerate(groups):
+                start[m.rep[i, j]] = 1 if g in twice else 0
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
         for z in inp.zones:
             start[m.wz[i, z]] = gbi / 1e6 if z in ev["zones"][i] else 0.0
