@@ -48,7 +48,7 @@ class _Tables:
         self._step: dict = {}
         self._upd: dict = {}
         self._mem: dict = {}
-        self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
+        self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds; repeat_floor_s
         self._node_sets: dict = {}
         self._node_sizes: dict = {}  # (zone, gpu type) -> GPUs per node, largest first
         self._least_nodes: dict = {}  # `_least_nodes` answers
@@ -183,14 +183,12 @@ class _Tables:
         if members <= 1:
             return [0.0] * len(sizes)
         key = ("repeat", pools, pool.region, pool.zone, pool.gpu_type, members)
-        cache = self._sync.get(key)
-        if cache is None:
+        if key not in self._sync:  # (the region's nodes, one node of the group, bytes -> seconds)
             like = next((e for e, _ in self.nodes(pools, zone=pool.zone, gpu_type=pool.gpu_type)), None)
-            cache = self._sync[key] = {} if like is not None else None
-            if like is None:
-                return [0.0] * len(sizes)
-            cache["nodes", "like"] = (self.nodes(pools, region=pool.region), like)
-        nodes, like = cache["nodes", "like"]
+            self._sync[key] = None if like is None else (self.nodes(pools, region=pool.region), like, {})
+        if self._sync[key] is None:  # no node of the group: no such stage, any floor holds
+            return [0.0] * len(sizes)
+        nodes, like, cache = self._sync[key]
         missing = [n for n in dict.fromkeys(sizes) if n not in cache]
         if missing:
             cache.update(zip(missing, floor(list(nodes), like, members, missing)))
