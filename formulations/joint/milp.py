@@ -500,7 +500,7 @@ def _repeat_sync_rows(m: pyo.ConcreteModel, inp: JointInputs, own, tied: dict) -
     """rep[i,g] = 1 where stage i holds two or more replicas of group g (a zone's GPU type): the row
     (D - 1) rep[i,g] >= sum_{k in g} x[i,k] - 1 forces it (the objective keeps it 0 otherwise), and
     then stage i's all-reduce is at least the `repeat_sync_table` entry of every pool k of g it uses."""
-    groups = sorted({group_of(inp, k) for k in range(inp.K)})
+    groups = _groups(inp)
     m.groups = pyo.Set(initialize=range(len(groups)))
     index = {g: j for j, g in enumerate(groups)}
     m.rep = pyo.Var(m.I, m.groups, domain=pyo.Binary)
@@ -509,6 +509,12 @@ def _repeat_sync_rows(m: pyo.ConcreteModel, inp: JointInputs, own, tied: dict) -
     big = max([model_coef(v) for v in inp.repeat_sync_table.values()] + [0.0])
     m.sync_repeat = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.sync[i] >= own(i, k, inp.repeat_sync_table)
                                    - big * (2 - m.u[i, k] - m.rep[i, index[group_of(inp, k)]]) + tied[i])
+
+
+
+def _groups(inp: JointInputs) -> list[tuple[str, str]]:
+    """The (zone, GPU type) groups of the pools, in the order of the rep variables' index."""
+    return sorted({group_of(inp, k) for k in range(inp.K)})
 
 
 
@@ -665,8 +671,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.sync[i]] = ev["sync"][i]
         if hasattr(m, "rep"):
             twice = repeated_groups(inp, sol.replicas[i])
-            groups = sorted({group_of(inp, k) for k in range(inp.K)})
-            for j, g in enumerate(groups):
+            for j, g in enumerate(_groups(inp)):
                 start[m.rep[i, j]] = 1 if g in twice else 0
         gbi = sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
         for z in inp.zones:
