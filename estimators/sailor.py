@@ -262,7 +262,7 @@ class SailorComm:
             return [math.inf] * len(sizes)
         kinds: dict = {}  # nodes alike (zone, region, GPU type) give the same keys: one pair per kind pair
         for e, slots in nodes:
-            kind = kinds.setdefault((e.zone, e.region, self._gpu(e)), [e, 0, 0, 0])
+            kind = kinds.setdefault(self._kind(e), [e, 0, 0, 0])
             kind[1], kind[2], kind[3] = kind[1] + 1, max(kind[2], slots), kind[3] + slots
         rows = list(kinds.values())
         pairs = {}  # (i, j) -> the zone table's keys of its two directions
@@ -304,6 +304,7 @@ class SailorComm:
         return [min(least(own, n), max(least(out_of, n), least(into, n))) for n in sizes]
 
     def _kind(self, e: Endpoint) -> tuple[str, str, str]:
+        """Nodes alike for the zone table (zone, region, GPU type): their pairs read the same fits."""
         return (e.zone, e.region, self._gpu(e))
 
     def _least_allreduce_s(self, nbytes: float, members: int, fits) -> float:

@@ -8,7 +8,6 @@ or two regions (as tests/test_cost_model_agreement.py's `sailor_profiled`), glob
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import replace
@@ -33,11 +32,11 @@ A100, V100 = "A100-40", "V100-16"
 
 
 def sailor_instance(layout: str, zones: tuple[str, ...] | None = None, types: tuple[str, ...] = (A100, V100),
-                    **extra) -> Instance:
+                    gpus: int = 8, **extra) -> Instance:
     ref = shared_dir() / "reference" / "sailor"
     if not (ref / "profiles").is_dir():
         pytest.skip(f"Sailor reference data absent ({ref})")
-    counts = {(g, z): 8 for z in zones or SAILOR_ZONES[layout] for g in types}
+    counts = {(g, z): gpus for z in zones or SAILOR_ZONES[layout] for g in types}
     return instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
                                                    preset="sailor", **extra))
 
@@ -147,7 +146,7 @@ def test_ring_order_is_the_best_order_of_the_replicas() -> None:
         Stage(layer_start=0, layer_end=inst.model_arch.num_units, replicas=reps),))).plan
     placed = p.stages[0].replicas
     nbytes = sync_bytes(est.memory.info, p.stages[0])
-    ends = [dataclasses.replace(endpoint(inst, r), gpus=1) for r in placed]
+    ends = [replace(endpoint(inst, r), gpus=1) for r in placed]
 
     def sync_of(order) -> float:
         return est.comm.allreduce_time_s([ends[j] for j in order], nbytes)
@@ -241,12 +240,7 @@ def test_milp_with_two_of_a_kind_rows_matches_brute_force(monkeypatch) -> None:
     from hetplan.solvers import SolveOptions, solve
     from test_planner import brute_force
 
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
-    counts = {(A100, z): 4 for z in SAILOR_ZONES["two_zones"]}
-    inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
-                                                   preset="sailor"))
+    inst = sailor_instance("two_zones", types=(A100,), gpus=4)
 
     def inputs(P: int, D: int) -> joint.JointInputs:
         tables = planner_inputs._Tables(inst, build_estimators(inst))

@@ -34,6 +34,15 @@ class _NodeSet(tuple):
 
 
 
+def _by_size(cache: dict, sizes: list[float], compute) -> list[float]:
+    """Per size its figure from `cache` (bytes -> seconds), `compute` asked once for those missing."""
+    missing = [n for n in dict.fromkeys(sizes) if n not in cache]
+    if missing:
+        cache.update(zip(missing, compute(missing)))
+    return [cache[n] for n in sizes]
+
+
+
 class _Tables:
     """Estimator figures per (gpu type, tp, b) and per layer unit, computed once and reused."""
 
@@ -166,12 +175,8 @@ class _Tables:
             return [0.0] * len(sizes)
         if floor is None or not nodes:
             return [0.0 if floor is None else math.inf] * len(sizes)
-        key = (nodes, members, spans, min_nodes)
-        cache = self._sync.setdefault(key, {})
-        missing = [n for n in dict.fromkeys(sizes) if n not in cache]
-        if missing:
-            cache.update(zip(missing, floor(list(nodes), members, missing, spans, min_nodes)))
-        return [cache[n] for n in sizes]
+        return _by_size(self._sync.setdefault((nodes, members, spans, min_nodes), {}), sizes,
+                        lambda missing: floor(list(nodes), members, missing, spans, min_nodes))
 
     def repeat_floor_s(self, pools: tuple, pool: joint.Pool, members: int, sizes: list[float]) -> list[float] | None:
         """The communication estimator's lower bound on an all-reduce of each of `sizes` bytes over
@@ -189,10 +194,7 @@ class _Tables:
         if self._sync[key] is None:  # no node of the group: no such stage, any floor holds
             return [0.0] * len(sizes)
         nodes, like, cache = self._sync[key]
-        missing = [n for n in dict.fromkeys(sizes) if n not in cache]
-        if missing:
-            cache.update(zip(missing, floor(list(nodes), like, members, missing)))
-        return [cache[n] for n in sizes]
+        return _by_size(cache, sizes, lambda missing: floor(list(nodes), like, members, missing))
 
     def node_sizes(self, zone: str | None, gpu_type: str | None) -> list[int]:
         """GPUs per node of `zone` and `gpu_type` (None: any), largest first."""
@@ -375,15 +377,15 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
     tabs = tables.sync_tables.get(key)
     if tabs is None:
         nbytes = tables.stage_grad_bytes(inp)
-        factor = tables.sync_factor
+        sizes, factor = list(nbytes.values()), tables.sync_factor
         table, span, repeat = {}, {}, {}
         for k, pool in enumerate(inp.pools):
             joint.check_deadline()
-            one, far = _least_sync_floors_s(tables, inp, pool, list(nbytes.values()), factor)
+            one, far = _least_sync_floors_s(tables, inp, pool, sizes, factor)
             table.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, one))
             if len(inp.zones) > 1:
                 span.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, far))
-            twice = _repeat_floors_s(tables, inp, pool, list(nbytes.values()), factor)
+            twice = _repeat_floors_s(tables, inp, pool, sizes, factor)
             if twice is not None:
                 repeat.update(((k, pos, n), v) for (pos, n), v in zip(nbytes, twice))
         if repeat:
@@ -420,11 +422,18 @@ def _repeat_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, 
     two or more replicas of its (zone, GPU type), whether it spans zones or not: the least over the
     stage's possible least TP t <= t_k of the estimator's `repeat_floor_s` at factor x bytes / t
     (its members sit in the pool's region); None for an estimator without one."""
-    tps = sorted({p.tp for p in inp.pools if p.tp <= pool.tp})
-    floors = tables.repeat_floor_s(inp.pools, pool, inp.D, [factor * n / t for t in tps for n in nbytes])
+    floors = tables.repeat_floor_s(inp.pools, pool, inp.D, [factor * n / t for t in _least_tps(inp, pool)
+                                                            for n in nbytes])
     if floors is None:
         return None
     return [min(floors[j::len(nbytes)]) for j in range(len(nbytes))]
+
+
+
+def _least_tps(inp: joint.JointInputs, pool: joint.Pool) -> list[int]:
+    """The least TP a stage holding a replica of `pool` can have: every TP degree of the pools up
+    to pool k's own."""
+    return sorted({p.tp for p in inp.pools if p.tp <= pool.tp})
 
 
 
@@ -441,7 +450,7 @@ def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Po
     one_zone, span = [math.inf] * len(nbytes), [math.inf] * len(nbytes)
     one_node = _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone)  # both by the least TP: valid for every t
     min_nodes = max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone))
-    for t in sorted({p.tp for p in inp.pools if p.tp <= pool.tp}):
+    for t in _least_tps(inp, pool):
         sizes = [factor * n / t for n in nbytes]
         if one_node:
             one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type, least_tp=t), inp.D,
