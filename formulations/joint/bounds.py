@@ -779,19 +779,27 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     With several regions, `exact` also splits the plans by the regions they use
     (`region_split_time_bound_s`). `strongest` (with `exact` and a target) adds the replica-level
     DPs on the sum of stage times (`capped_sum_tau_s`) where a cell falls short of the target.
-    With Sailor's composition plus `sailor_transfer_floor_s`."""
+    With Sailor's composition plus `sailor_transfer_floor_s`, and `sailor_send_aware_time_bound_s`,
+    which goes first when there is a target: it alone rules out most choices there, and the merged
+    bound's DPs are then spared (measured, Sailor's OPT-350M on 128 A100 + 384 V100, one process:
+    the merged bound first, 127 strong steps in 11.0 s, 41 of them settled by the send-aware bound
+    after it; a search of 11.6 s, 6.7 s with the send-aware bound first)."""
     strongest = strongest and target_s is not None  # without a target it would lift every cell
+    sends = exact and inp.sailor and inp.P > 1 and blocks_identical(inp)
+    first = -math.inf
+    if sends and target_s is not None:
+        first = sailor_send_aware_time_bound_s(inp, target_s, receivers=strongest)
+        if first >= target_s:
+            return first
     shift = sailor_transfer_floor_s(inp)  # the bounds below are the hetplan composition's
-    if target_s is not None:
-        target_s -= shift
-    out = _time_lower_bound_merged_s(inp, exact, target_s, strongest)
-    if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
-        out = max(out, region_split_time_bound_s(inp, out, target_s, strongest))
-    out += shift
-    if exact and inp.sailor and inp.P > 1 and blocks_identical(inp) and out < math.inf and (
-            target_s is None or out < target_s + shift):
-        target_s = None if target_s is None else target_s + shift
-        out = max(out, sailor_send_aware_time_bound_s(inp, target_s, receivers=strongest))
+    out = _time_lower_bound_merged_s(inp, exact, None if target_s is None else target_s - shift, strongest)
+    if exact and len(inp.regions) > 1 and out < math.inf and (target_s is None or out + shift < target_s):
+        out = max(out, region_split_time_bound_s(inp, out, None if target_s is None else target_s - shift,
+                                                 strongest))
+    out = max(out + shift, first)
+    if sends and out < math.inf and (target_s is None or out < target_s):
+        if target_s is None:
+            out = max(out, sailor_send_aware_time_bound_s(inp))
         if len(inp.regions) > 1 and (target_s is None or out < target_s):
             out = max(out, sailor_region_split_bound_s(inp, target_s, strongest))
     return out
