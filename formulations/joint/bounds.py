@@ -823,13 +823,22 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     cases of `_sailor_receiver_cases_s` instead (each a DP test, so the search asks for them only
     in a choice's strongest bound). Blocks form only."""
     times = _sailor_receiver_cases_s(inp) if receivers else [_sailor_stage_times_s(inp)]
-    sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
+    sync_update = _sync_update_lower_bound_s(inp)
     transfers = _links_lower_bound_s(inp) + first_stage_sends(inp.P) * _sailor_send_floor_s(inp)
     cands = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    return _split_cells_bound_s(inp, _times_fit(inp, *times), cands, sum_tau, transfers, sync_update, target_s,
+    fits = _times_fit(inp, *times)
+    if target_s is not None and inp.m > 1:
+        # one DP test with F for sum tau and no cap first: it settles most choices without the
+        # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
+        # V100, one process, 71 of 93 choices; the search 6.5 -> 3.6 s)
+        ruled = _cell_rules_out_s(inp, lambda t, rate=math.inf: fits(t, math.inf, rate), cands, sync_update,
+                                  _fastest_work_s(inp) + transfers, 0.0, target_s)
+        if ruled is not None:
+            return ruled
+    return _split_cells_bound_s(inp, fits, cands, sum_tau_lower_bound_s(inp), transfers, sync_update, target_s,
                                 lift=True)
 
 
