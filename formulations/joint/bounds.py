@@ -830,10 +830,13 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     if not cands:
         return math.inf
     fits = _times_fit(inp, *times)
-    if target_s is not None and inp.m > 1:
+    if target_s is not None and inp.m > 1 and inp.max_cost_usd is None:
         # one DP test with F for sum tau and no cap first: it settles most choices without the
         # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
-        # V100, one process, 71 of 93 choices; the search 6.5 -> 3.6 s)
+        # V100, one process, 71 of 93 choices; the search 6.5 -> 3.6 s). Not under a budget, where
+        # the test is a bisection by ranges of up to 127 DP tests, which the cells then repeat with
+        # the stronger sum (32 A100 + 96 V100 under 0.5 USD: 17.7 and 18.4 s with it, 16.7 and 16.9 s
+        # without; the same code both sides read 19.1, 19.9 / 18.4, 19.0 s: a difference within noise)
         ruled = _cell_rules_out_s(inp, lambda t, rate=math.inf: fits(t, math.inf, rate), cands, sync_update,
                                   _fastest_work_s(inp) + transfers, 0.0, target_s)
         if ruled is not None:
