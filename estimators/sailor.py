@@ -292,12 +292,12 @@ class SailorComm:
         g = self._kind(like)
         kinds = {self._kind(e): e for e, _ in nodes}
         ends = kinds.pop(g, like)
-        own = [self._key(ends, ends)]
-        out_of = [self._key(ends, e) for e in kinds.values()]
-        into = [self._key(e, ends) for e in kinds.values()]
+        present = lambda keys: [k for k in keys if k in self.zone_fits]  # noqa: E731
+        own = present([self._key(ends, ends)])
+        out_of = present([self._key(ends, e) for e in kinds.values()])
+        into = present([self._key(e, ends) for e in kinds.values()])
 
         def least(keys: list[ZoneKey], n: float) -> float:
-            keys = [k for k in keys if k in self.zone_fits]
             return self._least_allreduce_s(n, members, keys) if keys else math.inf
         if members == 2:  # two of g are the whole list: side by side
             return [least(own, n) for n in sizes]

@@ -797,11 +797,10 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
         out = max(out, region_split_time_bound_s(inp, out, None if target_s is None else target_s - shift,
                                                  strongest))
     out = max(out + shift, first)
-    if sends and out < math.inf and (target_s is None or out < target_s):
-        if target_s is None:
-            out = max(out, sailor_send_aware_time_bound_s(inp))
-        if len(inp.regions) > 1 and (target_s is None or out < target_s):
-            out = max(out, sailor_region_split_bound_s(inp, target_s, strongest))
+    if sends and target_s is None and out < math.inf:  # (with a target it came first)
+        out = max(out, sailor_send_aware_time_bound_s(inp))
+    if sends and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
+        out = max(out, sailor_region_split_bound_s(inp, target_s, strongest))
     return out
 
 

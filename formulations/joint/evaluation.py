@@ -130,7 +130,8 @@ def repeated_groups(inp: JointInputs, row: tuple[int, ...]) -> set[tuple[str, st
     """The (zone, GPU type) groups holding two or more of a stage's replicas (`row`: per pool)."""
     count: dict[tuple[str, str], int] = {}
     for k, n in enumerate(row):
-        count[group_of(inp, k)] = count.get(group_of(inp, k), 0) + n
+        g = group_of(inp, k)
+        count[g] = count.get(g, 0) + n
     return {g for g, n in count.items() if n >= 2}
 
 

@@ -57,7 +57,10 @@ class _Tables:
         self._step: dict = {}
         self._upd: dict = {}
         self._mem: dict = {}
-        self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds; repeat_floor_s
+        self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
+        # repeat_floor_s: (pools, region, zone, gpu type, members) -> (the region's nodes, one node of
+        # the group, bytes -> seconds), None where the group has no node
+        self._repeat: dict = {}
         self._node_sets: dict = {}
         self._node_sizes: dict = {}  # (zone, gpu type) -> GPUs per node, largest first
         self._least_nodes: dict = {}  # `_least_nodes` answers
@@ -187,13 +190,13 @@ class _Tables:
             return None
         if members <= 1:
             return [0.0] * len(sizes)
-        key = ("repeat", pools, pool.region, pool.zone, pool.gpu_type, members)
-        if key not in self._sync:  # (the region's nodes, one node of the group, bytes -> seconds)
+        key = (pools, pool.region, pool.zone, pool.gpu_type, members)
+        if key not in self._repeat:
             like = next((e for e, _ in self.nodes(pools, zone=pool.zone, gpu_type=pool.gpu_type)), None)
-            self._sync[key] = None if like is None else (self.nodes(pools, region=pool.region), like, {})
-        if self._sync[key] is None:  # no node of the group: no such stage, any floor holds
+            self._repeat[key] = None if like is None else (self.nodes(pools, region=pool.region), like, {})
+        if self._repeat[key] is None:  # no node of the group: no such stage, any floor holds
             return [0.0] * len(sizes)
-        nodes, like, cache = self._sync[key]
+        nodes, like, cache = self._repeat[key]
         return _by_size(cache, sizes, lambda missing: floor(list(nodes), like, members, missing))
 
     def node_sizes(self, zone: str | None, gpu_type: str | None) -> list[int]:
