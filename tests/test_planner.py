@@ -666,6 +666,19 @@ def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
     assert checked >= 12 and tighter >= 3, (checked, tighter)
 
 
+def test_count_within_equals_counting_every_entry_against_every_theta():
+    """`_count_within` (the per-theta cost bound's count of classes within theta) against the
+    direct (K, M, theta, C) comparison, with ties, infinite entries and thetas between and beyond."""
+    from hetplan.formulations.joint.bounds import _count_within
+
+    rng = np.random.default_rng(7)
+    for shape in ((1, 1, 1), (3, 5, 4), (2, 7, 6)):
+        t = rng.choice([0.5, 1.0, 1.5, 2.0, 3.0, math.inf], size=shape)
+        for thetas in (np.array([1.0]), np.array([0.25, 1.0, 1.25, 2.0, 5.0]), np.unique(t[np.isfinite(t)])):
+            want = (t[:, :, None, :] <= thetas[None, None, :, None]).sum(axis=3)
+            assert np.array_equal(_count_within(t, thetas), want), (shape, thetas)
+
+
 def _geo_queue():
     """(instance, estimators, tables, the search's queue items) of the bundled geo_2region_egress
     for max throughput, every outer choice with its cheap bound."""

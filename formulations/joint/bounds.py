@@ -1944,32 +1944,51 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     rests = np.repeat([rest + max(0.0, floor - sync_update) for floor, _ in cells], thetas.size)
     # per pair and class: the cheapest replica among classes no slower (within theta, as it is)
     cheapest = np.where(t[:, :, None, :] <= t[:, :, :, None], r, math.inf).min(axis=3)  # (K, M, C)
-    ok = t[:, :, None, :] <= thetas[None, None, :, None]  # (K, M, theta, C)
     # per (cell, pair, theta): the least stage time and the least rate of the classes within theta
     # (the least rate over the classes no slower than one within theta is their least rate)
     least_t = t.min(axis=2)[:, :, None]
     stage_time = np.where(least_t <= thetas, least_t, math.inf)
     order = np.argsort(t, axis=2, kind="stable")
     rate_upto = np.minimum.accumulate(np.take_along_axis(np.broadcast_to(r, t.shape), order, axis=2), axis=2)
-    within = ok.sum(axis=3)  # how many classes run within theta: the first ones in `order`
+    within = _count_within(t, thetas)  # how many classes run within theta: the first ones in `order`
     stage_rate = np.where(within > 0, np.take_along_axis(rate_upto, np.maximum(within - 1, 0), axis=2), math.inf)
-    pairs = lambda x: x.transpose(1, 0, 2).reshape(len(lay.pairs), theta.size)  # noqa: E731  (K, M, theta) -> (M, K theta)
-    r0 = _pairs_dp(inp, pairs(stage_rate))
-    s0 = np.maximum(_pairs_dp(inp, pairs(stage_time)), np.maximum(theta, sum_tau_lower_bound_s(inp)))
-    a = iteration_time_s(inp.m, 0.0, 0.0, theta, rests)
-    simple = r0 * (a + s0)
-    per_cell = lambda x: x.reshape(len(cells), 1, thetas.size, 1)  # noqa: E731  (K theta,) -> broadcast
-    with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
-        joint_w = np.where(ok, per_cell(r0) * t[:, :, None, :] + per_cell(a + s0) * cheapest[:, :, None, :], math.inf)
-        coupled = _pairs_dp(inp, pairs(joint_w.min(axis=3))) - r0 * s0
     # a cell's thetas are its own classes' stage times (another cell's may lie where none of its
     # plans has its slowest stage, e.g. below `lo` for all it allows there)
-    # and T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`)
-    own = np.concatenate([np.isin(thetas, t[k][np.isfinite(t[k])]) for k in range(len(cells))]) & np.isfinite(simple)
+    # and T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`);
+    # the DPs run on those columns only (with `_count_within` and `_pairs_dp` along rows, measured
+    # on every choice of Sailor's two min-cost scenarios, 1,512 inputs: the same arrays as before,
+    # 36.8 -> 20.1 s)
+    own = np.concatenate([np.isin(thetas, t[k][np.isfinite(t[k])]) for k in range(len(cells))])
     if inp.min_iters_per_s:
         own &= theta <= (1 / inp.min_iters_per_s - rests) / inp.m
-    out = np.where(own, np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
-    return theta, out, np.where(own, a + s0, np.inf)
+    cols = np.flatnonzero(own)
+    cell_of, th = cols // thetas.size, theta[cols]
+    pairs = lambda x: x.transpose(1, 0, 2).reshape(len(lay.pairs), theta.size)[:, cols]  # noqa: E731  (K, M, theta) -> (M, own)
+    r0 = _pairs_dp(inp, pairs(stage_rate))
+    s0 = np.maximum(_pairs_dp(inp, pairs(stage_time)), np.maximum(th, sum_tau_lower_bound_s(inp)))
+    a = iteration_time_s(inp.m, 0.0, 0.0, th, rests[cols])
+    simple = r0 * (a + s0)
+    t_own = t[cell_of]  # (own, M, C): each own column's cell
+    with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
+        joint_w = np.where(t_own <= th[:, None, None], r0[:, None, None] * t_own
+                           + (a + s0)[:, None, None] * cheapest[cell_of], math.inf)
+        coupled = _pairs_dp(inp, joint_w.min(axis=2).T) - r0 * s0
+    keep = np.isfinite(simple)
+    cost_usd, bound_s = np.full(theta.size, np.inf), np.full(theta.size, np.inf)
+    cost_usd[cols] = np.where(keep, np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
+    bound_s[cols] = np.where(keep, a + s0, np.inf)
+    return theta, cost_usd, bound_s
+
+
+
+def _count_within(t: np.ndarray, thetas: np.ndarray) -> np.ndarray:
+    """(K, M, theta): how many of the C entries t[k, m, :] are <= each of the ascending thetas,
+    without the (K, M, theta, C) comparison: entry c is within from index searchsorted(thetas, c) on."""
+    K, M, C = t.shape
+    first = np.searchsorted(thetas, t, side="left")  # (K, M, C); len(thetas) where never
+    counts = np.zeros((K, M, thetas.size + 1), dtype=np.int64)
+    np.add.at(counts, (np.arange(K)[:, None, None], np.arange(M)[None, :, None], first), 1)
+    return np.cumsum(counts, axis=2)[:, :, :thetas.size]
 
 
 
@@ -1990,16 +2009,20 @@ def _pairs_dp(inp: JointInputs, weight: np.ndarray) -> np.ndarray:
     """The least sum over the P stages of weight[(i, n), theta] (rows in `_pair_layout` order) over
     the block counts n_i that hold the L blocks, per theta."""
     L = inp.U - 2
-    best = np.full((weight.shape[1], L + 1), np.inf)
-    best[:, 0] = 0.0
+    # blocks placed along the first axis: a shift by n blocks is a contiguous block of rows
+    best = np.full((L + 1, weight.shape[1]), np.inf)
+    best[0] = 0.0
+    tmp = np.empty_like(best)
     rows = iter(range(weight.shape[0]))
     for i in range(inp.P):
         check_deadline()
         new = np.full_like(best, np.inf)
         for n in block_counts(inp, i):
-            np.minimum(new[:, n:], best[:, :L + 1 - n] + weight[next(rows)][:, None], out=new[:, n:])
+            part = tmp[:L + 1 - n]
+            np.add(best[:L + 1 - n], weight[next(rows)], out=part)
+            np.minimum(new[n:], part, out=new[n:])
         best = new
-    return best[:, L]
+    return best[L]
 
 
 
