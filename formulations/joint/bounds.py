@@ -1576,16 +1576,15 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     by_time = _ByStageTime(arr.time_s)
     # lam[g] per type; lam[-1] on every GPU, against min(all GPUs, max_gpus): single-type prices
     # alone cannot leave lam = 0 when another type is as fast
-    prev, valid = _minplus_index(N)
+    prev = _minplus_padded_index(N)
 
     def values(lams: np.ndarray) -> np.ndarray:  # (B, types + 1) prices -> (B,) dual values
         check_deadline()
         stage = by_time.costs(arr, lams, inp.D).min(axis=3)  # (B, P, N)
-        best = np.full((lams.shape[0], N), np.inf)
+        best = np.full((lams.shape[0], N + 1), np.inf)  # column N stays inf: where prev points for s < n
         best[:, 0] = 0.0
         for i in range(P):
-            cand = best[:, prev] + stage[:, i, None, :]  # (B, s, n)
-            best = np.where(valid, cand, np.inf).min(axis=2)
+            best[:, :N] = (best[:, prev] + stage[:, i, None, :]).min(axis=2)  # (B, s, n) -> (B, s)
         return best[:, L] - lams @ arr.held
 
     lam = np.zeros(len(arr.types) + 1)
