@@ -910,7 +910,7 @@ def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
         budget = sorted(c for c in costs if c < float("inf"))[len(costs) // 3]
         cells = figures(make, "max_throughput", budget)
         with monkeypatch.context() as patch:
-            patch.setattr(bounds, "_extra_cells", lambda inp, least, fits, sync_update, count=4:
+            patch.setattr(bounds, "_extra_cells", lambda inp, least, sync_update, count=4:
                           [(sync_update, math.inf)])
             one = figures(make, "max_throughput", budget)
         for (combo, cost, t_budget, inp), (_, cost1, t_budget1, _) in zip(cells, one):

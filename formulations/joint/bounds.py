@@ -16,7 +16,7 @@ import numpy as np
 from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline, model_coef
 from hetplan.formulations.joint.composition import (boundary_s, first_stage_sends, iteration_cost_usd,
     iteration_time_s, replica_rate_usd_per_s, theta_for_time_s, worker_bytes)
-from hetplan.formulations.joint.tables import (_cached_for, _class_figures, _class_tables, _gpus_per_group,
+from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group,
     _most_replicas, _pair_layout, _per_inputs_cache, _per_table, _shared_for, block_counts, blocks_identical)
 
 
@@ -1911,32 +1911,27 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     dynamic programs over stages give R0, the least rate of stages of D replicas of allowed
     classes within theta, S0 their least sum of stage times, and the coupled bound
     (`cost_lower_bound_dp_usd`); all cells and thetas in one array, so each DP runs once."""
-    time_s, fits = _class_figures(inp)
     sync_update = _sync_update_lower_bound_s(inp)
     rest = _rest_lower_bound_s(inp)
-    tab, lay = _class_tables(inp), _pair_layout(inp)
+    tab, lay = _class_tables(inp), _pair_layout(inp)  # (C, M) arrays, classes sorted as `time_classes`
+    stage_s = tab.time_s
     if inp.sailor and inp.P > 1:  # a stage's sends join its time; sum p takes the boundaries' place
-        with_sends = _sailor_stage_times_s(inp)
-        time_s = {(c, i, n): float(with_sends[ci, j]) for ci, c in enumerate(tab.classes)
-                  for j, (i, n) in enumerate(lay.pairs)}
-        rest = sync_update
-    least_extra = dict(zip(tab.keys, np.minimum(tab.extra_in_s, tab.extra_span_s).ravel().tolist()))
-    cells = _extra_cells(inp, least_extra, fits, sync_update)
+        stage_s, rest = _sailor_stage_times_s(inp), sync_update
+    least_extra = np.minimum(tab.extra_in_s, tab.extra_span_s)
+    cells = _extra_cells(inp, least_extra[tab.fits], sync_update)
     lo = bottleneck_lower_bound_s(inp, exact=True)
     # T >= m x (a stage's time) + rest (`stage_time_cap_s`, with this composition's rest)
     top = math.inf if not inp.min_iters_per_s else (1 / inp.min_iters_per_s - rest) / inp.m
-    thetas = np.unique([t for key, t in time_s.items() if fits[key] and lo <= t <= top])
+    thetas = np.unique(stage_s[tab.fits & (lo <= stage_s) & (stage_s <= top)])
     if thetas.size == 0:
         return thetas, thetas, thetas
     price = {}
     for p in inp.pools:
         c = (p.gpu_type, p.tp)
         price[c] = min(price.get(c, math.inf), replica_rate_usd_per_s(p))
-    classes = sorted(price)
-    r = np.array([inp.D * price[c] for c in classes])  # USD/s of D replicas per class
-    keys = [[(c, i, n) for c in classes] for i, n in lay.pairs]
-    times = np.array([[time_s[key] if fits[key] else math.inf for key in row] for row in keys])  # (M, C)
-    extras = np.array([[least_extra[key] for key in row] for row in keys])
+    r = np.array([inp.D * price[c] for c in tab.classes])  # USD/s of D replicas per class
+    times = np.where(tab.fits, stage_s, math.inf).T  # (M, C)
+    extras = least_extra.T
     # (cell, M, C): a class serves a pair in a cell only below its cap; the cells' thetas side by side
     t = np.stack([np.where(extras < cap, times, math.inf) for _, cap in cells])
     theta = np.tile(thetas, len(cells))  # (K x theta,)
@@ -1991,12 +1986,13 @@ def _count_within(t: np.ndarray, thetas: np.ndarray) -> np.ndarray:
 
 
 
-def _extra_cells(inp: JointInputs, least_extra: dict, fits: dict, sync_update: float,
+def _extra_cells(inp: JointInputs, least_extra: np.ndarray, sync_update: float,
                  count: int = 4) -> list[tuple[float, float]]:
     """(floor, cap) cells of a plan's largest least extra E over its stages: [-inf, g_1) with no
     floor beyond `sync_update` (sigma + mu >= it anyway), [g_j, g_j+1), ..., [g_q, inf), the g_j
-    spread over the extras the fitting (class, stage, blocks) triples take above `sync_update`."""
-    values = np.unique([e for key, e in least_extra.items() if fits[key] and sync_update < e < math.inf])
+    spread over the extras `least_extra` of the fitting (class, stage, blocks) triples take above
+    `sync_update`."""
+    values = np.unique(least_extra[(sync_update < least_extra) & (least_extra < math.inf)])
     if inp.m <= 1 or values.size == 0:
         return [(sync_update, math.inf)]
     grid = _spread(values, count)
