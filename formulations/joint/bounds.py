@@ -1615,23 +1615,10 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
 def _minplus_padded_index(N: int) -> np.ndarray:
     """prev[s, n] = s - n where s >= n, else N: one stage's min-plus step as a gather from a table
     whose row N is inf (no mask needed). Cached: callers only read it."""
-    prev, valid = _minplus_index(N)
-    out = np.where(valid, prev, N)
+    s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
+    out = np.where(s_idx >= n_idx, s_idx - n_idx, N)
     out.setflags(write=False)
     return out
-
-
-
-@functools.lru_cache(maxsize=16)
-def _minplus_index(N: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prev[s, n] = s - n where valid, valid[s, n] = s >= n): one stage's min-plus step as a gather.
-    Cached: callers only read it."""
-    s_idx, n_idx = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
-    valid = s_idx >= n_idx
-    prev = np.where(valid, s_idx - n_idx, 0)
-    for a in (prev, valid):
-        a.setflags(write=False)
-    return prev, valid
 
 
 
@@ -1925,11 +1912,8 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     thetas = np.unique(stage_s[tab.fits & (lo <= stage_s) & (stage_s <= top)])
     if thetas.size == 0:
         return thetas, thetas, thetas
-    price = {}
-    for p in inp.pools:
-        c = (p.gpu_type, p.tp)
-        price[c] = min(price.get(c, math.inf), replica_rate_usd_per_s(p))
-    r = np.array([inp.D * price[c] for c in tab.classes])  # USD/s of D replicas per class
+    # USD/s of D replicas per class, at its cheapest pool
+    r = inp.D * _least_per_class(inp, lambda k: replica_rate_usd_per_s(inp.pools[k]))
     times = np.where(tab.fits, stage_s, math.inf).T  # (M, C)
     extras = least_extra.T
     # (cell, M, C): a class serves a pair in a cell only below its cap; the cells' thetas side by side
@@ -1978,7 +1962,7 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
 def _count_within(t: np.ndarray, thetas: np.ndarray) -> np.ndarray:
     """(K, M, theta): how many of the C entries t[k, m, :] are <= each of the ascending thetas,
     without the (K, M, theta, C) comparison: entry c is within from index searchsorted(thetas, c) on."""
-    K, M, C = t.shape
+    K, M = t.shape[:2]
     first = np.searchsorted(thetas, t, side="left")  # (K, M, C); len(thetas) where never
     counts = np.zeros((K, M, thetas.size + 1), dtype=np.int64)
     np.add.at(counts, (np.arange(K)[:, None, None], np.arange(M)[None, :, None], first), 1)
@@ -1990,8 +1974,8 @@ def _extra_cells(inp: JointInputs, least_extra: np.ndarray, sync_update: float,
                  count: int = 4) -> list[tuple[float, float]]:
     """(floor, cap) cells of a plan's largest least extra E over its stages: [-inf, g_1) with no
     floor beyond `sync_update` (sigma + mu >= it anyway), [g_j, g_j+1), ..., [g_q, inf), the g_j
-    spread over the extras `least_extra` of the fitting (class, stage, blocks) triples take above
-    `sync_update`."""
+    spread over the finite values of `least_extra` (the least extras of the fitting (class, stage,
+    blocks) triples) above `sync_update`."""
     values = np.unique(least_extra[(sync_update < least_extra) & (least_extra < math.inf)])
     if inp.m <= 1 or values.size == 0:
         return [(sync_update, math.inf)]
