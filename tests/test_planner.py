@@ -644,10 +644,11 @@ def test_region_split_and_forced_ends_hold_on_every_plan():
 
 
 def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
-    """The min-cost bounds (rate x time, and the coupled rate / stage-time DP) against enumeration,
-    with and without a minimum throughput; the DP must be strictly tighter than rate_LB x T_LB
-    somewhere, or this test would not exercise it."""
-    checked = tighter = 0
+    """The min-cost bounds (rate x time, the coupled rate / stage-time DP per theta and over runs of
+    thetas, with targets below, at and above the optimum) against enumeration, with and without a
+    minimum throughput; the DP must be strictly tighter than rate_LB x T_LB somewhere, and the runs
+    must rule out some target below the optimum, or this test would not exercise them."""
+    checked = tighter = ruled_out = 0
     for make in (tiny, tiny_regions):
         for combo, inp in combos_of(make("min_cost"), "min_cost"):
             fastest = brute_force(inp, "T", "blocks")
@@ -659,11 +660,17 @@ def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
                                     "blocks")
                 dp = joint.cost_lower_bound_dp_usd(cut)
                 assert dp <= truth * (1 + 1e-9), (combo, floor_s)
+                for runs in (1, 2, joint.bounds.THETA_RUNS):
+                    runs_usd = joint.bounds.theta_interval_cost_bound_usd(cut, runs)
+                    assert runs_usd <= truth * (1 + 1e-9), (combo, floor_s, runs)
+                    ruled_out += runs == 1 and runs_usd >= truth * 0.9
+                for target in (truth * 0.9, truth, truth * 1.1):
+                    assert joint.cost_lower_bound_dp_usd(cut, target) <= truth * (1 + 1e-9), (combo, floor_s, target)
                 assert joint.cost_lower_bound_usd(cut, exact=True) <= truth * (1 + 1e-9), (combo, floor_s)
                 simple = joint.time_lower_bound_tight_s(cut, True) * joint.rate_lower_bound_usd_per_s(cut)
                 tighter += dp > simple * (1 + 1e-6)
                 checked += 1
-    assert checked >= 12 and tighter >= 3, (checked, tighter)
+    assert checked >= 12 and tighter >= 3 and ruled_out >= 3, (checked, tighter, ruled_out)
 
 
 def test_count_within_equals_counting_every_entry_against_every_theta():

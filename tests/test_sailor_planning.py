@@ -97,7 +97,8 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
         findings += [f"P{P} b{b} D{D}: {name} bound {v:.9g} > simulated T {T:.9g}"
                      for name, v in bounds.items() if not below(v, T)]
         c_lb = joint.cost_lower_bound_usd(inp, True, bounds["strong"])
-        if not below(c_lb, cost) or not below(joint.cost_lower_bound_dp_usd(inp), cost):
+        runs_usd = joint.bounds.theta_interval_cost_bound_usd(inp)  # over runs of thetas (`THETA_RUNS`)
+        if not below(c_lb, cost) or not below(joint.cost_lower_bound_dp_usd(inp), cost) or not below(runs_usd, cost):
             findings.append(f"P{P} b{b} D{D}: cost bound above the simulated {cost:.9g}")
     assert not findings, "\n".join(findings[:10])
     assert len(depths) >= 3 and max(depths) >= 4 and shifted > 0  # both forms of the transfer floor

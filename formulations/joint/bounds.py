@@ -1825,20 +1825,22 @@ def stage_time_cap_s(inp: JointInputs, t_max_s: float) -> float:
 
 
 
-def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float | None = None) -> float:
+def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float | None = None,
+                         target_usd: float | None = None) -> float:
     """cost >= rate x T >= the larger of rate_LB x T_LB and the cheapest work: with 1F1B, T >= m tau_i
     ((m - 1) theta + sum tau >= m tau_i) and tau_i >= the stage's step time on each of its replicas,
     so rate x T >= sum_i sum_{r in i} price_r t_r m step_r(i) / 3600
-    >= m D sum_l min_k price_k t_k step[k,l] / 3600. `time_lb_s`: a time bound the caller already has."""
+    >= m D sum_l min_k price_k t_k step[k,l] / 3600. `time_lb_s`: a time bound the caller already has.
+    `target_usd` (exact only): a cost to rule out (`cost_lower_bound_dp_usd`)."""
     work = inp.m * inp.D * sum(min(replica_rate_usd_per_s(p) * inp.step_s[k][l] for k, p in enumerate(inp.pools))
                                for l in range(inp.U))
     t_lb = time_lower_bound_tight_s(inp, exact) if time_lb_s is None else time_lb_s
     out = max(iteration_cost_usd(rate_lower_bound_usd_per_s(inp), t_lb, 0.0), work)
-    return max(out, cost_lower_bound_dp_usd(inp)) if exact else out
+    return max(out, cost_lower_bound_dp_usd(inp, target_usd)) if exact else out
 
 
 
-def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
+def cost_lower_bound_dp_usd(inp: JointInputs, target_usd: float | None = None) -> float:
     """cost >= rate x T. Let theta be the plan's slowest stage time (one of the class stage times
     of `_class_figures`); then T >= A + S with A = (m - 1) theta + `_rest_lower_bound_s` and
     S = sum tau, and every stage runs within theta. Per theta, dynamic programs over stages (blocks
@@ -1857,11 +1859,53 @@ def cost_lower_bound_dp_usd(inp: JointInputs) -> float:
     P2 b2 D64, min cost under 0.2 it/s: 0.4388 -> 0.4637 USD, above the 0.4480 optimum of P1, where
     the MILP had found no plan in 34 s). Blocks form only. In Sailor's composition a stage's time is
     its compute plus the least its own sends take (`_sailor_stage_times_s`: theta >= tau_i + p_i,
-    T = sum (tau_i + p_i) + (m - 1) theta + sigma + mu, so A holds no boundary term)."""
+    T = sum (tau_i + p_i) + (m - 1) theta + sigma + mu, so A holds no boundary term).
+    With `target_usd` (a cost to rule out) the same bound over runs of thetas comes first
+    (`theta_interval_cost_bound_usd`); when it reaches the target it is the answer, a valid bound
+    at or above the target, and the per-theta DPs are not run."""
     if not blocks_identical(inp):
         return cost_lower_bound_usd(inp)
+    if target_usd is not None:
+        coarse = theta_interval_cost_bound_usd(inp)
+        if coarse >= target_usd:
+            return coarse
     _, cost_usd, _ = _per_theta_bounds(inp)
     return float(np.min(cost_usd)) if cost_usd.size else math.inf
+
+
+
+# runs of thetas per cell in `theta_interval_cost_bound_usd` (measured: the 244 strong cost bounds
+# with a target of Sailor's d_fig11 min-cost search, each on inputs with empty caches, best of 3:
+# the medium bounds alone take 0.81 s; with 2 runs they rule out 172 of the 244 in 1.99 s, with 4
+# 230 in 1.76 s, with 8 240 in 1.87 s, with 16 241 in 2.17 s; with the per-theta DPs 243 in 6.20 s)
+THETA_RUNS = 8
+
+
+
+def theta_interval_cost_bound_usd(inp: JointInputs, runs: int = THETA_RUNS) -> float:
+    """`cost_lower_bound_dp_usd` over runs of thetas instead of each theta: a cell's candidate
+    thetas (`_ThetaCells`) at or above the Hall bottleneck bound are cut into `runs` runs of
+    consecutive values, [lo, hi] each. A plan of the cell whose slowest stage time theta lies in a
+    run has every stage within hi, so its rate is at least R0(hi) and its S at least S0(hi), the DPs
+    over the classes within hi (a superset of those within theta), and its A at least A(lo); both
+    bounds of `cost_lower_bound_dp_usd` hold with these values in place of the per-theta ones
+    (the inequality (rate - R0)(S - S0) >= 0 needs only R0 <= rate and S0 <= S). So the least over
+    the runs bounds every plan, with `runs` DP columns per cell where the per-theta bound has one
+    per theta. S0 is also >= lo and F (`_fastest_work_s`; the quota-aware sum-tau bound costs more
+    than these runs do). Blocks form only."""
+    cells = _theta_cells(inp)
+    lo_s = bottleneck_lower_bound_s(inp, exact=False)
+    cell_of, lo, hi = [], [], []
+    for k, own in enumerate(cells.thetas(lo_s)):
+        edges = np.linspace(0, own.size, min(runs, own.size) + 1).round().astype(int)
+        cell_of += [k] * (edges.size - 1)
+        lo.append(own[edges[:-1]])
+        hi.append(own[edges[1:] - 1])
+    if not cell_of:
+        return math.inf
+    cost_usd, _ = _column_bounds(inp, cells, np.array(cell_of), np.concatenate(lo), np.concatenate(hi),
+                                 _fastest_work_s(inp))
+    return float(np.min(cost_usd))
 
 
 
@@ -1889,73 +1933,103 @@ def _per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(theta, cost bound, time bound A + S0) per cell of the plans' largest all-reduce + update
-    (`_extra_cells`) and candidate slowest stage time theta. A plan whose stages' least extras
-    (`_ClassTables`: the least of in one zone and spanning) all lie below a cell's cap and reach its
-    floor uses only classes below the cap on every stage and has sigma + mu >= the floor; the
-    cells cover every plan, so the least over (cell, theta) bounds every plan (measured: Sailor's
-    A100 x 128, OPT-350M under 0.3 USD, P3 b2 D32: a plan that cheap has TP 1 on every stage,
-    whose all-reduce is slow; the budget bound went from 2.68 s to none). Per cell and theta,
-    dynamic programs over stages give R0, the least rate of stages of D replicas of allowed
-    classes within theta, S0 their least sum of stage times, and the coupled bound
-    (`cost_lower_bound_dp_usd`); all cells and thetas in one array, so each DP runs once."""
+    (`_ThetaCells`) and candidate slowest stage time theta of the cell at or above
+    `bottleneck_lower_bound_s(exact=True)`: each a DP column of `_column_bounds` with lo = hi =
+    theta; all cells and thetas in one array, so each DP runs once."""
+    cells = _theta_cells(inp)
+    own = cells.thetas(bottleneck_lower_bound_s(inp, exact=True))
+    theta = np.concatenate(own) if own else np.empty(0)
+    cell_of = np.repeat(np.arange(len(own)), [x.size for x in own])
+    cost_usd, bound_s = _column_bounds(inp, cells, cell_of, theta, theta, sum_tau_lower_bound_s(inp))
+    return theta, cost_usd, bound_s
+
+
+
+@dataclass(frozen=True)
+class _ThetaCells:
+    """The per-inputs part of the per-theta cost bound. Cells of the plans' largest all-reduce +
+    update E (`_extra_cells`): a plan whose stages' least extras (`_ClassTables`: the least of in
+    one zone and spanning) all lie below a cell's cap and reach its floor uses only classes below
+    the cap on every stage and has sigma + mu >= the floor; the cells cover every plan, so the
+    least over cells bounds every plan (measured: Sailor's A100 x 128, OPT-350M under 0.3 USD, P3 b2
+    D32: a plan that cheap has TP 1 on every stage, whose all-reduce is slow; the budget bound went
+    from 2.68 s to none). `t` (K, M, C): the stage time of each class a cell allows on each pair
+    (inf where it does not fit or its extra reaches the cap); `rate` (C,): USD/s of D replicas of
+    the class at its cheapest pool; `cheapest` (K, M, C): the least rate among the classes the cell
+    allows on the pair that are no slower; `rest` (K,): the rest of T with the cell's floor;
+    `cap` (K,): the slowest stage time under a throughput floor (`stage_time_cap_s`), inf without."""
+    t: np.ndarray
+    rate: np.ndarray
+    cheapest: np.ndarray
+    rest: np.ndarray
+    cap: np.ndarray
+
+    def rates_within(self, thetas: np.ndarray) -> np.ndarray:
+        """(K, M, theta): the least rate of the classes a cell allows on a pair within each of the
+        ascending thetas (inf: none), without the (K, M, theta, C) comparison: sorted by stage
+        time, the classes within theta are the first `_count_within` ones."""
+        order = np.argsort(self.t, axis=2, kind="stable")
+        rates = np.take_along_axis(np.broadcast_to(self.rate, self.t.shape), order, axis=2)
+        upto = np.minimum.accumulate(rates, axis=2)  # upto[..., j]: the least rate of the j + 1 fastest
+        within = _count_within(self.t, thetas)
+        return np.where(within > 0, np.take_along_axis(upto, np.maximum(within - 1, 0), axis=2), math.inf)
+
+    def thetas(self, lo_s: float) -> list[np.ndarray]:
+        """Per cell its candidate thetas: its own classes' stage times within [lo_s, its cap] (another
+        cell's may lie where none of its plans has its slowest stage)."""
+        return [own[(lo_s <= own) & (own <= cap)] for own, cap in
+                ((np.unique(tk[np.isfinite(tk)]), cap) for tk, cap in zip(self.t, self.cap))]
+
+
+def _theta_cells(inp: JointInputs) -> _ThetaCells:
+    return _cached_for(inp, "theta_cells", _make_theta_cells)
+
+
+
+def _make_theta_cells(inp: JointInputs) -> _ThetaCells:
     sync_update = _sync_update_lower_bound_s(inp)
     rest = _rest_lower_bound_s(inp)
-    tab, lay = _class_tables(inp), _pair_layout(inp)  # (C, M) arrays, classes sorted as `time_classes`
+    tab = _class_tables(inp)  # (C, M) arrays, classes sorted as `time_classes`
     stage_s = tab.time_s
     if inp.sailor and inp.P > 1:  # a stage's sends join its time; sum p takes the boundaries' place
         stage_s, rest = _sailor_stage_times_s(inp), sync_update
     least_extra = np.minimum(tab.extra_in_s, tab.extra_span_s)
     cells = _extra_cells(inp, least_extra[tab.fits], sync_update)
-    lo = bottleneck_lower_bound_s(inp, exact=True)
-    # T >= m x (a stage's time) + rest (`stage_time_cap_s`, with this composition's rest)
-    top = math.inf if not inp.min_iters_per_s else (1 / inp.min_iters_per_s - rest) / inp.m
-    thetas = np.unique(stage_s[tab.fits & (lo <= stage_s) & (stage_s <= top)])
-    if thetas.size == 0:
-        return thetas, thetas, thetas
-    # USD/s of D replicas per class, at its cheapest pool
-    r = inp.D * _least_per_class(inp, lambda k: replica_rate_usd_per_s(inp.pools[k]))
-    times = np.where(tab.fits, stage_s, math.inf).T  # (M, C)
-    extras = least_extra.T
-    # (cell, M, C): a class serves a pair in a cell only below its cap; the cells' thetas side by side
+    rate = inp.D * _least_per_class(inp, lambda k: replica_rate_usd_per_s(inp.pools[k]))
+    times, extras = np.where(tab.fits, stage_s, math.inf).T, least_extra.T  # (M, C)
     t = np.stack([np.where(extras < cap, times, math.inf) for _, cap in cells])
-    theta = np.tile(thetas, len(cells))  # (K x theta,)
-    rests = np.repeat([rest + max(0.0, floor - sync_update) for floor, _ in cells], thetas.size)
     # per pair and class: the cheapest replica among classes no slower (within theta, as it is)
-    cheapest = np.where(t[:, :, None, :] <= t[:, :, :, None], r, math.inf).min(axis=3)  # (K, M, C)
-    # per (cell, pair, theta): the least stage time and the least rate of the classes within theta
-    # (the least rate over the classes no slower than one within theta is their least rate)
-    least_t = t.min(axis=2)[:, :, None]
-    stage_time = np.where(least_t <= thetas, least_t, math.inf)
-    order = np.argsort(t, axis=2, kind="stable")
-    rate_upto = np.minimum.accumulate(np.take_along_axis(np.broadcast_to(r, t.shape), order, axis=2), axis=2)
-    within = _count_within(t, thetas)  # how many classes run within theta: the first ones in `order`
-    stage_rate = np.where(within > 0, np.take_along_axis(rate_upto, np.maximum(within - 1, 0), axis=2), math.inf)
-    # a cell's thetas are its own classes' stage times (another cell's may lie where none of its
-    # plans has its slowest stage, e.g. below `lo` for all it allows there)
-    # and T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`);
-    # the DPs run on those columns only (with `_count_within` and `_pairs_dp` along rows, measured
-    # on every choice of Sailor's two min-cost scenarios, 1,512 inputs: the same arrays as before,
-    # 36.8 -> 20.1 s)
-    own = np.concatenate([np.isin(thetas, t[k][np.isfinite(t[k])]) for k in range(len(cells))])
-    if inp.min_iters_per_s:
-        own &= theta <= (1 / inp.min_iters_per_s - rests) / inp.m
-    cols = np.flatnonzero(own)
-    cell_of, th = cols // thetas.size, theta[cols]
-    pairs = lambda x: x.transpose(1, 0, 2).reshape(len(lay.pairs), theta.size)[:, cols]  # noqa: E731  (K, M, theta) -> (M, own)
-    r0 = _pairs_dp(inp, pairs(stage_rate))
-    s0 = np.maximum(_pairs_dp(inp, pairs(stage_time)), np.maximum(th, sum_tau_lower_bound_s(inp)))
-    a = iteration_time_s(inp.m, 0.0, 0.0, th, rests[cols])
+    cheapest = np.where(t[:, :, None, :] <= t[:, :, :, None], rate, math.inf).min(axis=3)
+    rests = np.array([rest + max(0.0, floor - sync_update) for floor, _ in cells])
+    # T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`)
+    cap = (1 / inp.min_iters_per_s - rests) / inp.m if inp.min_iters_per_s else np.full(len(cells), math.inf)
+    return _ThetaCells(t, rate, cheapest, rests, cap)
+
+
+
+def _column_bounds(inp: JointInputs, cells: _ThetaCells, cell_of: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray,
+                   sum_tau_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(cost bound, time bound A + S0) of the plans of cell cell_of[j] whose slowest stage time lies
+    in [lo_s[j], hi_s[j]], per column j (`cost_lower_bound_dp_usd`, `theta_interval_cost_bound_usd`):
+    dynamic programs over stages give R0 and S0 over the classes within hi, A is taken at lo;
+    `sum_tau_s` is a lower bound on S. inf where no stages hold the blocks so."""
+    # per column and pair: the least stage time and the least rate of the classes within hi
+    least_t = cells.t.min(axis=2)[cell_of]
+    stage_time = np.where(least_t <= hi_s[:, None], least_t, math.inf)
+    his, at = np.unique(hi_s, return_inverse=True)
+    stage_rate = cells.rates_within(his)[cell_of, :, at]
+    r0 = _pairs_dp(inp, stage_rate.T)
+    s0 = np.maximum(_pairs_dp(inp, stage_time.T), np.maximum(lo_s, sum_tau_s))
+    a = iteration_time_s(inp.m, 0.0, 0.0, lo_s, cells.rest[cell_of])
     simple = r0 * (a + s0)
-    t_own = t[cell_of]  # (own, M, C): each own column's cell
-    with np.errstate(invalid="ignore"):  # inf - inf where theta admits no plan: those stay inf below
-        joint_w = np.where(t_own <= th[:, None, None], r0[:, None, None] * t_own
-                           + (a + s0)[:, None, None] * cheapest[cell_of], math.inf)
+    t = cells.t[cell_of]  # (J, M, C)
+    with np.errstate(invalid="ignore"):  # inf - inf where no plan lies in the column: those stay inf below
+        joint_w = np.where(t <= hi_s[:, None, None], r0[:, None, None] * t + (a + s0)[:, None, None] * cells.cheapest[cell_of],
+                           math.inf)
         coupled = _pairs_dp(inp, joint_w.min(axis=2).T) - r0 * s0
     keep = np.isfinite(simple)
-    cost_usd, bound_s = np.full(theta.size, np.inf), np.full(theta.size, np.inf)
-    cost_usd[cols] = np.where(keep, np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
-    bound_s[cols] = np.where(keep, a + s0, np.inf)
-    return theta, cost_usd, bound_s
+    cost_usd = np.where(keep, np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
+    return cost_usd, np.where(keep, a + s0, np.inf)
 
 
 

@@ -69,7 +69,7 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
         return float("inf")
-    cost = joint.cost_lower_bound_usd(inp, exact, t_lb)
+    cost = joint.cost_lower_bound_usd(inp, exact, t_lb, target)  # with a target, runs of thetas first
     if not exact or (target is not None and cost >= target):
         return cost
     t_lb = joint.time_lower_bound_tight_s(inp, True, floor_s)
