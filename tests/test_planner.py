@@ -686,6 +686,53 @@ def test_count_within_equals_counting_every_entry_against_every_theta():
             assert np.array_equal(_count_within(t, thetas), want), (shape, thetas)
 
 
+@pytest.mark.parametrize("source", ["geo_2region_egress", "sailor_two_zones"])
+def test_sync_tables_shared_across_depths_equal_the_tables_of_each_choice_alone(source: str) -> None:
+    """`with_sync_table` computes the all-reduce floors of one (D, pools) once for every depth P
+    (`_sync_entries`); asked for every outer choice in a shuffled order, each choice's three tables
+    equal, entry for entry and in order, those a fresh `_Tables` builds for that choice alone, and
+    hold only that depth's (position, blocks). Sailor's two zones of A100 and V100 also raise
+    entries where D replicas outnumber the region's (zone, GPU type) groups (`_pigeonhole`):
+    Sailor's A100s, 8 GPUs in each of two zones (16 of its 120 choices get raised entries)."""
+    import random
+
+    from hetplan.bundled import bundled_instance_path
+    from hetplan.instance import load_instance
+
+    if source == "geo_2region_egress":
+        inst = load_instance(bundled_instance_path(source))
+    else:
+        from test_sailor_planning import sailor_instance
+        inst = sailor_instance("two_zones", types=("A100-40",), gpus=8)
+    opts = PlannerOptions()
+    est = build_estimators(inst)
+    quotas, shared = _quotas(inst, opts), _Tables(inst, est)
+    combos = enumerate_combos(inst, quotas, opts)
+    random.Random(3).shuffle(combos)
+    checked, depths, repeats = 0, set(), 0
+    for combo in combos:
+        inp = joint_inputs(inst, shared, quotas, combo, "max_throughput", None, None, opts.tp_choices)
+        if inp is None:
+            continue
+        got = with_sync_table(inp, shared)
+        alone_tables = _Tables(inst, est)
+        alone = with_sync_table(joint_inputs(inst, alone_tables, quotas, combo, "max_throughput", None, None,
+                                             opts.tp_choices), alone_tables)
+        own = {(k, joint.position(inp, i), n) for k in range(inp.K) for i in range(inp.P)
+               for n in joint.block_counts(inp, i)}
+        for mine, want in ((got.sync_table, alone.sync_table), (got.span_sync_table, alone.span_sync_table),
+                           (got.repeat_sync_table, alone.repeat_sync_table)):
+            assert (mine is None) == (want is None), combo
+            if want is not None:
+                assert list(mine.items()) == list(want.items()), combo
+                assert set(mine) == own, combo
+        repeats += got.repeat_sync_table is not None
+        depths.add(combo.P)
+        checked += 1
+    assert checked >= 100 and len(depths) >= 4 and len(shared.sync_entries) < len(shared.sync_tables)
+    assert repeats > 0 or source == "geo_2region_egress"
+
+
 def _geo_queue():
     """(instance, estimators, tables, the search's queue items) of the bundled geo_2region_egress
     for max throughput, every outer choice with its cheap bound."""
