@@ -26,6 +26,7 @@ profiles, format sailor), its llm_info.json and its zone bandwidth table (option
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -193,9 +194,16 @@ def bucketed_allreduce_s(nbytes: float, members: int, fit: BandwidthFit,
     if members <= 1 or nbytes <= 0:
         return 0.0
     full, rest = divmod(nbytes, bucket_bytes)
-    per_bucket = 2 * (members - 1) * sailor_time_s(bucket_bytes / members, fit)
+    per_bucket = _full_bucket_s(members, fit, bucket_bytes)
     last = 2 * (members - 1) * sailor_time_s(rest / members, fit) if rest > 0 else 0.0
     return full * per_bucket + last
+
+
+@functools.lru_cache(maxsize=4096)
+def _full_bucket_s(members: int, fit: BandwidthFit, bucket_bytes: float) -> float:
+    """One full bucket's all-reduce: the same for every size (the planner's all-reduce floors ask
+    ~10^5 sizes of a few fits and member counts)."""
+    return 2 * (members - 1) * sailor_time_s(bucket_bytes / members, fit)
 
 
 class SailorComm:
