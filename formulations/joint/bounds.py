@@ -2024,8 +2024,8 @@ def _column_bounds(inp: JointInputs, cells: _ThetaCells, cell_of: np.ndarray, lo
     simple = r0 * (a + s0)
     t = cells.t[cell_of]  # (J, M, C)
     with np.errstate(invalid="ignore"):  # inf - inf where no plan lies in the column: those stay inf below
-        joint_w = np.where(t <= hi_s[:, None, None], r0[:, None, None] * t + (a + s0)[:, None, None] * cells.cheapest[cell_of],
-                           math.inf)
+        weight = r0[:, None, None] * t + (a + s0)[:, None, None] * cells.cheapest[cell_of]
+        joint_w = np.where(t <= hi_s[:, None, None], weight, math.inf)
         coupled = _pairs_dp(inp, joint_w.min(axis=2).T) - r0 * s0
     keep = np.isfinite(simple)
     cost_usd = np.where(keep, np.maximum(simple, np.nan_to_num(coupled, nan=-np.inf)), np.inf)
