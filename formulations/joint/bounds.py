@@ -1865,8 +1865,8 @@ def cost_lower_bound_dp_usd(inp: JointInputs, target_usd: float | None = None) -
     at or above the target, and the per-theta DPs are not run."""
     if not blocks_identical(inp):
         return cost_lower_bound_usd(inp)
-    if target_usd is not None:
-        coarse = theta_interval_cost_bound_usd(inp)
+    if target_usd is not None:  # (a choice's strong cost bound is asked again at its later steps)
+        coarse = _cached_for(inp, "theta_runs", theta_interval_cost_bound_usd)
         if coarse >= target_usd:
             return coarse
     _, cost_usd, _ = _per_theta_bounds(inp)
@@ -1938,7 +1938,7 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     theta; all cells and thetas in one array, so each DP runs once."""
     cells = _theta_cells(inp)
     own = cells.thetas(bottleneck_lower_bound_s(inp, exact=True))
-    theta = np.concatenate(own) if own else np.empty(0)
+    theta = np.concatenate(own)  # (one entry per cell: `_extra_cells` gives one at least)
     cell_of = np.repeat(np.arange(len(own)), [x.size for x in own])
     cost_usd, bound_s = _column_bounds(inp, cells, cell_of, theta, theta, sum_tau_lower_bound_s(inp))
     return theta, cost_usd, bound_s
@@ -1956,11 +1956,13 @@ class _ThetaCells:
     from 2.68 s to none). `t` (K, M, C): the stage time of each class a cell allows on each pair
     (inf where it does not fit or its extra reaches the cap); `rate` (C,): USD/s of D replicas of
     the class at its cheapest pool; `cheapest` (K, M, C): the least rate among the classes the cell
-    allows on the pair that are no slower; `rest` (K,): the rest of T with the cell's floor;
+    allows on the pair that are no slower; `rate_upto` (K, M, C): the least rate of the j + 1
+    fastest classes a cell allows on the pair; `rest` (K,): the rest of T with the cell's floor;
     `cap` (K,): the slowest stage time under a throughput floor (`stage_time_cap_s`), inf without."""
     t: np.ndarray
     rate: np.ndarray
     cheapest: np.ndarray
+    rate_upto: np.ndarray
     rest: np.ndarray
     cap: np.ndarray
 
@@ -1968,11 +1970,8 @@ class _ThetaCells:
         """(K, M, theta): the least rate of the classes a cell allows on a pair within each of the
         ascending thetas (inf: none), without the (K, M, theta, C) comparison: sorted by stage
         time, the classes within theta are the first `_count_within` ones."""
-        order = np.argsort(self.t, axis=2, kind="stable")
-        rates = np.take_along_axis(np.broadcast_to(self.rate, self.t.shape), order, axis=2)
-        upto = np.minimum.accumulate(rates, axis=2)  # upto[..., j]: the least rate of the j + 1 fastest
         within = _count_within(self.t, thetas)
-        return np.where(within > 0, np.take_along_axis(upto, np.maximum(within - 1, 0), axis=2), math.inf)
+        return np.where(within > 0, np.take_along_axis(self.rate_upto, np.maximum(within - 1, 0), axis=2), math.inf)
 
     def thetas(self, lo_s: float) -> list[np.ndarray]:
         """Per cell its candidate thetas: its own classes' stage times within [lo_s, its cap] (another
@@ -2000,10 +1999,12 @@ def _make_theta_cells(inp: JointInputs) -> _ThetaCells:
     t = np.stack([np.where(extras < cap, times, math.inf) for _, cap in cells])
     # per pair and class: the cheapest replica among classes no slower (within theta, as it is)
     cheapest = np.where(t[:, :, None, :] <= t[:, :, :, None], rate, math.inf).min(axis=3)
+    order = np.argsort(t, axis=2, kind="stable")
+    rate_upto = np.minimum.accumulate(np.take_along_axis(np.broadcast_to(rate, t.shape), order, axis=2), axis=2)
     rests = np.array([rest + max(0.0, floor - sync_update) for floor, _ in cells])
     # T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`)
     cap = (1 / inp.min_iters_per_s - rests) / inp.m if inp.min_iters_per_s else np.full(len(cells), math.inf)
-    return _ThetaCells(t, rate, cheapest, rests, cap)
+    return _ThetaCells(t, rate, cheapest, rate_upto, rests, cap)
 
 
 

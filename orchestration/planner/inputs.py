@@ -398,8 +398,9 @@ def _sync_entries(tables: _Tables, inp: joint.JointInputs, nbytes: dict) -> tupl
     on P (measured: Sailor's d_fig11 min-cost search asks for 149 (D, pools, P) and 16 (D, pools).
     The tables of every outer choice, best of 3, once per depth -> once per (D, pools): d_fig11 1.19 ->
     0.63 s, c_opt350_a100_5zones_32each 0.88 -> 0.44 s, large_5type_2k 3.24 -> 1.03 s)."""
-    store = tables.sync_entries.setdefault((inp.D, inp.pools), [{}, {}, {}, set()])
-    missing = [pn for pn in nbytes if pn not in store[3]]
+    store = tables.sync_entries.setdefault((inp.D, inp.pools), ({}, {}, {}))
+    # a (position, blocks) computed has an entry for every pool in the one-zone table
+    missing = [pn for pn in nbytes if (0, *pn) not in store[0]]
     if missing:
         sizes, factor = [nbytes[pn] for pn in missing], tables.sync_factor
         table, span, repeat = {}, {}, {}
@@ -417,7 +418,6 @@ def _sync_entries(tables: _Tables, inp: joint.JointInputs, nbytes: dict) -> tupl
         # only once complete: a deadline may stop the loop
         for whole, part in zip(store, (table, span, repeat)):
             whole.update(part)
-        store[3].update(missing)
     return store[0], store[1] or None, store[2] or None
 
 
