@@ -691,9 +691,9 @@ def test_sync_tables_shared_across_depths_equal_the_tables_of_each_choice_alone(
     """`with_sync_table` computes the all-reduce floors of one (D, pools) once for every depth P
     (`_sync_entries`); asked for every outer choice in a shuffled order, each choice's three tables
     equal, entry for entry and in order, those a fresh `_Tables` builds for that choice alone, and
-    hold only that depth's (position, blocks). Sailor's two zones of A100 and V100 also raise
-    entries where D replicas outnumber the region's (zone, GPU type) groups (`_pigeonhole`):
-    Sailor's A100s, 8 GPUs in each of two zones (16 of its 120 choices get raised entries)."""
+    hold only that depth's (position, blocks). On Sailor's A100s, 8 GPUs in each of two zones, the
+    tables also carry entries raised where D replicas outnumber the region's (zone, GPU type)
+    groups (`_pigeonhole`: 16 of its 120 choices)."""
     import random
 
     from hetplan.bundled import bundled_instance_path
