@@ -48,6 +48,14 @@ def tiny_regions(objective="max_throughput"):
                                            _node_group("v", "V100-16", "r2-a", 1.0)], objective)
 
 
+def tiny_one_type_regions(objective="max_throughput"):
+    """A100s in all three zones, two nodes in each zone of r1, one in r2: the type-count tests see
+    ten GPUs of one type where the stages in region r2 can use two."""
+    return _tiny_instance("tiny-one-type-regions", [_node_group("a1", "A100-40", "r1-a", 3.0, 2),
+                                                    _node_group("a2", "A100-40", "r1-b", 3.0, 2),
+                                                    _node_group("w", "A100-40", "r2-a", 3.0)], objective)
+
+
 def all_plans(inp: joint.JointInputs, layers: str = "staircase"):
     """Every contiguous split x every multiset of D pools per stage within the quotas, memory, one
     region per stage and the budget: (solution, the model's figures `joint.evaluate`).
@@ -1047,6 +1055,42 @@ def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
             checked += 1
         lifted += bounds.sailor_region_split_bound_s(inp) > bounds.sailor_send_aware_time_bound_s(inp) * 1.2
     assert checked >= 40 and lifted >= 4, (checked, lifted)
+
+
+def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
+    """`bounds._regions_fit` (the crossing bound's test of the regions' GPUs) against every plan of
+    tiny_regions that uses both regions: it must fit at the plan's own bottleneck (Sailor's theta,
+    with its sends) and its largest all-reduce + update table value, in the plan's case (ends in
+    different regions or not); likewise on tiny_one_type_regions. On each, it must reject some
+    stage times that the type-count test with the crossing times accepts: on tiny_regions a stage
+    in r2 is a V100 stage, on tiny_one_type_regions it has two of the ten A100s."""
+    from hetplan.formulations.joint import bounds
+
+    checked, pruned = 0, {}
+    for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
+        name = inp.pools[-1].gpu_type  # r2's type: V100 in tiny_regions, A100 in tiny_one_type_regions
+        tab = bounds._class_tables(inp)
+        extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
+        for sol, ev in all_plans(inp, "blocks"):
+            regions = [next(iter(r)) for r in ev["regions"]]
+            if len(set(regions)) < 2:
+                continue
+            s = 0.0
+            for i, (a, b) in enumerate(sol.ranges):
+                n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
+                table = extra_span if ev["span"][i] else extra_in
+                s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
+            apart = regions[0] != regions[-1]
+            assert bounds._regions_fit(dataclasses.replace(inp), ev["theta"] * (1 + 1e-12), s, apart), (combo, sol)
+            checked += 1
+        cases = {True: [(j,) for j in range(inp.P - 1)], False: list(itertools.combinations(range(inp.P - 1), 2))}
+        per_set = {apart: [bounds._sailor_crossing_times_s(inp, c) for c in sets] for apart, sets in cases.items()}
+        for apart, times in per_set.items():
+            typed = bounds._times_fit(inp, *times)
+            for theta in sorted({t for ts in times for t in ts[np.isfinite(ts)].tolist()}):
+                if typed(theta, math.inf) and not bounds._regions_fit(inp, theta, math.inf, apart):
+                    pruned[name] = pruned.get(name, 0) + 1
+    assert checked >= 50 and min(pruned.get(g, 0) for g in ("V100-16", "A100-40")) >= 5, (checked, pruned)
 
 
 def test_split_cells_bound_every_plan_and_beat_the_fixed_grid_near_the_target():

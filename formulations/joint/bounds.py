@@ -499,10 +499,11 @@ def _stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, times_s
 
 
 def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_cap_s: float = math.inf,
-                      times_s: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+                      times_s: np.ndarray | None = None, all_stages: bool = False) -> dict[str, np.ndarray] | None:
     """g -> (M,) fewest GPUs per replica of type g at every (stage i, n blocks) pair of
     `_pair_layout` within theta_s and with its all-reduce + update within extra_cap_s (inf when
-    none); None when some stage has no feasible block count at all. Under a cap, a class may serve a
+    none); None when some stage has no feasible block count at all (with `all_stages`, the arrays
+    whatever they hold). Under a cap, a class may serve a
     stage by its in-zone value (`_ClassTables.extra_in_s`) only if some zone has GPUs for D replicas of such
     classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
     value (`_ClassTables.extra_span_s`)."""
@@ -522,7 +523,7 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
         most = (per_zone[:, :, None] // least(in_zone)[None]).sum(axis=1).max(axis=0, initial=0.0)
         ok = (in_zone & (most >= inp.D)[None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
     need = least(ok)
-    if not np.all(np.bincount(lay.stage[np.isfinite(need).any(axis=0)], minlength=inp.P) > 0):
+    if not all_stages and not np.all(np.bincount(lay.stage[np.isfinite(need).any(axis=0)], minlength=inp.P) > 0):
         return None
     return dict(zip(types, need))
 
@@ -1213,10 +1214,118 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
         if not cands:
             continue
         transfers = (inp.P - 1 - n) * _c_node_s(inp) + 2 * n * x + ends
-        out = min(out, _split_cells_bound_s(inp, _times_fit(inp, *per_set), cands, sum_tau, transfers, sync_update,
+        fits = _crossing_fit(inp, _times_fit(inp, *per_set), ends_apart=n == 1)
+        out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
                                             target_s if target_s is None else min(target_s, out), rest_floor,
                                             lift=True))
     return out
+
+
+
+def _crossing_fit(inp: JointInputs, fits, ends_apart: bool):
+    """`fits(theta, cap, rate)` and, with two regions, `_regions_fit`: both hold for every plan of
+    the case (a stage's times with its crossing sends in `fits`, the regions' GPUs in the other)."""
+    if len(inp.regions) != 2:
+        return fits
+    return lambda t, cap, rate=math.inf: fits(t, cap, rate) and _regions_fit(inp, t, cap, ends_apart)
+
+
+
+def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
+    """Whether the blocks fit P stages of D replicas over two regions with a boundary between them
+    (ends in different regions, or in one region with two crossings or more), every stage within
+    theta_s with its sends: a stage sits in one region (H5), next to a crossing its sends over it
+    take at least x_c (`_sailor_crossing_sends_s`), elsewhere its class's floor, and the stages of
+    a region share its GPUs. A dynamic program over stages whose state is (blocks placed, units of
+    D GPUs used in region 0, the regions of this stage and the next, crossings so far odd, any),
+    its value the fewest units used in region 1; a replica of stage i with n blocks in region r
+    takes the fewest GPUs of any type of r that serves (i, n) within theta_s and extra_cap_s
+    (`_gpus_per_replica`, types merged within a region: a relaxation). `stages_fit_dp` counts
+    GPUs per type with the regions merged, so it lets a small region's stages take GPUs of the
+    large one (measured: Sailor's GPT-Neo on 4 x 32 A100 in us-central1 + 32 in us-west1, P5 b2
+    D16, whose stages in us-west1 share 32 GPUs: the least slowest stage of the plans with their
+    ends in different regions from 0.1663 to 0.1767 s, `sailor_crossing_time_bound_s` against the
+    target 12.992 s from 12.550 to 12.982 s; P6 b1 D16 and P4 b1 D32 reach the target). Monotone
+    in theta_s like `stages_fit_dp`: the answers are kept per cap the same way."""
+    known = _per_inputs_cache(inp, "regions_fit").setdefault((extra_cap_s, ends_apart), [math.inf, -math.inf])
+    if theta_s >= known[0] or theta_s <= known[1]:
+        return theta_s >= known[0]
+    fits = _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart)
+    known[0 if fits else 1] = theta_s
+    return fits
+
+
+
+def _crossing_variants_s(inp: JointInputs) -> dict[tuple[bool, bool], np.ndarray]:
+    """(crossing before the stage, crossing after it) -> (C, M) stage times with sends, every
+    stage's incoming / outgoing boundary between regions or not (`_with_crossing_sends`)."""
+    def make(inp: JointInputs) -> dict:
+        a_times, g_times = _send_counts(inp)
+        return {(before, after): _with_crossing_sends(inp, a_times * after + g_times * before)
+                for before, after in itertools.product((False, True), repeat=2)}
+    return _cached_for(inp, "crossing_variants", make)
+
+
+
+def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
+    """`_regions_fit` at one theta, its answer not known from another (thetas that give the same
+    GPUs per replica give the same answer)."""
+    types, lay, D = sorted(_gpus_per_type(inp)), _pair_layout(inp), inp.D
+    per_region = _gpus_per_group(inp, "region")
+    units = {}  # (region index, crossing before, crossing after) -> (M,) units of D GPUs per stage
+    for variant, times in _crossing_variants_s(inp).items():
+        need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times, all_stages=True)
+        for j, r in enumerate(inp.regions):
+            own = [need[g] for g in per_region.get(r, {}) if g in need]
+            units[(j, *variant)] = np.min(own, axis=0) if own else np.full(len(lay.pairs), np.inf)
+    key = (b"".join(units[k].tobytes() for k in sorted(units)), ends_apart)
+    cache = _per_inputs_cache(inp, "regions_fit_dp")
+    if key not in cache:
+        cache[key] = _two_regions_dp(inp, units, ends_apart)
+    return cache[key]
+
+
+
+def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
+    """The dynamic program of `_regions_fit` over `units` (`_regions_fit_dp`)."""
+    lay, D, L = _pair_layout(inp), inp.D, inp.U - 2
+    per_region = _gpus_per_group(inp, "region")
+    caps = [sum(per_region.get(r, {}).values()) // D for r in inp.regions]  # units of D GPUs
+    if inp.max_gpus is not None:
+        caps = [min(c, inp.max_gpus // D) for c in caps]
+    width = caps[0] + 1
+    prev = _minplus_padded_index(L + 1)  # prev[s, n] = s - n, or the inf row L + 1
+    starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
+    start = np.full((L + 1, width), np.inf)
+    start[0, 0] = 0.0
+    # (region of the stage before, of this one, crossings so far odd, any) -> (blocks, units of
+    # region 0) -> the fewest units of region 1
+    states = {(r, r, False, False): start for r in (0, 1)}
+    for i in range(inp.P):
+        check_deadline()
+        at = slice(starts[i], starts[i + 1])
+        new: dict = {}
+        for (before, here, odd, crossed), best in states.items():
+            padded = np.vstack([best, np.full((1, width), np.inf)])
+            for after in ((0, 1) if i < inp.P - 1 else (here,)):
+                u_row = units[here, before != here, after != here][at]
+                out = new.setdefault((here, after, odd ^ (after != here), crossed or after != here),
+                                     np.full((L + 1, width), np.inf))
+                for u in np.unique(u_row[np.isfinite(u_row)]).astype(int).tolist():
+                    reach = padded[prev[:, lay.count[at][u_row == u]]].min(axis=1)  # (L + 1, width)
+                    if here == 0 and u < width:
+                        np.minimum(out[:, u:], reach[:, :width - u], out=out[:, u:])
+                    elif here == 1:
+                        np.minimum(out, reach + u, out=out)
+        states = new
+    for (_, _, odd, crossed), best in states.items():
+        if odd == ends_apart and crossed:
+            ok = best[L] <= caps[1]
+            if inp.max_gpus is not None:
+                ok &= best[L] + np.arange(width) <= inp.max_gpus // D
+            if ok.any():
+                return True
+    return False
 
 
 
@@ -1237,15 +1346,30 @@ def _sailor_crossing_times_s(inp: JointInputs, crossings: tuple[int, ...]) -> np
     otherwise."""
     cache = _per_inputs_cache(inp, "sailor_crossing_times")
     if crossings not in cache:
-        tab, lay = _class_tables(inp), _pair_layout(inp)
-        P, i = inp.P, lay.stage
-        a_times = np.where(i == 0, first_stage_sends(P), np.where(i == P - 1, 0, 1))  # sends of A_i
-        g_times = np.where(i == P - 1, 2, np.where(i == 0, 0, 1))  # sends of G_{i-1}
-        crossed = set(crossings)
-        n_x = a_times * np.isin(i, list(crossed)) + g_times * np.isin(i - 1, list(crossed))
-        x, other = _sailor_crossing_sends_s(inp)[:, None], _sailor_class_sends_s(inp)[:, None]
-        cache[crossings] = tab.time_s + n_x[None, :] * x + (a_times + g_times - n_x)[None, :] * other
+        i, (a_times, g_times) = _pair_layout(inp).stage, _send_counts(inp)
+        crossed = list(crossings)
+        cache[crossings] = _with_crossing_sends(inp, a_times * np.isin(i, crossed) + g_times * np.isin(i - 1, crossed))
     return cache[crossings]
+
+
+
+def _send_counts(inp: JointInputs) -> tuple[np.ndarray, np.ndarray]:
+    """(M,) twice: how many sends of its activation A_i and of its gradient G_{i-1} the stage of
+    each (stage, blocks) pair pays in Sailor's composition (`sailor_p2p`)."""
+    i, P = _pair_layout(inp).stage, inp.P
+    return (np.where(i == 0, first_stage_sends(P), np.where(i == P - 1, 0, 1)),
+            np.where(i == P - 1, 2, np.where(i == 0, 0, 1)))
+
+
+
+def _with_crossing_sends(inp: JointInputs, crossing_sends: np.ndarray) -> np.ndarray:
+    """(C, M) stage times with sends where `crossing_sends` (M,) of each pair's sends go over a
+    boundary between regions (x_c each, `_sailor_crossing_sends_s`) and the others at the class's
+    floor."""
+    a_times, g_times = _send_counts(inp)
+    x, other = _sailor_crossing_sends_s(inp)[:, None], _sailor_class_sends_s(inp)[:, None]
+    return (_class_tables(inp).time_s + crossing_sends[None, :] * x
+            + (a_times + g_times - crossing_sends)[None, :] * other)
 
 
 
