@@ -1270,7 +1270,7 @@ def _crossing_variants_s(inp: JointInputs) -> dict[tuple[bool, bool], np.ndarray
 def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
     """`_regions_fit` at one theta, its answer not known from another (thetas that give the same
     GPUs per replica give the same answer)."""
-    types, lay, D = sorted(_gpus_per_type(inp)), _pair_layout(inp), inp.D
+    types, lay = sorted(_gpus_per_type(inp)), _pair_layout(inp)
     per_region = _gpus_per_group(inp, "region")
     units = {}  # (region index, crossing before, crossing after) -> (M,) units of D GPUs per stage
     for variant, times in _crossing_variants_s(inp).items():
