@@ -1061,9 +1061,10 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
     """`bounds._regions_fit` (the crossing bound's test of the regions' GPUs) against every plan of
     tiny_regions that uses both regions: it must fit at the plan's own bottleneck (Sailor's theta,
     with its sends) and its largest all-reduce + update table value, in the plan's case (ends in
-    different regions or not); likewise on tiny_one_type_regions. On each, it must reject some
-    stage times that the type-count test with the crossing times accepts: on tiny_regions a stage
-    in r2 is a V100 stage, on tiny_one_type_regions it has two of the ten A100s."""
+    different regions or not); likewise on tiny_one_type_regions but its P3 D2 choices (the suite's
+    time). On each, it must reject some stage times that the type-count test with the crossing
+    times accepts: on tiny_regions a stage in r2 is a V100 stage, on tiny_one_type_regions it has
+    two of the ten A100s."""
     from hetplan.formulations.joint import bounds
 
     checked, pruned = 0, {}
@@ -1071,7 +1072,8 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
         name = inp.pools[-1].gpu_type  # r2's type: V100 in tiny_regions, A100 in tiny_one_type_regions
         tab = bounds._class_tables(inp)
         extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
-        for sol, ev in all_plans(inp, "blocks") if name == "V100-16" or combo.P * combo.D < 6 else ():  # (time)
+        small = name == "V100-16" or combo.P * combo.D < 6  # the one-type P3 D2: 3,504 plans, 3.6 s
+        for sol, ev in all_plans(inp, "blocks") if small else ():
             regions = [next(iter(r)) for r in ev["regions"]]
             if len(set(regions)) < 2:
                 continue
