@@ -1004,6 +1004,17 @@ def sailor_choices(*makes, floor_s: float = 0.002):
                 yield combo, _sailor_with_sends(base, floor_s)
 
 
+def _largest_extra_s(inp: joint.JointInputs, sol, ev: dict, extra_in: dict, extra_span: dict) -> float:
+    """A plan's largest all-reduce + update table value (`_ClassTables.extra_in_s` or `extra_span_s`
+    of each stage's classes, by whether the stage spans zones)."""
+    s = 0.0
+    for i, (a, b) in enumerate(sol.ranges):
+        n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
+        table = extra_span if ev["span"][i] else extra_in
+        s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
+    return s
+
+
 def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
     """Sailor's composition on tiny and tiny_regions (`_sailor_with_sends`): every plan's largest
     all-reduce + update table value s (`_ClassTables`, of each stage's classes and placement) puts
@@ -1022,11 +1033,7 @@ def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
         cells = bounds._send_aware_cell_bounds(inp, bounds._times_fit(inp, times), cands,
                                                bounds.sum_tau_lower_bound_s(inp), sync_update, transfers)
         for sol, ev in all_plans(inp, "blocks"):
-            s = 0.0
-            for i, (a, b) in enumerate(sol.ranges):
-                n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
-                table = extra_span if ev["span"][i] else extra_in
-                s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
+            s = _largest_extra_s(inp, sol, ev, extra_in, extra_span)
             j = max(j for j, (floor, _, _) in enumerate(cells) if j == 0 or floor <= s)
             floor, cap, bound = cells[j]
             assert s <= cap, (combo, s, cells)
@@ -1077,11 +1084,7 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
             regions = [next(iter(r)) for r in ev["regions"]]
             if len(set(regions)) < 2:
                 continue
-            s = 0.0
-            for i, (a, b) in enumerate(sol.ranges):
-                n = b - a - (i == 0) - (i == inp.P - 1)  # blocks: the embedding and the head are not
-                table = extra_span if ev["span"][i] else extra_in
-                s = max([s] + [table[(p.gpu_type, p.tp), i, n] for k, p in enumerate(inp.pools) if sol.replicas[i][k]])
+            s = _largest_extra_s(inp, sol, ev, extra_in, extra_span)
             apart = regions[0] != regions[-1]
             inp._cache.pop("regions_fit", None)  # no answer carried over from another plan's theta
             assert bounds._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart), (combo, sol)

@@ -469,11 +469,19 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     # fewest-GPUs entry (and under a cap, every zone's replica count) is at most what it was, and a
     # placement that fit still fits. One answer per side settles every theta beyond it (a bound's
     # bisections ask ~10^5 thetas in a search, two thirds of them settled so on sailor two_regions).
-    known = _per_inputs_cache(inp, "fits_dp_theta").setdefault(
-        (extra_cap_s, None if times_s is None else times_s.tobytes(), max_rate_usd_per_s), [math.inf, -math.inf])
+    key = (extra_cap_s, None if times_s is None else times_s.tobytes(), max_rate_usd_per_s)
+    return _monotone_in_theta(inp, "fits_dp_theta", key, theta_s,
+                              lambda: _stages_fit_dp(inp, theta_s, extra_cap_s, times_s, max_rate_usd_per_s))
+
+
+
+def _monotone_in_theta(inp: JointInputs, name: str, key, theta_s: float, test) -> bool:
+    """`test()` for a feasibility test that only grows with theta_s: per `key`, the least theta
+    known to fit and the largest known not to settle every theta beyond them without a test."""
+    known = _per_inputs_cache(inp, name).setdefault(key, [math.inf, -math.inf])
     if theta_s >= known[0] or theta_s <= known[1]:
         return theta_s >= known[0]
-    fits = _stages_fit_dp(inp, theta_s, extra_cap_s, times_s, max_rate_usd_per_s)
+    fits = test()
     known[0 if fits else 1] = theta_s
     return fits
 
@@ -1246,13 +1254,9 @@ def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apar
     D16, whose stages in us-west1 share 32 GPUs: the least slowest stage of the plans with their
     ends in different regions from 0.1663 to 0.1767 s, `sailor_crossing_time_bound_s` against the
     target 12.992 s from 12.550 to 12.982 s; P6 b1 D16 and P4 b1 D32 reach the target). Monotone
-    in theta_s like `stages_fit_dp`: the answers are kept per cap the same way."""
-    known = _per_inputs_cache(inp, "regions_fit").setdefault((extra_cap_s, ends_apart), [math.inf, -math.inf])
-    if theta_s >= known[0] or theta_s <= known[1]:
-        return theta_s >= known[0]
-    fits = _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart)
-    known[0 if fits else 1] = theta_s
-    return fits
+    in theta_s like `stages_fit_dp`: the answers are kept per cap the same way (`_monotone_in_theta`)."""
+    return _monotone_in_theta(inp, "regions_fit", (extra_cap_s, ends_apart), theta_s,
+                              lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart))
 
 
 
