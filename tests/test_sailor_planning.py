@@ -55,7 +55,7 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
     view, plans = ModelView(inst), random_plans(inst, 22, seed=len(layout))
     assert len(plans) >= 18
     findings, depths, shifted, floored, away, exact, crossed = [], set(), 0, 0, 0, 0, 0
-    for p, rep in plans:
+    for k, (p, rep) in enumerate(plans):
         assert rep.iteration_model == "sailor"
         P, b, D = len(p.stages), p.share(0, 0), len(p.stages[0].replicas)
         depths.add(P)
@@ -88,9 +88,10 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
                   # within a budget of its own simulated cost the plan is affordable
                   "budget": joint.budget_time_lower_bound_s(inp, rep.cost_per_iteration_usd * (1 + 1e-12)),
                   "send-aware": joint.sailor_send_aware_time_bound_s(inp) if P > 1 else 0.0,
-                  "send-aware near T": joint.sailor_send_aware_time_bound_s(inp, T * 1.05) if P > 1 else 0.0,
-                  "send-aware in budget": joint.sailor_send_aware_time_bound_s(
-                      replace(inp, max_cost_usd=cost * (1 + 1e-12)), T * 1.05) if P > 1 else 0.0,
+                  # with a target: alone on every other plan, under a budget on the rest (each
+                  # call ~0.3 s; both on every plan made this test the suite's slowest)
+                  "send-aware near T": joint.sailor_send_aware_time_bound_s(
+                      inp if k % 2 else replace(inp, max_cost_usd=cost * (1 + 1e-12)), T * 1.05) if P > 1 else 0.0,
                   "region split": joint.sailor_region_split_bound_s(inp, T * 1.05) if P > 1 and multi else 0.0,
                   # a plan over two regions: the sends over its crossings
                   "crossing": joint.sailor_crossing_time_bound_s(inp) if P > 1 and crosses else 0.0}
