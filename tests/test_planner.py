@@ -1197,6 +1197,54 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
     assert checked >= 80 and lifted >= 4, (checked, lifted)
 
 
+def test_the_send_aware_decision_is_the_bound_there_and_the_dp_runs_where_it_did(monkeypatch):
+    """`sailor_send_aware_rules_out_s` (tiny / tiny_regions, Sailor's composition, targets far
+    under, under and above each choice's least T): the send-aware bound where that reaches the target,
+    else None, with fewer lifted cells on some choices (else it would spare nothing). A level-1
+    step with the DP allowed (`_refine`, which asks for that decision first): its bound is below
+    the choice's least T, and the DP runs exactly where the strong bound at the step's target stays
+    under it, which is where it ran before the decision came first. The strong bound with the
+    decision is the one without where that reaches the target, and at most it elsewhere."""
+    from hetplan.formulations.joint import bounds
+    from hetplan.orchestration.planner.steps import _Step, _refine, _tight_bound
+
+    calls = [0]
+    lifted_cell = bounds._lifted_send_cell_s
+
+    def counted(*args, **kw):
+        calls[0] += 1
+        return lifted_cell(*args, **kw)
+
+    monkeypatch.setattr(bounds, "_lifted_send_cell_s", counted)
+
+    def lifted_calls(fn, *args):
+        calls[0] = 0
+        return fn(*args), calls[0]
+
+    checked = spared = ran = ruled_out = 0
+    for combo, inp in sailor_choices(tiny, tiny_regions):
+        if combo.P * combo.D > 5:
+            continue  # tiny_regions' P3 D2: 2 s of enumeration each
+        best = min(ev["T"] for _, ev in all_plans(inp, "blocks"))
+        for target in (0.3 * best, 0.6 * best, 1.02 * best):  # the bounds here: 0.29-0.72 of the least T
+            full, n_full = lifted_calls(bounds.sailor_send_aware_time_bound_s, dataclasses.replace(inp), target)
+            ruled, n_ruled = lifted_calls(joint.sailor_send_aware_rules_out_s, dataclasses.replace(inp), target)
+            assert (ruled is None) == (full < target), (combo, target, full, ruled)
+            assert ruled is None or ruled == full, (combo, target, full, ruled)
+            spared += n_ruled < n_full
+            lb, found, dp_ran = _refine(dataclasses.replace(inp), None, _Step(combo, 1, 0.0, target, True, 0.01),
+                                        "max_throughput", None, None)
+            assert lb <= best * (1 + 1e-9), (combo, target, lb, best)
+            before = _tight_bound(dataclasses.replace(inp), "max_throughput", None, target)
+            assert dp_ran == (before < target), (combo, target, before, dp_ran)
+            decided = _tight_bound(dataclasses.replace(inp), "max_throughput", None, target, decide=True)
+            assert decided == before if before >= target else decided <= before, (combo, target, decided, before)
+            ran += dp_ran and found is not None
+            ruled_out += not dp_ran
+            checked += 1
+    assert checked >= 36 and spared >= 3 and ran >= 10 and ruled_out >= 10, (checked, spared, ran, ruled_out)
+
+
 def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
     """`_sailor_receiver_cases_s` (Sailor's composition on tiny / tiny_regions with send floors by
     TP and receive floors three times those, so a receiver slows any sender): for every enumerated

@@ -652,7 +652,8 @@ class _Search:
         """The step the search takes when queued `item` comes out at the head, as things stand."""
         i_lb, i_level, i_combo = item[0], item[4], item[5]
         allowed = i_level == 1 and self.dp_runs_left > 0 and not self.greedies.get(i_combo, (None, False))[1]
-        return _Step(i_combo, i_level, i_lb, self._target_now() if i_level > 0 else None, allowed)
+        return _Step(i_combo, i_level, i_lb, self._target_now() if i_level > 0 else None, allowed,
+                     self.opts.rel_gap if allowed else 0.0)
 
     def _live(self, item: tuple) -> bool:
         """Whether `item` will be refined if the target does not change."""
