@@ -15,7 +15,9 @@ bounds then only have to rule out a target. The choice at the
 head is refined twice, going back in the queue each time: first with the medium bound
 (`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a
 few milliseconds), then with the strong bound; the first `heuristic_choices` choices the strong
-bound keeps also get the stage-DP heuristic. The strong bound (`exact=True`: a dynamic program
+bound keeps also get the stage-DP heuristic (in Sailor's composition the bound first only decides
+that it keeps the choice, `joint.sailor_send_aware_rules_out_s`, and is finished at the target the
+DP's plan sets: steps.py, `_refine`). The strong bound (`exact=True`: a dynamic program
 over stages on GPUs per type, `joint.stages_fit_dp`, for the slowest stage alone and with a cap
 on all-reduce + update, `joint.sync_aware_time_bound_s`; quota-aware bounds on the sum of stage
 times, `joint.sum_tau_lower_bound_s`, and on all-reduce + update, `joint.extra_lower_bound_s`;
