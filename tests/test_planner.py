@@ -1186,7 +1186,7 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
         for budget in (None, costs[len(costs) // 3]):
             inp = dataclasses.replace(sailor, max_cost_usd=budget)
             best = min(ev["T"] for ev in evs if budget is None or ev["cost"] <= budget)
-            for target in (0.95 * best, 1.1 * best, 2 * best):  # below, just above and far above the optimum
+            for target in (0.95 * best, 1.1 * best):  # below and above the optimum
                 got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
                 monkeypatch.setattr(bounds, "_lifted_send_cell_s", plain_cell)
                 without = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
