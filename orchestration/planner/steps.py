@@ -46,7 +46,7 @@ def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: s
 
 
 def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None, max_cost: float | None,
-                      min_its: float | None) -> bool:
+                    min_its: float | None) -> bool:
     """Whether the strong bound at the target starts with Sailor's send-aware bound, which
     `decide` lets stop at its first cell under the target (`joint.time_lower_bound_tight_s`)."""
     return (objective == "max_throughput" and target is not None and max_cost is None and min_its is None
@@ -84,7 +84,7 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     is skipped when the cost bounds alone reach the target (it costs more than they do).
     `strongest` (max throughput, with a target): the replica-level DPs of the time bound too.
     Max throughput under a budget `max_cost`: the strong bound also reads the stage times the
-    budget affords (`joint.budget_time_lower_bound_s`)."""
+    budget affords (`joint.budget_time_lower_bound_s`). `decide`: see `joint.time_lower_bound_tight_s`."""
     floor_s = None if min_its is None else 1 / min_its
     if objective != "min_cost":
         t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest, decide)
