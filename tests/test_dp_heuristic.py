@@ -206,7 +206,9 @@ def test_dp_heuristic_lightens_the_heaviest_stage_at_a_slower_cap():
     A100 TP1 on the last stage, whose all-reduce (1.00 s) dominates T (7.37 s); lowering its cap a
     step at a time at the same stage-time cap finds no plan. The jump of `_less_sync` (every extra
     within the plan's second largest, at the least stage-time cap that allows it) reaches the
-    MILP's optimum (7.07 s: V100 TP2 on the last stage)."""
+    MILP's optimum (7.07 s: V100 TP2 on the last stage): under a cutoff just below the DP's plan
+    the MILP has no plan, and just above it (warm-started from that plan) it has one, so the model
+    is not infeasible for another reason (the two solves take 4 s, the optimum alone 9 s)."""
     from conftest import shared_dir
     from hetplan.estimators import build_estimators
     from hetplan.importers.sailor import sailor_instance_dict
@@ -225,11 +227,14 @@ def test_dp_heuristic_lightens_the_heaviest_stage_at_a_slower_cap():
     inp = with_sync_table(joint_inputs(inst, tables, _quotas(inst, opts), Combo(4, 1, 64), "max_throughput", None,
                                        None, opts.tp_choices), tables)
     found = H.dp_heuristic(inp, "max_throughput", None, None, joint.bottleneck_lower_bound_s(inp))
-    model = joint.build(inp)
-    res = solve(model, backend="highs", options=SolveOptions(time_limit_s=120, rel_gap=1e-6))
-    assert res.status.value == "optimal"
-    optimum = joint.evaluate(inp, joint.decode(model, inp))["T"]
-    assert found is not None and found[0] <= optimum * (1 + 1e-6), (found and found[0], optimum)
+    assert found is not None
+    below = solve(joint.build(inp, time_cutoff_s=found[0] * (1 - 1e-6)), backend="highs",
+                  options=SolveOptions(time_limit_s=120, rel_gap=1e-6))
+    assert below.status.value == "infeasible", (found[0], below.status)
+    model = joint.build(inp, time_cutoff_s=found[0] * (1 + 1e-3))
+    above = solve(model, backend="highs", warm_start=joint.warm_start(model, inp, found[1]),
+                  options=SolveOptions(time_limit_s=120, rel_gap=1e-2))
+    assert above.status.value in ("optimal", "feasible"), (found[0], above.status)
 
 
 @pytest.mark.slow
