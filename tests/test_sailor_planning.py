@@ -194,6 +194,7 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
     from hetplan.formulations.joint import bounds
     from hetplan.orchestration.planner import Combo, joint_inputs, with_sync_table
     from hetplan.orchestration.planner.inputs import _quotas, _Tables
+    from hetplan.orchestration.planner.steps import _best_heuristic
     from hetplan.solvers import SolveOptions, solve
 
     inst = sailor_instance("one_zone")
@@ -213,7 +214,11 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
         if inp is None or not joint.blocks_identical(inp):
             continue
         got = joint.sailor_send_aware_time_bound_s(inp)
-        res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-9, time_limit_s=60))
+        # warm-started from the heuristics' plan: the same optima, the MILPs in 14 s instead of 29 s
+        start = _best_heuristic(inputs(Combo(P, b, D)), "max_throughput", None, None)
+        model = joint.build(inp)
+        res = solve(model, backend="highs", warm_start=start and joint.warm_start(model, inp, start[1]),
+                    options=SolveOptions(rel_gap=1e-9, time_limit_s=60))
         if res.status.value == "infeasible":
             continue
         assert res.status.value == "optimal", (P, b, D, res.status)
