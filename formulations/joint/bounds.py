@@ -797,7 +797,7 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     the target (`sailor_send_aware_rules_out_s`), which it tells sooner where it does not: the
     result is still a bound, weaker than without `decide` only where it stays under the target."""
     strongest = strongest and target_s is not None  # without a target it would lift every cell
-    sends = exact and inp.sailor and inp.P > 1 and blocks_identical(inp)
+    sends = exact and send_aware_applies(inp)
     first = -math.inf
     if sends and target_s is not None:
         if decide:
@@ -817,6 +817,13 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     if sends and len(inp.regions) > 1 and out < math.inf and (target_s is None or out < target_s):
         out = max(out, sailor_region_split_bound_s(inp, target_s, strongest))
     return out
+
+
+
+def send_aware_applies(inp: JointInputs) -> bool:
+    """Whether `sailor_send_aware_time_bound_s` bounds the choice (Sailor's composition, a
+    pipeline, blocks form), and so whether the strong bound starts with it at a target."""
+    return inp.sailor and inp.P > 1 and blocks_identical(inp)
 
 
 

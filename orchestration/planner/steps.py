@@ -47,10 +47,11 @@ def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: s
 
 def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None, max_cost: float | None,
                     min_its: float | None) -> bool:
-    """Whether the strong bound at the target starts with Sailor's send-aware bound, which
-    `decide` lets stop at its first cell under the target (`joint.time_lower_bound_tight_s`)."""
+    """Whether `_tight_bound` at the target is the strong time bound alone and starts with Sailor's
+    send-aware bound, which `decide` lets stop at its first cell under the target
+    (`joint.time_lower_bound_tight_s`)."""
     return (objective == "max_throughput" and target is not None and max_cost is None and min_its is None
-            and inp.sailor and inp.P > 1 and joint.blocks_identical(inp))
+            and joint.send_aware_applies(inp))
 
 
 
