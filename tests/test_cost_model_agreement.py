@@ -461,7 +461,6 @@ def assert_close(model: float, sim: float, what: str) -> None:
 A100, V100, H100, T4, A10G = "A100-40", "V100-16", "H100", "T4", "A10G"
 
 
-
 # Each case below made the model's figure differ from the simulator's (issue "One cost model", causes
 # C1-C6). Placement on nodes and the pairing of replicas are not in the model, so it now takes the
 # least figure any placement allows: on these very plans it must stay at or below the simulator.

@@ -581,7 +581,6 @@ def test_window_min_matches_the_naive_sliding_minimum():
         assert np.array_equal(joint.bounds._window_min(a, width), naive), (rows, length, width)
 
 
-
 def test_replica_dp_matches_the_full_table_dp():
     """`joint.bounds._replica_dp` computes only the rows and columns that can matter; against the plain
     DP over the whole table (every row, every column, every x = 0..D), on random stages."""
@@ -924,7 +923,6 @@ def test_a_boundary_between_regions_takes_the_region_link_where_both_sides_span_
     assert checked >= 1
 
 
-
 def test_the_climb_ends_at_a_choice_no_neighbour_of_which_does_better() -> None:
     """`_climb` (after the first heuristics): from the incumbent's outer choice, the heuristics on its
     neighbours (P +- 1, b x 2 and / 2, D x 2 and / 2) that its cheap bound does not rule out, moving
@@ -954,7 +952,6 @@ def test_the_climb_ends_at_a_choice_no_neighbour_of_which_does_better() -> None:
     assert tried >= 1 and len(greedies) >= 2
 
 
-
 def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
     """`_extra_cells` splits the plans by their largest all-reduce + update: on every choice the
     cost and budget bounds stay below enumeration, and on some they are strictly above the same
@@ -982,7 +979,6 @@ def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
             lifted += cost > cost1 * (1 + 1e-9) or t_budget > t_budget1 * (1 + 1e-9)
             checked += 1
     assert checked >= 8 and lifted >= 8, (checked, lifted)
-
 
 
 def _sailor_with_sends(base: joint.JointInputs, floor_s: float = 0.002) -> joint.JointInputs:

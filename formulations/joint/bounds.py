@@ -33,7 +33,6 @@ def time_upper_bound_s(inp: JointInputs) -> float:
     return (inp.m + inp.P - 1) * (worst_step + worst_c) + worst_sync + worst_upd
 
 
-
 def time_lower_bound_s(inp: JointInputs) -> float:
     """T >= sum_i tau_i + (m-1) theta with sum_i tau_i >= max(F, theta_w) and theta >= theta_w =
     max(F / P, D x `fluid_gpu_seconds_s`), F = sum_l min_k step[k,l]: a replica on pool k of stage i
@@ -42,7 +41,6 @@ def time_lower_bound_s(inp: JointInputs) -> float:
     With several regions, the least of this bound per region and `_crossing_work_bound_s`.
     With Sailor's composition plus `sailor_transfer_floor_s`."""
     return _regional_work_bound_s(inp) + sailor_transfer_floor_s(inp)
-
 
 
 def _regional_work_bound_s(inp: JointInputs) -> float:
@@ -58,14 +56,12 @@ def _regional_work_bound_s(inp: JointInputs) -> float:
     return max(out, regional if inp.P == 1 else min(regional, _crossing_work_bound_s(inp)))
 
 
-
 def _holds_replicas(inp: JointInputs) -> bool:
     """Whether these pools have GPUs for the P D replicas, each of at least its type's least TP."""
     min_tp: dict[str, int] = {}
     for p in inp.pools:
         min_tp[p.gpu_type] = min(min_tp.get(p.gpu_type, p.tp), p.tp)
     return bool(inp.pools) and _replicas(_gpus_per_type(inp), min_tp, inp.max_gpus) >= inp.P * inp.D
-
 
 
 def _crossing_work_bound_s(inp: JointInputs) -> float:
@@ -79,13 +75,11 @@ def _crossing_work_bound_s(inp: JointInputs) -> float:
     return iteration_time_s(inp.m, max(_fastest_work_s(inp), theta), links, theta, 0.0)
 
 
-
 def _work_bound_s(inp: JointInputs) -> float:
     """sum tau >= max(F, theta_w) with theta_w the work bound on the slowest stage time (itself
     one of the stage times): with m = 1 (D b = B) the work term alone is what is left."""
     theta = _theta_work_bound_s(inp)
     return iteration_time_s(inp.m, max(_fastest_work_s(inp), theta), 0.0, theta, 0.0)
-
 
 
 def sailor_transfer_floor_s(inp: JointInputs) -> float:
@@ -104,12 +98,10 @@ def sailor_transfer_floor_s(inp: JointInputs) -> float:
     return iteration_time_s(inp.m, 0.0, first_stage_sends(inp.P) * half, half, 0.0)
 
 
-
 def _fastest_work_s(inp: JointInputs) -> float:
     """F: one microbatch through every unit, each on its fastest pool."""
     return _shared_for(inp, "fastest_work", lambda inp: sum(min(inp.step_s[k][l] for k in range(inp.K))
                                                             for l in range(inp.U)))
-
 
 
 def _theta_work_bound_s(inp: JointInputs) -> float:
@@ -118,7 +110,6 @@ def _theta_work_bound_s(inp: JointInputs) -> float:
     per_replica = _shared_for(inp, "fluid_work", lambda inp: fluid_gpu_seconds_s(
         _work_by_type(inp), _gpus_per_type(inp), inp.max_gpus))
     return max(_fastest_work_s(inp) / inp.P, inp.D * per_replica)
-
 
 
 def fluid_gpu_seconds_s(work_by_type: dict[str, list[float]], gpus: dict[str, int],
@@ -149,13 +140,11 @@ def fluid_gpu_seconds_s(work_by_type: dict[str, list[float]], gpus: dict[str, in
     return need / rate if rate > 0 else math.inf
 
 
-
 def _work_by_type(inp: JointInputs) -> dict[str, list[float]]:
     """c[g][l] of `fluid_gpu_seconds_s` for these pools: per GPU type and unit, the least GPU-seconds
     (step time x TP) over the type's pools."""
     return _shared_for(inp, "work_by_type", lambda inp: least_work_by_type(
         (p.gpu_type, [inp.step_s[k][l] * p.tp for l in range(inp.U)]) for k, p in enumerate(inp.pools)))
-
 
 
 def least_work_by_type(rows) -> dict[str, list[float]]:
@@ -165,7 +154,6 @@ def least_work_by_type(rows) -> dict[str, list[float]]:
     for g, row in rows:
         out[g] = [min(a, b) for a, b in zip(out[g], row)] if g in out else list(row)
     return out
-
 
 
 def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
@@ -184,7 +172,6 @@ def _position_extras(inp: JointInputs, k: int, i: int) -> tuple[float, float]:
         th, mh = unit(inp.U - 1)
         t, mem = t + th, mem + mh
     return t, mem
-
 
 
 def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
@@ -210,7 +197,6 @@ def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
         return 0.0  # every stage but the last needs a block: too few replicas that hold one
     widths = levels - np.append(levels[1:], 0)
     return min(float((widths * stages).sum()), work)
-
 
 
 def _hall_counts(inp: JointInputs, tab: "_CoverableTables", caps: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -249,14 +235,12 @@ def _hall_counts(inp: JointInputs, tab: "_CoverableTables", caps: np.ndarray, le
     return fit.sum(axis=2).min(axis=0)
 
 
-
 def _hall_prices(inp: JointInputs) -> np.ndarray:
     """Prices for `_hall_counts`: per type 0 or a ratio of two TP degrees (the first nonzero one
     1), and a price on every GPU alone when max_gpus caps them (any prices give a valid count).
     A function of the number of types, the TP degrees and max_gpus alone, so computed once for all."""
     return _make_hall_prices(len({p.gpu_type for p in inp.pools}), tuple(sorted({p.tp for p in inp.pools})),
                              inp.max_gpus is not None)
-
 
 
 @functools.lru_cache(maxsize=64)
@@ -275,7 +259,6 @@ def _make_hall_prices(T: int, tps: tuple[int, ...], capped: bool) -> np.ndarray:
     return prices
 
 
-
 @dataclass(frozen=True)
 class _CoverableTables:
     block_s: np.ndarray  # (K,) seconds of one generic block
@@ -286,18 +269,15 @@ class _CoverableTables:
     pools_of_type: dict  # GPU type -> pool indices
 
 
-
 def _coverable_tables(inp: JointInputs) -> _CoverableTables:
     """The theta-independent parts of `blocks_coverable`, computed once per inputs (a bound search
     calls it ~10 times on the same inputs)."""
     return _cached_for(inp, "coverable", _make_coverable_tables)
 
 
-
 def _gpus_per_type(inp: JointInputs) -> dict[str, int]:
     """GPU type -> GPUs available over all its zones (pools of one quota share its GPUs)."""
     return _shared_for(inp, "gpus", _make_gpus_per_type)
-
 
 
 def _make_gpus_per_type(inp: JointInputs) -> dict[str, int]:
@@ -306,7 +286,6 @@ def _make_gpus_per_type(inp: JointInputs) -> dict[str, int]:
         for g, n in per_type.items():
             gpus[g] = gpus.get(g, 0) + n
     return gpus
-
 
 
 def _make_coverable_tables(inp: JointInputs) -> _CoverableTables:
@@ -326,7 +305,6 @@ def _make_coverable_tables(inp: JointInputs) -> _CoverableTables:
                             {g: np.array([k for k, p in enumerate(inp.pools) if p.gpu_type == g]) for g in types})
 
 
-
 def _work_bound(inp: JointInputs, caps: np.ndarray, gpus: dict[str, int]) -> float:
     """A stage holds no more blocks than the mean capacity of its D replicas, so all stages hold at
     most (1 / D) sum over replicas of their capacity; a GPU type gives the most in total at the TP
@@ -338,7 +316,6 @@ def _work_bound(inp: JointInputs, caps: np.ndarray, gpus: dict[str, int]) -> flo
     return sum(best.values()) / inp.D
 
 
-
 def _replicas(gpus: dict[str, int], min_tp: dict[str, int], max_gpus: int | None) -> int:
     budget = max_gpus if max_gpus is not None else math.inf
     count = 0
@@ -348,14 +325,12 @@ def _replicas(gpus: dict[str, int], min_tp: dict[str, int], max_gpus: int | None
     return count
 
 
-
 def bottleneck_lower_bound_s(inp: JointInputs, exact: bool = False, theta_hint_s: float | None = None) -> float:
     key = (exact, theta_hint_s)
     cache = _per_inputs_cache(inp, "bottleneck")
     if key not in cache:
         cache[key] = _bottleneck_lower_bound_s(inp, exact, theta_hint_s)
     return cache[key]
-
 
 
 def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float | None) -> float:
@@ -386,7 +361,6 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
     return times[_first_true_from(fits, times, 0, hi)]  # the answer is usually a few times up
 
 
-
 def _hall_theta_s(inp: JointInputs) -> float:
     """max(the least candidate stage time at which `blocks_coverable` reaches the L blocks, the work
     bound of `_theta_work_bound_s`), inf if no time reaches them. Both bound the slowest
@@ -413,7 +387,6 @@ def _hall_theta_s(inp: JointInputs) -> float:
     return cands[_first_true_from(fits, cands, below + 1)]  # the answer is usually close above
 
 
-
 def _first_true_from(pred, cands, lo: int, hi: int | None = None) -> int:
     """The first index in [lo, hi] where the monotone `pred` holds (hi, default the last, must
     hold): exponential steps up from lo, then bisection. For searches whose answer is usually a
@@ -424,7 +397,6 @@ def _first_true_from(pred, cands, lo: int, hi: int | None = None) -> int:
         check_deadline()  # every probe is costly (a DP or a Hall count)
         failed, probe, step = probe, min(probe + step, hi), step * 2
     return _first_true(pred, cands, failed + 1, probe)
-
 
 
 def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps: int | None = None) -> int:
@@ -442,7 +414,6 @@ def _first_true(pred, cands: list[float], lo: int, hi: int | None = None, steps:
         else:
             lo = mid + 1
     return lo
-
 
 
 def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.inf,
@@ -474,7 +445,6 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
                               lambda: _stages_fit_dp(inp, theta_s, extra_cap_s, times_s, max_rate_usd_per_s))
 
 
-
 def _monotone_in_theta(inp: JointInputs, name: str, key, theta_s: float, test) -> bool:
     """`test()` for a feasibility test that only grows with theta_s: per `key`, the least theta
     known to fit and the largest known not to settle every theta beyond them without a test."""
@@ -484,7 +454,6 @@ def _monotone_in_theta(inp: JointInputs, name: str, key, theta_s: float, test) -
     fits = test()
     known[0 if fits else 1] = theta_s
     return fits
-
 
 
 def _stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, times_s: np.ndarray | None,
@@ -503,7 +472,6 @@ def _stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, times_s
             ([a], [t for t in types if t != a]) for a in types]
         cache[key] = all(_two_resource_dp(inp, need, gpus, left, right, max_rate_usd_per_s) for left, right in splits)
     return cache[key]
-
 
 
 def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_cap_s: float = math.inf,
@@ -536,7 +504,6 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
     return dict(zip(types, need))
 
 
-
 def _classes_by_type(inp: JointInputs, types: tuple[str, ...]) -> tuple:
     """The class rows of `_class_tables` grouped by GPU type in `types` order, for one
     np.minimum.reduceat per mask in `_gpus_per_replica` (a search asks it ~10^5 times): (row order,
@@ -556,11 +523,9 @@ def _classes_by_type(inp: JointInputs, types: tuple[str, ...]) -> tuple:
     return cache[types]
 
 
-
 def _gpu_rate_usd_per_s(inp: JointInputs, types: list[str]) -> float:
     """The least USD per second of one GPU of any of `types` (inf for none)."""
     return min((replica_rate_usd_per_s(p) / p.tp for p in inp.pools if p.gpu_type in types), default=math.inf)
-
 
 
 def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str],
@@ -592,7 +557,6 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
     return len(right) < 2 or table["weighted"]
 
 
-
 def _two_resource_table(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> dict:
     """The rate-free part of `_two_resource_dp`, once per (GPUs-per-replica table, split): "units",
     the fewest units of D GPUs when the right resource serves no pair, else "last" (`_replica_dp`'s
@@ -614,7 +578,6 @@ def _two_resource_table(inp: JointInputs, need: dict, gpus: dict, left: list[str
     return cache[key]
 
 
-
 def _stage_entries(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray) -> list:
     """Per stage, `_replica_dp`'s entries: the block counts grouped by their (w_a, w_b)."""
     lay = _pair_layout(inp)
@@ -627,7 +590,6 @@ def _stage_entries(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray) -> list:
             by_need.setdefault((wa, wb), []).append((n, 0.0))
         stages.append(list(by_need.items()))
     return stages
-
 
 
 def _weighted_right_fits(inp: JointInputs, need: dict, gpus: dict, right: list[str], w_a: np.ndarray,
@@ -648,13 +610,11 @@ def _weighted_right_fits(inp: JointInputs, need: dict, gpus: dict, right: list[s
     return bool((last <= cap_b * (1 + 1e-9)).any())  # float sums of weights: no plan lost to rounding
 
 
-
 def _merge_weights(inp: JointInputs) -> dict[str, float]:
     """GPU type -> 1 / its least GPU-seconds of one microbatch through every unit (the C_g of
     `fluid_gpu_seconds_s`; 1 for a type whose work is free)."""
     return _shared_for(inp, "merge_weights", lambda inp: {
         g: 1.0 / sum(row) if sum(row) > 0 else 1.0 for g, row in _work_by_type(inp).items()})
-
 
 
 def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, float]]]]], L: int, width: int,
@@ -695,7 +655,6 @@ def _replica_dp(stages: list[list[tuple[tuple[float, float], list[tuple[int, flo
     return best[L]
 
 
-
 def block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
     """Per stage boundary (before stage 0 .. after the last), the rows of blocks placed that the
     stages before can reach and the stages after can complete to L, stage i taking one of
@@ -709,7 +668,6 @@ def block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
         hi = min(hi + hi_n[i], L - sum(lo_n[i + 1:]))
         out.append((lo, hi))
     return out
-
 
 
 def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
@@ -727,7 +685,6 @@ def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
     for i in range(P):
         best[:N] = (best[prev] + per_stage[i][None, :]).min(axis=1)
     return float(best[L])
-
 
 
 def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray:
@@ -758,7 +715,6 @@ def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray
     return (D * wb - j * wb + low).reshape(rows, J * wa)[:, :width]
 
 
-
 def _window_min(a: np.ndarray, width: int) -> np.ndarray:
     """out[:, j] = min(a[:, max(0, j - width + 1) : j + 1]) along axis 1, in O(log width) array
     operations: windows of 2^k by doubling, then two overlapping ones cover any width."""
@@ -773,7 +729,6 @@ def _window_min(a: np.ndarray, width: int) -> np.ndarray:
         np.minimum(res[:, rest:], out[:, :-rest], out=res[:, rest:])
         return res
     return out
-
 
 
 def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None,
@@ -819,12 +774,10 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     return out
 
 
-
 def send_aware_applies(inp: JointInputs) -> bool:
     """Whether `sailor_send_aware_time_bound_s` bounds the choice (Sailor's composition, a
     pipeline, blocks form), and so whether the strong bound starts with it at a target."""
     return inp.sailor and inp.P > 1 and blocks_identical(inp)
-
 
 
 def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = None,
@@ -846,7 +799,6 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     return _sailor_send_aware_s(inp, target_s, receivers, False)
 
 
-
 def sailor_send_aware_rules_out_s(inp: JointInputs, target_s: float) -> float | None:
     """`sailor_send_aware_time_bound_s(inp, target_s)` when it is at least `target_s`, else None,
     known sooner: the cells are taken in the same order, and the first that falls short of the
@@ -856,7 +808,6 @@ def sailor_send_aware_rules_out_s(inp: JointInputs, target_s: float) -> float | 
     under the target of 31.19 s: the bound takes 0.79 s, and 0.14 s at the target its plan sets)."""
     out = _sailor_send_aware_s(inp, target_s, False, True)
     return out if out >= target_s else None
-
 
 
 def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bool, decide: bool) -> float:
@@ -883,7 +834,6 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
             return ruled
     return _split_cells_bound_s(inp, fits, cands, sum_tau_lower_bound_s(inp), transfers, sync_update, target_s,
                                 lift=True, decide=decide)
-
 
 
 def _sailor_receiver_cases_s(inp: JointInputs) -> list[np.ndarray]:
@@ -914,12 +864,10 @@ def _sailor_receiver_cases_s(inp: JointInputs) -> list[np.ndarray]:
     return _cached_for(inp, "sailor_receiver_cases", make)
 
 
-
 def _times_fit(inp: JointInputs, *times: np.ndarray):
     """fits(theta, cap, rate): `stages_fit_dp` with one of the per-class stage time arrays `times`."""
     return lambda t, cap, rate=math.inf: any(stages_fit_dp(inp, t, cap, times_s=ts, max_rate_usd_per_s=rate)
                                              for ts in times)
-
 
 
 def _send_aware_cell_bounds(inp: JointInputs, fits, cands: list[float], sum_tau: float, sync_update: float,
@@ -929,7 +877,6 @@ def _send_aware_cell_bounds(inp: JointInputs, fits, cands: list[float], sum_tau:
     return [(floor, cap, _send_aware_cell_s(inp, lambda t, rate=math.inf, cap=cap: fits(t, cap, rate), cands,
                                             max(sync_update, floor, rest_floor), sum_tau + transfers, 0.0, None))
             for floor, cap in _send_aware_cells(inp, sync_update)]
-
 
 
 def _send_aware_cells(inp: JointInputs, sync_update: float, count: int = 4) -> list[tuple[float, float]]:
@@ -946,7 +893,6 @@ def _send_aware_cells(inp: JointInputs, sync_update: float, count: int = 4) -> l
     return list(zip([sync_update] + grid, below + [math.inf]))
 
 
-
 def _extra_values_s(inp: JointInputs) -> np.ndarray:
     """The distinct finite all-reduce + update values of the class tables (`_ClassTables.extra_in_s`
     and `extra_span_s`; inf: a placement that does not exist), ascending: the caps the cells of
@@ -958,12 +904,10 @@ def _extra_values_s(inp: JointInputs) -> np.ndarray:
     return _cached_for(inp, "extra_values", make)
 
 
-
 def _spread(values: np.ndarray, count: int) -> list[float]:
     """At most `count` of the ascending `values`, evenly spread over their indices (first and last
     included): the grid of a cell split."""
     return np.unique(values[np.linspace(0, values.size - 1, min(count, values.size)).round().astype(int)]).tolist()
-
 
 
 def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, sum_tau: float, transfers: float,
@@ -996,7 +940,6 @@ def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, 
     return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
 
 
-
 def _cell_rules_out_s(inp: JointInputs, fits, cands: list[float], rest: float, sum_tau: float, transfers: float,
                       target_s: float) -> float | None:
     """A DP test of a cell of `_send_aware_cell_s` against `target_s` (m > 1): a bound >= target_s
@@ -1017,12 +960,10 @@ def _cell_rules_out_s(inp: JointInputs, fits, cands: list[float], rest: float, s
     return iteration_time_s(inp.m, sum_tau, transfers, theta, rest)
 
 
-
 def _last_beating(inp: JointInputs, cands: list[float], rest: float, sum_tau: float, transfers: float,
                   target_s: float) -> int:
     """The index of the last candidate stage time at which a cell's T would beat `target_s` (-1: none)."""
     return bisect.bisect_left(cands, theta_for_time_s(inp.m, target_s, sum_tau, transfers, rest)) - 1
-
 
 
 def _cell_time_at(inp: JointInputs, cands: list[float], rest: float, sum_tau: float, transfers: float):
@@ -1030,9 +971,7 @@ def _cell_time_at(inp: JointInputs, cands: list[float], rest: float, sum_tau: fl
     return lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest)
 
 
-
 BUDGET_SPLITS = 6  # halvings of `_range_ruled_out`: at most 2^(BUDGET_SPLITS + 1) - 1 DP tests
-
 
 
 def _range_ruled_out(inp: JointInputs, fits, cands: list[float], time_at, lo: int, hi: int, depth: int) -> bool:
@@ -1047,9 +986,7 @@ def _range_ruled_out(inp: JointInputs, fits, cands: list[float], time_at, lo: in
             and _range_ruled_out(inp, fits, cands, time_at, mid + 1, hi, depth - 1))
 
 
-
 SPLIT_TESTS = 48  # DP tests `_split_cells_bound_s` may spend on splitting cells against a target
-
 
 
 def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: float, transfers: float,
@@ -1127,9 +1064,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     return out
 
 
-
 LIFT_SPLITS = 6  # halvings of `_lifted_send_cell_s`'s range of slowest stage times
-
 
 
 def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, stages_s: float, cap: float,
@@ -1163,13 +1098,11 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
     return min(part(_first_true_from(fits, cands, 0, hi), hi, depth), time_at(stages_s, hi + 1))
 
 
-
 def _sailor_send_floor_s(inp: JointInputs) -> float:
     """e of `sailor_transfer_floor_s`: every send is at least half the least boundary and the least
     send floor."""
     return max(min(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) / 2,
                min(inp.send_floor_s, default=0.0))
-
 
 
 def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
@@ -1182,13 +1115,11 @@ def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
     return _cached_for(inp, "sailor_stage_times", make)
 
 
-
 def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least one send of a stage class c serves takes: max(c_node / 2, the least send
     floor of c's pools)."""
     return _cached_for(inp, "sailor_class_sends",
                        lambda inp: np.maximum(_least_per_class(inp, inp.send_floor), _c_node_s(inp) / 2))
-
 
 
 def _least_per_class(inp: JointInputs, per_pool) -> np.ndarray:
@@ -1198,12 +1129,10 @@ def _least_per_class(inp: JointInputs, per_pool) -> np.ndarray:
                      for c in _class_tables(inp).classes])
 
 
-
 def _sailor_class_receives_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least receive floor of class c's pools (what a send to a stage that c serves takes
     at least)."""
     return _cached_for(inp, "sailor_class_receives", lambda inp: _least_per_class(inp, inp.recv_floor))
-
 
 
 def sailor_region_split_bound_s(inp: JointInputs, target_s: float | None = None, strongest: bool = False) -> float:
@@ -1217,7 +1146,6 @@ def sailor_region_split_bound_s(inp: JointInputs, target_s: float | None = None,
                                lambda sub, target: time_lower_bound_tight_s(sub, True, target, strongest))
 
 
-
 def _least_over_regions(inp: JointInputs, crossing_s: float, target_s: float | None, bound_in) -> float:
     """min(crossing_s, `bound_in(sub, target)` of each region's inputs `sub`): the plans that cross
     regions and those inside each one (a region's target is lowered to the least so far: beyond
@@ -1228,7 +1156,6 @@ def _least_over_regions(inp: JointInputs, crossing_s: float, target_s: float | N
             target_s = out
         out = min(out, bound_in(sub, target_s))
     return out
-
 
 
 def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None) -> float:
@@ -1265,14 +1192,12 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
     return out
 
 
-
 def _crossing_fit(inp: JointInputs, fits, ends_apart: bool):
     """`fits(theta, cap, rate)` and, with two regions, `_regions_fit`: both hold for every plan of
     the case (a stage's times with its crossing sends in `fits`, the regions' GPUs in the other)."""
     if len(inp.regions) != 2:
         return fits
     return lambda t, cap, rate=math.inf: fits(t, cap, rate) and _regions_fit(inp, t, cap, ends_apart)
-
 
 
 def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
@@ -1295,7 +1220,6 @@ def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apar
                               lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart))
 
 
-
 def _crossing_variants_s(inp: JointInputs) -> dict[tuple[bool, bool], np.ndarray]:
     """(crossing before the stage, crossing after it) -> (C, M) stage times with sends, every
     stage's incoming / outgoing boundary between regions or not (`_with_crossing_sends`)."""
@@ -1304,7 +1228,6 @@ def _crossing_variants_s(inp: JointInputs) -> dict[tuple[bool, bool], np.ndarray
         return {(before, after): _with_crossing_sends(inp, a_times * after + g_times * before)
                 for before, after in itertools.product((False, True), repeat=2)}
     return _cached_for(inp, "crossing_variants", make)
-
 
 
 def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
@@ -1323,7 +1246,6 @@ def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_a
     if key not in cache:
         cache[key] = _two_regions_dp(inp, units, ends_apart)
     return cache[key]
-
 
 
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
@@ -1368,7 +1290,6 @@ def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
     return False
 
 
-
 def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): x_c of `sailor_crossing_time_bound_s`, the least a send of class c over a boundary
     between regions takes."""
@@ -1376,7 +1297,6 @@ def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
         away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]))
         return np.maximum(np.maximum(away, _sailor_class_sends_s(inp)), inp.p2p_s(inp.region) / 2)
     return _cached_for(inp, "sailor_crossing_sends", make)
-
 
 
 def _sailor_crossing_times_s(inp: JointInputs, crossings: tuple[int, ...]) -> np.ndarray:
@@ -1392,14 +1312,12 @@ def _sailor_crossing_times_s(inp: JointInputs, crossings: tuple[int, ...]) -> np
     return cache[crossings]
 
 
-
 def _send_counts(inp: JointInputs) -> tuple[np.ndarray, np.ndarray]:
     """(M,) twice: how many sends of its activation A_i and of its gradient G_{i-1} the stage of
     each (stage, blocks) pair pays in Sailor's composition (`sailor_p2p`)."""
     i, P = _pair_layout(inp).stage, inp.P
     return (np.where(i == 0, first_stage_sends(P), np.where(i == P - 1, 0, 1)),
             np.where(i == P - 1, 2, np.where(i == 0, 0, 1)))
-
 
 
 def _with_crossing_sends(inp: JointInputs, crossing_sends: np.ndarray) -> np.ndarray:
@@ -1410,7 +1328,6 @@ def _with_crossing_sends(inp: JointInputs, crossing_sends: np.ndarray) -> np.nda
     x, other = _sailor_crossing_sends_s(inp)[:, None], _sailor_class_sends_s(inp)[:, None]
     return (_class_tables(inp).time_s + crossing_sends[None, :] * x
             + (a_times + g_times - crossing_sends)[None, :] * other)
-
 
 
 def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None,
@@ -1433,7 +1350,6 @@ def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float
                                lambda sub, target: _time_lower_bound_merged_s(sub, True, target, strongest))
 
 
-
 def _crossing_bounds_s(inp: JointInputs, merged_s: float) -> tuple[float, float]:
     """(T of the plans whose ends lie in different regions, T of the plans over several regions
     whose ends lie in one) at least, as `region_split_time_bound_s` states them."""
@@ -1451,12 +1367,10 @@ def _crossing_bounds_s(inp: JointInputs, merged_s: float) -> tuple[float, float]
     return ends_apart, two_hops
 
 
-
 def _region_inputs(inp: JointInputs) -> dict[str, "JointInputs"]:
     """region -> these inputs with only the pools of that region (cached: their own bound caches
     live as long as these inputs)."""
     return _cached_for(inp, "regions", lambda inp: {r: in_region(inp, r) for r in inp.regions})
-
 
 
 def in_region(inp: JointInputs, region: str) -> JointInputs:
@@ -1474,7 +1388,6 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
                    sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
                    repeat_sync_table=table(inp.repeat_sync_table))
-
 
 
 def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | None,
@@ -1502,7 +1415,6 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
         # its theta_lo_s filters the stage times, so it takes the stage-time bound alone
         out = max(out, sync_aware_time_bound_s(inp, slowest, target_s, strongest=strongest))
     return out
-
 
 
 def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float | None = None,
@@ -1577,7 +1489,6 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     return best
 
 
-
 def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, sum_tau: float,
                    goal: float | None = None, depth: int = 6, strong: bool = False) -> float:
     """min over the plans with theta >= thetas[j] and every extra <= cap of sum tau + (m - 1) theta.
@@ -1602,7 +1513,6 @@ def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, su
     return bound(j, len(thetas), depth) if j < len(thetas) else math.inf
 
 
-
 def extra_lower_bound_s(inp: JointInputs) -> float:
     """A lower bound on sigma + mu that sees the GPU quotas (blocks form), without a DP. Stage i
     with n blocks needs D replicas of classes whose extra value is at most s: s_need(i, n) is the
@@ -1611,7 +1521,6 @@ def extra_lower_bound_s(inp: JointInputs) -> float:
     (`_ClassTables.extra_span_s`). Every stage holds some count and some stage holds >= ceil(L / P)
     blocks, so sigma + mu >= max(max_i min_n s_need(i, n), min_{i, n >= ceil(L/P)} s_need(i, n))."""
     return _cached_for(inp, "extra_lb", _make_extra_lower_bound)
-
 
 
 def _make_extra_lower_bound(inp: JointInputs) -> float:
@@ -1647,7 +1556,6 @@ def _make_extra_lower_bound(inp: JointInputs) -> float:
     return max(every, big)
 
 
-
 def sum_tau_lower_bound_s(inp: JointInputs) -> float:
     """A lower bound on sum_i tau_i that sees the GPU quotas (blocks form; F otherwise), by
     Lagrangian relaxation: with a price lam_g >= 0 per GPU of type g (and lam_0 on every GPU under
@@ -1662,7 +1570,6 @@ def sum_tau_lower_bound_s(inp: JointInputs) -> float:
                        if blocks_identical(inp) else _fastest_work_s(inp))
 
 
-
 @dataclass(frozen=True)
 class _ClassArrays:
     """Per (stage, block count, class) figures as arrays, for the sum-of-stage-times DPs."""
@@ -1675,7 +1582,6 @@ class _ClassArrays:
     held: np.ndarray  # (types + 1,) GPUs per type, then min(all GPUs, max_gpus)
 
 
-
 def _class_arrays(inp: JointInputs, sends: bool = False) -> _ClassArrays:
     """`sends` (Sailor's composition): each stage time with the least its stage's sends take
     (`_sailor_stage_times_s`), a lower bound on tau_i + p_i where the class serves stage i."""
@@ -1685,14 +1591,12 @@ def _class_arrays(inp: JointInputs, sends: bool = False) -> _ClassArrays:
     return _cached_for(inp, "class_arrays", _make_class_arrays)
 
 
-
 def _by_stage(inp: JointInputs, values: np.ndarray, missing: float) -> np.ndarray:
     """(C, M) per class and (stage, blocks) pair -> (P, N, C), `missing` where the class does not fit."""
     tab, lay = _class_tables(inp), _pair_layout(inp)
     out = np.full((inp.P, inp.U - 1, len(tab.classes)), missing)
     out[lay.stage, lay.count, :] = np.where(tab.fits, values, missing).T
     return out
-
 
 
 def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
@@ -1709,11 +1613,9 @@ def _make_class_arrays(inp: JointInputs) -> _ClassArrays:
                         np.array([gpus[g] for g in types] + [total], dtype=float))
 
 
-
 def _sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     """(the Lagrangian bound of `sum_tau_lower_bound_s`, the prices that reach it)."""
     return _cached_for(inp, "sum_tau_prices", _make_sum_tau_prices)
-
 
 
 class _ByStageTime:
@@ -1730,7 +1632,6 @@ class _ByStageTime:
         per_gpu = (lams[:, arr.gpu_of] + lams[:, -1:]) * arr.tp  # (B, C) price of one replica per class
         price = np.where(self.finite, per_gpu[:, self.order], np.inf)  # in each (stage, count)'s time order
         return self.t_sorted + D * np.minimum.accumulate(price, axis=3)
-
 
 
 def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
@@ -1774,7 +1675,6 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
     return best_value, lam
 
 
-
 @functools.lru_cache(maxsize=16)
 def _minplus_padded_index(N: int) -> np.ndarray:
     """prev[s, n] = s - n where s >= n, else N: one stage's min-plus step as a gather from a table
@@ -1783,7 +1683,6 @@ def _minplus_padded_index(N: int) -> np.ndarray:
     out = np.where(s_idx >= n_idx, s_idx - n_idx, N)
     out.setflags(write=False)
     return out
-
 
 
 def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
@@ -1813,7 +1712,6 @@ def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_
     return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong, sends)
 
 
-
 def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, strong: bool,
                          sends: bool = False) -> float:
     """`capped_sum_tau_s` once per (allowed classes, `packed` their bits, strong, sends); the
@@ -1829,7 +1727,6 @@ def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, s
                 out = max(out, _replica_sum_tau_s(inp, allowed, g, sends))
         cache[key] = out
     return cache[key]
-
 
 
 def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False) -> float:
@@ -1872,7 +1769,6 @@ def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False
     return float(values.max())
 
 
-
 def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: bool = False) -> float:
     """A lower bound on sum tau over the classes `allowed` (by the caps of `capped_sum_tau_s`) that
     counts the GPUs of type `left` exactly, replica by replica, and prices the GPUs of the other
@@ -1909,7 +1805,6 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: 
     return out
 
 
-
 def _replica_stage_choices(inp: JointInputs, t_i: np.ndarray, i: int, in_left: np.ndarray,
                            tp: np.ndarray) -> dict[tuple[float, float], list[tuple[int, float]]]:
     """(w_a, w_b) -> [(n, least tau with those GPUs per replica)] for stage i (`_replica_sum_tau_s`):
@@ -1930,11 +1825,9 @@ def _replica_stage_choices(inp: JointInputs, t_i: np.ndarray, i: int, in_left: n
     return {key: list(per_n.items()) for key, per_n in out.items()}
 
 
-
 def _c_node_s(inp: JointInputs) -> float:
     """One boundary's transfer inside a zone: the least c_i (0 with one stage)."""
     return inp.p2p_s(inp.node) if inp.P > 1 else 0.0
-
 
 
 def _rest_lower_bound_s(inp: JointInputs) -> float:
@@ -1942,11 +1835,9 @@ def _rest_lower_bound_s(inp: JointInputs) -> float:
     return _links_lower_bound_s(inp) + _sync_update_lower_bound_s(inp)
 
 
-
 def _links_lower_bound_s(inp: JointInputs) -> float:
     """sum_i c_i >= (P - 1) c_node (every boundary costs at least the one inside a zone)."""
     return (inp.P - 1) * _c_node_s(inp)
-
 
 
 def _sync_update_lower_bound_s(inp: JointInputs) -> float:
@@ -1956,7 +1847,6 @@ def _sync_update_lower_bound_s(inp: JointInputs) -> float:
     if blocks_identical(inp):
         sync_update = max(sync_update, extra_lower_bound_s(inp))
     return sync_update
-
 
 
 def _sigma_lower_bound_s(inp: JointInputs) -> float:
@@ -1971,7 +1861,6 @@ def _sigma_lower_bound_s(inp: JointInputs) -> float:
     return 0.0  # without the table (layer units that differ) the model has no all-reduce floor
 
 
-
 def _mu_lower_bound_s(inp: JointInputs) -> float:
     """mu >= 1/P of the cheapest update (some stage holds >= 1/P of the units' update work), plus
     the least fixed step (`upd_fixed_s`): the pools serving that stage take theirs too."""
@@ -1980,13 +1869,11 @@ def _mu_lower_bound_s(inp: JointInputs) -> float:
     return per_unit + min(inp.upd_fixed_s, default=0.0)  # every stage's pools take their fixed step
 
 
-
 def stage_time_cap_s(inp: JointInputs, t_max_s: float) -> float:
     """The slowest a stage may be in a plan with T <= t_max_s: T >= m tau_i + (the other stages' tau)
     + rest >= m tau_i + `_rest_lower_bound_s`, since (m - 1) theta >= (m - 1) tau_i. Stage choices
     slower than this are dropped from the model (they cannot beat the cutoff)."""
     return (t_max_s - _rest_lower_bound_s(inp)) / inp.m
-
 
 
 def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float | None = None,
@@ -2001,7 +1888,6 @@ def cost_lower_bound_usd(inp: JointInputs, exact: bool = False, time_lb_s: float
     t_lb = time_lower_bound_tight_s(inp, exact) if time_lb_s is None else time_lb_s
     out = max(iteration_cost_usd(rate_lower_bound_usd_per_s(inp), t_lb, 0.0), work)
     return max(out, cost_lower_bound_dp_usd(inp, target_usd)) if exact else out
-
 
 
 def cost_lower_bound_dp_usd(inp: JointInputs, target_usd: float | None = None) -> float:
@@ -2037,13 +1923,11 @@ def cost_lower_bound_dp_usd(inp: JointInputs, target_usd: float | None = None) -
     return float(np.min(cost_usd)) if cost_usd.size else math.inf
 
 
-
 # runs of thetas per cell in `theta_interval_cost_bound_usd` (measured: the 244 strong cost bounds
 # with a target of Sailor's d_fig11 min-cost search, each on inputs with empty caches, best of 3:
 # the medium bounds alone take 0.81 s; with 2 runs they rule out 172 of the 244 in 1.99 s, with 4
 # 230 in 1.76 s, with 8 240 in 1.87 s, with 16 241 in 2.17 s; with the per-theta DPs 243 in 6.20 s)
 THETA_RUNS = 8
-
 
 
 def theta_interval_cost_bound_usd(inp: JointInputs, runs: int = THETA_RUNS) -> float:
@@ -2072,7 +1956,6 @@ def theta_interval_cost_bound_usd(inp: JointInputs, runs: int = THETA_RUNS) -> f
     return float(np.min(cost_usd))
 
 
-
 def budget_time_lower_bound_s(inp: JointInputs, max_cost_usd: float) -> float:
     """T of the plans that cost at most `max_cost_usd`: a plan whose slowest stage time is theta
     (one of the class stage times, at least `bottleneck_lower_bound_s`) costs at least the bound
@@ -2087,12 +1970,10 @@ def budget_time_lower_bound_s(inp: JointInputs, max_cost_usd: float) -> float:
     return float(np.min(time_s[ok])) if ok.any() else math.inf
 
 
-
 def _per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(thetas, cost bound, time bound A + S0) per candidate slowest stage time theta
     (`cost_lower_bound_dp_usd`), computed once per inputs."""
     return _cached_for(inp, "per_theta", _make_per_theta_bounds)
-
 
 
 def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -2106,7 +1987,6 @@ def _make_per_theta_bounds(inp: JointInputs) -> tuple[np.ndarray, np.ndarray, np
     cell_of = np.repeat(np.arange(len(own)), [x.size for x in own])
     cost_usd, bound_s = _column_bounds(inp, cells, cell_of, theta, theta, sum_tau_lower_bound_s(inp))
     return theta, cost_usd, bound_s
-
 
 
 @dataclass(frozen=True)
@@ -2148,7 +2028,6 @@ def _theta_cells(inp: JointInputs) -> _ThetaCells:
     return _cached_for(inp, "theta_cells", _make_theta_cells)
 
 
-
 def _make_theta_cells(inp: JointInputs) -> _ThetaCells:
     sync_update = _sync_update_lower_bound_s(inp)
     rest = _rest_lower_bound_s(inp)
@@ -2169,7 +2048,6 @@ def _make_theta_cells(inp: JointInputs) -> _ThetaCells:
     # T >= m x theta + the cell's rest: a throughput floor caps its thetas (`stage_time_cap_s`)
     cap = (1 / inp.min_iters_per_s - rests) / inp.m if inp.min_iters_per_s else np.full(len(cells), math.inf)
     return _ThetaCells(t, rate, cheapest, rate_upto, rests, cap)
-
 
 
 def _column_bounds(inp: JointInputs, cells: _ThetaCells, cell_of: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray,
@@ -2197,7 +2075,6 @@ def _column_bounds(inp: JointInputs, cells: _ThetaCells, cell_of: np.ndarray, lo
     return cost_usd, np.where(keep, a + s0, np.inf)
 
 
-
 def _count_within(t: np.ndarray, thetas: np.ndarray) -> np.ndarray:
     """(K, M, theta): how many of the C entries t[k, m, :] are <= each of the ascending thetas,
     without the (K, M, theta, C) comparison: entry c is within from index searchsorted(thetas, c) on."""
@@ -2206,7 +2083,6 @@ def _count_within(t: np.ndarray, thetas: np.ndarray) -> np.ndarray:
     counts = np.zeros((K, M, thetas.size + 1), dtype=np.int64)
     np.add.at(counts, (np.arange(K)[:, None, None], np.arange(M)[None, :, None], first), 1)
     return np.cumsum(counts, axis=2)[:, :, :thetas.size]
-
 
 
 def _extra_cells(inp: JointInputs, least_extra: np.ndarray, sync_update: float,
@@ -2220,7 +2096,6 @@ def _extra_cells(inp: JointInputs, least_extra: np.ndarray, sync_update: float,
         return [(sync_update, math.inf)]
     grid = _spread(values, count)
     return list(zip([sync_update] + grid, grid + [math.inf]))
-
 
 
 def _pairs_dp(inp: JointInputs, weight: np.ndarray) -> np.ndarray:
@@ -2241,7 +2116,6 @@ def _pairs_dp(inp: JointInputs, weight: np.ndarray) -> np.ndarray:
             np.minimum(new[n:], part, out=new[n:])
         best = new
     return best[L]
-
 
 
 def rate_lower_bound_usd_per_s(inp: JointInputs) -> float:

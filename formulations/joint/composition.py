@@ -32,13 +32,11 @@ def worker_bytes(stat, act, in_flight: int):
     return stat + in_flight * act
 
 
-
 def boundary_s(inp: JointInputs, dz, dr):
     """One boundary's activation + gradient transfer per microbatch: c_node, plus the step to c_zone
     where it crosses zones (dz), plus the step to c_region where it crosses regions (dr)."""
     c_node, c_zone, c_region = _link_times_s(inp)
     return c_node + (c_zone - c_node) * dz + (c_region - c_zone) * dr
-
 
 
 def _link_times_s(inp: JointInputs) -> tuple[float, float, float]:
@@ -48,7 +46,6 @@ def _link_times_s(inp: JointInputs) -> tuple[float, float, float]:
     if got is None:
         got = inp._cache["link_times_s"] = tuple(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region))
     return got
-
 
 
 def sailor_p2p(A: list, G: list) -> list:
@@ -62,12 +59,10 @@ def sailor_p2p(A: list, G: list) -> list:
     return [A[0] * first_stage_sends(P)] + [A[i] + G[i - 1] for i in range(1, P - 1)] + [2 * G[-1]]
 
 
-
 def first_stage_sends(P: int) -> int:
     """How many times Sailor's composition counts stage 0's activation send (`sailor_p2p`): twice
     when P > 3. Every other stage of a pipeline counts two sends."""
     return 1 if P <= 3 else 2
-
 
 
 def bottleneck_terms(inp: JointInputs, tau: list, c: list, p2p: list) -> list:
@@ -78,11 +73,9 @@ def bottleneck_terms(inp: JointInputs, tau: list, c: list, p2p: list) -> list:
     return list(tau) + [ci / 2 for ci in c]
 
 
-
 def pipeline_transfers_s(inp: JointInputs, c: list, p2p: list):
     """The transfers one microbatch's way through the pipeline pays (Sailor's: each stage's sends)."""
     return sum(p2p) if inp.sailor else sum(c)
-
 
 
 def iteration_time_s(m: int, stages_s, transfers_s, theta_s, sync_update_s):
@@ -91,12 +84,10 @@ def iteration_time_s(m: int, stages_s, transfers_s, theta_s, sync_update_s):
     return stages_s + transfers_s + (m - 1) * theta_s + sync_update_s
 
 
-
 def theta_for_time_s(m: int, time_s: float, stages_s: float, transfers_s: float, sync_update_s: float) -> float:
     """The bottleneck at which `iteration_time_s` reaches `time_s` with the other parts given (m > 1):
     a plan with these parts beats `time_s` only with a smaller theta."""
     return (time_s - stages_s - transfers_s - sync_update_s) / (m - 1)
-
 
 
 def replica_rate_usd_per_s(pool: Pool) -> float:
@@ -104,11 +95,9 @@ def replica_rate_usd_per_s(pool: Pool) -> float:
     return pool.price_per_gpu_hour_usd * pool.tp / 3600
 
 
-
 def iteration_cost_usd(rate_usd_per_s, time_s, egress_usd):
     """Cost of one iteration: the GPUs' rate over the iteration time, plus egress."""
     return rate_usd_per_s * time_s + egress_usd
-
 
 
 def pipeline_egress_bytes(inp: JointInputs) -> float:
@@ -117,17 +106,14 @@ def pipeline_egress_bytes(inp: JointInputs) -> float:
     return inp.m * inp.D * 2 * inp.boundary_bytes
 
 
-
 def ring_factor(inp: JointInputs) -> float:
     """Bytes a ring all-reduce sends per byte reduced, over D members (x 1.5 with ZeRO-3)."""
     return 2 * (inp.D - 1) / inp.D * inp.sync_factor if inp.D > 1 else 0.0
 
 
-
 def tied_egress_bytes(inp: JointInputs) -> float:
     """Bytes the tied-embedding all-reduce between the first and last stage sends (2 D members)."""
     return 2 * 2 * (2 * inp.D - 1) / (2 * inp.D) * inp.tied_grad_bytes if inp.P > 1 else 0.0
-
 
 
 def tied_at(floors: tuple[float, float, float], ez, er):

@@ -4,7 +4,6 @@ comparisons the search keeps plans by."""
 from __future__ import annotations
 
 
-
 from hetplan.plan import Plan, Replica, Stage, validate_plan
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, model_coef
 from hetplan.formulations.joint.tables import position
@@ -29,7 +28,6 @@ def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones
             [max(c[i - 1] / 2, send[i], recv[i - 1], away(i, i - 1)) for i in range(1, inp.P)])
 
 
-
 def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan:
     stages = []
     for i, (start, end) in enumerate(sol.ranges):
@@ -39,7 +37,6 @@ def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan
             reps += [Replica(gpu_type=pool.gpu_type, tp=pool.tp, zone=pool.zone, microbatch_share=inp.b)] * n
         stages.append(Stage(layer_start=start, layer_end=end, replicas=tuple(reps)))
     return Plan(name=name, schedule="1F1B", num_microbatches=inp.m, micro_batch_size=inp.b, stages=tuple(stages))
-
 
 
 def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
@@ -99,7 +96,6 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
             "zones": zones, "regions": regions}
 
 
-
 def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     """The figures of `sol`'s plan on the nodes first fit gives it (the simulator's placement), read
     from the shared stage evaluation (`inp.costs`), with the model's compute rate: what the MILP
@@ -119,11 +115,9 @@ def evaluate_placed(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
             "sync": [x.time_s for x in it.syncs], "sigma": it.sync_s, "mu": it.update_s}
 
 
-
 def group_of(inp: JointInputs, k: int) -> tuple[str, str]:
     """Pool k's (zone, GPU type): its replicas share the communication estimator's figures."""
     return (inp.pools[k].zone, inp.pools[k].gpu_type)
-
 
 
 def repeated_groups(inp: JointInputs, row: tuple[int, ...]) -> set[tuple[str, str]]:
@@ -135,14 +129,12 @@ def repeated_groups(inp: JointInputs, row: tuple[int, ...]) -> set[tuple[str, st
     return {g for g, n in count.items() if n >= 2}
 
 
-
 def better(current: tuple | None, candidate: tuple | None) -> tuple | None:
     """The one of two (objective, ...) results with the smaller objective (the current one on a
     tie); None counts as none."""
     if candidate is None or (current is not None and current[0] <= candidate[0]):
         return current
     return candidate
-
 
 
 def objective_within_limits(inp: JointInputs, sol: JointSolution, objective: str, max_cost_usd: float | None = None,
@@ -154,7 +146,6 @@ def objective_within_limits(inp: JointInputs, sol: JointSolution, objective: str
             min_iters_per_s is not None and ev["T"] > 1 / min_iters_per_s):
         return None
     return ev["cost"] if objective == "min_cost" else ev["T"]
-
 
 
 def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:

@@ -3,7 +3,6 @@ estimate that ranks the outer choices for them."""
 from __future__ import annotations
 
 
-
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
 from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
 from hetplan.formulations.joint.evaluation import objective_within_limits, solution_blocks
@@ -30,7 +29,6 @@ def promise_s(inp: JointInputs) -> float:
     return iteration_time_s(inp.m, fastest, 0.0, max(fastest / inp.P, inp.D * gpu_work / max(gpus, 1)), 0.0)
 
 
-
 def greedy(inp: JointInputs, order: str = "speed") -> JointSolution | None:
     """Fastest pools first (per GPU, so TP is used only where it pays; order="cost": cheapest work
     per USD first), one region per stage; layers split in proportion to stage speed, then moved off
@@ -53,9 +51,7 @@ def greedy(inp: JointInputs, order: str = "speed") -> JointSolution | None:
     return JointSolution(tuple(ranges), tuple(tuple(r) for r in replicas), float("nan"), float("nan"))
 
 
-
 POLISH_EVALS = 600  # plans one `polish` scores at most (about 0.4-1 ms each)
-
 
 
 def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objective: str = "max_throughput",
@@ -128,7 +124,6 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
     return best, JointSolution(tuple(ranges), tuple(rows), float("nan"), float("nan"))
 
 
-
 def _fill_stage(inp: JointInputs, left: dict, order: list[int]) -> list[int] | None:
     def room(r: str) -> int:
         return sum(n for (g, z), n in left.items() if any(p.zone == z and p.region == r for p in inp.pools))
@@ -148,10 +143,8 @@ def _fill_stage(inp: JointInputs, left: dict, order: list[int]) -> list[int] | N
     return None
 
 
-
 def _stage_unit_time(inp: JointInputs, row: list[int], l: int) -> float:
     return max(inp.step_s[k][l] for k in range(inp.K) if row[k] > 0)
-
 
 
 def _proportional_ranges(inp: JointInputs, replicas: list[list[int]]) -> list[tuple[int, int]]:
@@ -168,7 +161,6 @@ def _proportional_ranges(inp: JointInputs, replicas: list[list[int]]) -> list[tu
     return [(bounds[i], bounds[i + 1]) for i in range(inp.P)]
 
 
-
 def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) -> bool:
     stat, act = _shared_for(inp, "memory_prefix", lambda inp: (_prefix_rows(inp.stat_bytes).tolist(),
                                                                _prefix_rows(inp.act_bytes).tolist()))
@@ -176,7 +168,6 @@ def _stage_fits(inp: JointInputs, row: list[int], i: int, start: int, end: int) 
     return all(not row[k] or worker_bytes(stat[k][end] - stat[k][start], act[k][end] - act[k][start], nf)
                <= inp.cap_bytes[k]
                for k in range(inp.K))
-
 
 
 def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tuple[int, int]]):

@@ -17,13 +17,10 @@ from hetplan.formulations.stage_cost import StageCosts
 ULP_SLACK = 1e-12  # relative: bounds built from sums in another order are lowered by this much
 
 
-
 COST_SCALE = 1e6  # objective and budget rows in micro-dollars
 
 
-
 TIME_UNITS_PER_S = 1e3  # the model's time variables are in milliseconds (`in_model_units`)
-
 
 
 def model_coef(floor_s: float) -> float:
@@ -34,11 +31,9 @@ def model_coef(floor_s: float) -> float:
     return floor_s if floor_s < math.inf else 0.0
 
 
-
 class DeadlineExceeded(Exception):
     """A bound or heuristic stopped at the deadline of the search it serves. What it had computed
     is dropped (caches store only finished values), so every figure kept stays valid."""
-
 
 
 @dataclass(frozen=True)
@@ -63,16 +58,13 @@ class Deadline:
             raise DeadlineExceeded
 
 
-
 NO_DEADLINE = Deadline()
-
 
 
 # The deadline the bounds and heuristics of this package check in their
 # long loops. A scope rather than a parameter: the bounds call each other many levels deep through
 # caches keyed by their inputs alone, and a finished value does not depend on the deadline.
 _DEADLINE: contextvars.ContextVar[Deadline] = contextvars.ContextVar("hetplan_deadline", default=NO_DEADLINE)
-
 
 
 @contextmanager
@@ -87,11 +79,9 @@ def deadline_scope(deadline: Deadline) -> Iterator[Deadline]:
         _DEADLINE.reset(token)
 
 
-
 def check_deadline() -> None:
     """Raise DeadlineExceeded when the current scope's deadline has passed (about 0.1 us)."""
     _DEADLINE.get().check()
-
 
 
 @dataclass(frozen=True)
@@ -108,12 +98,10 @@ class Pool:
         return (self.gpu_type, self.zone)
 
 
-
 @dataclass(frozen=True)
 class LinkCost:
     bandwidth_Bps: float
     latency_s: float
-
 
 
 @dataclass(frozen=True)
@@ -237,7 +225,6 @@ class JointInputs:
     @property
     def regions(self) -> list[str]:
         return sorted({p.region for p in self.pools})
-
 
 
 @dataclass(frozen=True)

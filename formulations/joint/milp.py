@@ -217,7 +217,6 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     return m
 
 
-
 def in_model_units(inp: JointInputs) -> JointInputs:
     """The same inputs with every time in milliseconds (prices per GPU-millisecond-hour scaled to
     match, so rate x T stays in USD). Stage times are 1e-4..1e-1 s: in seconds the solvers' absolute
@@ -246,11 +245,9 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         tied_pool_s=tuple(tuple(v * ms for v in row) for row in inp.tied_pool_s))
 
 
-
 def objective_value(inp: JointInputs, solver_objective: float) -> float:
     """A solver's objective or bound in seconds (max throughput) or USD (min cost)."""
     return solver_objective / (COST_SCALE if inp.objective == "min_cost" else TIME_UNITS_PER_S)
-
 
 
 def _scale_rows(m: pyo.ConcreteModel, names: tuple[str, ...], factor: float) -> None:
@@ -261,7 +258,6 @@ def _scale_rows(m: pyo.ConcreteModel, names: tuple[str, ...], factor: float) -> 
         for row in comp.values():
             lo, body, hi = row.lower, row.body, row.upper
             row.set_value((None if lo is None else factor * lo, factor * body, None if hi is None else factor * hi))
-
 
 
 def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
@@ -293,7 +289,6 @@ def _layer_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     m.tau_floor = pyo.Constraint(m.I, rule=lambda m, i: m.tau[i] >= stage_sum(m, inp, i, fastest))
 
 
-
 def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     D = inp.D
     m.replicas = pyo.Constraint(m.I, rule=lambda m, i: sum(m.x[i, k] for k in m.K) == D)
@@ -305,7 +300,6 @@ def _replica_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     m.use_lo = pyo.Constraint(m.I, m.K, rule=lambda m, i, k: m.u[i, k] <= m.x[i, k])
     if inp.max_gpus is not None:
         m.max_gpus = pyo.Constraint(expr=sum(inp.pools[k].tp * m.x[i, k] for i in m.I for k in m.K) <= inp.max_gpus)
-
 
 
 def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs, max_stage_time: float = math.inf) -> None:
@@ -352,14 +346,12 @@ def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs, max_stage_time: f
         m.xc[j, c] for j in by_class[i, c]))
 
 
-
 class NoStageChoice(Exception):
     """No pool fits any block count on some stage: the outer choice is infeasible."""
 
     def __init__(self, stage: int):
         super().__init__(f"no pool fits stage {stage}")
         self.stage = stage
-
 
 
 def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str], Rs: list[str]) -> None:
@@ -407,7 +399,6 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
         m.er.setlb(1)
 
 
-
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     B = range(inp.P - 1)
     m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, m.dz[i], m.dr[i]))
@@ -423,7 +414,6 @@ def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         m, inp, i, inp.upd_s[k]) + inp.upd_fixed(k) - big_upd[k] * (1 - m.u[i, k]))
     m.iteration = pyo.Constraint(expr=m.T == iteration_time_s(inp.m, sum(tau), pipeline_transfers_s(inp, c, p2p),
                                                               m.theta, m.sigma + m.mu))
-
 
 
 def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
@@ -461,7 +451,6 @@ def _sailor_send_rows(m: pyo.ConcreteModel, inp: JointInputs) -> list:
     return sailor_p2p([m.A[i] for i in range(inp.P - 1)], [m.G[i] for i in range(1, inp.P)])
 
 
-
 def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     tied = {i: 0.0 for i in m.I}
     if inp.P > 1 and inp.tied_pool_s:
@@ -495,7 +484,6 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
         _repeat_sync_rows(m, inp, own, tied)
 
 
-
 def _repeat_sync_rows(m: pyo.ConcreteModel, inp: JointInputs, own, tied: dict) -> None:
     """rep[i,g] = 1 where stage i holds two or more replicas of group g (a zone's GPU type): the row
     (D - 1) rep[i,g] >= sum_{k in g} x[i,k] - 1 forces it (the objective keeps it 0 otherwise), and
@@ -511,11 +499,9 @@ def _repeat_sync_rows(m: pyo.ConcreteModel, inp: JointInputs, own, tied: dict) -
                                    - big * (2 - m.u[i, k] - m.rep[i, index[group_of(inp, k)]]) + tied[i])
 
 
-
 def _groups(inp: JointInputs) -> list[tuple[str, str]]:
     """The (zone, GPU type) groups of the pools, in the order of the rep variables' index."""
     return sorted({group_of(inp, k) for k in range(inp.K)})
-
 
 
 def _mean_sync_update_rows(m: pyo.ConcreteModel, inp: JointInputs, tied: dict) -> None:
@@ -533,7 +519,6 @@ def _mean_sync_update_rows(m: pyo.ConcreteModel, inp: JointInputs, tied: dict) -
         model_coef(sync_c[c, i, n]) / inp.D * m.xc[j, c] for j, c, n in at[i]) + tied[i])
     m.update_mean = pyo.Constraint(m.I, rule=lambda m, i: m.mu >= sum(
         upd_c[c, i, n] / inp.D * m.xc[j, c] for j, c, n in at[i]))
-
 
 
 def _cost_and_objective(m: pyo.ConcreteModel, inp: JointInputs, linearize: bool, Zs: list[str]) -> None:
@@ -557,7 +542,6 @@ def _cost_and_objective(m: pyo.ConcreteModel, inp: JointInputs, linearize: bool,
         m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
 
 
-
 def _linear_rate_times_T(m: pyo.ConcreteModel, inp: JointInputs, rate: dict) -> pyo.Expression:
     """x[i,k] * T exactly: x = sum_j 2^j beta[i,k,j], w[i,k,j] = beta[i,k,j] * T (McCormick on a binary)."""
     t_ub = m.T.ub
@@ -570,7 +554,6 @@ def _linear_rate_times_T(m: pyo.ConcreteModel, inp: JointInputs, rate: dict) -> 
     m.w_le_T = pyo.Constraint(m.I, m.K, J, rule=lambda m, i, k, j: m.w[i, k, j] <= m.T)
     m.w_ge = pyo.Constraint(m.I, m.K, J, rule=lambda m, i, k, j: m.w[i, k, j] >= m.T - t_ub * (1 - m.beta[i, k, j]))
     return sum(rate[i, k] * 2**j * m.w[i, k, j] for i in m.I for k in m.K for j in J)
-
 
 
 def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -> None:
@@ -597,7 +580,6 @@ def _egress_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]) -
         + tied * (pz * m.ez + (pr - pz) * m.er))
 
 
-
 def decode(m: pyo.ConcreteModel, inp: JointInputs) -> JointSolution:
     ranges = []
     if m.layers == "blocks":
@@ -615,7 +597,6 @@ def decode(m: pyo.ConcreteModel, inp: JointInputs) -> JointSolution:
     cost = pyo.value(m.cost) if hasattr(m, "cost") else None
     return JointSolution(tuple(ranges), reps, pyo.value(m.T) / TIME_UNITS_PER_S,
                          cost if cost is not None else float("nan"))
-
 
 
 def _block_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution, start: ComponentMap) -> bool:
@@ -640,7 +621,6 @@ def _block_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution, sta
         if var not in start:
             start[var] = 0.0
     return True
-
 
 
 def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> ComponentMap | None:

@@ -22,7 +22,6 @@ def _per_inputs_cache(inp: JointInputs, name: str) -> dict:
     return inp._cache.setdefault(name, {})
 
 
-
 def _cached_for(inp: JointInputs, name: str, make):
     """make(inp), computed once per inputs object (`_per_inputs_cache`)."""
     cache = _per_inputs_cache(inp, name)
@@ -31,19 +30,16 @@ def _cached_for(inp: JointInputs, name: str, make):
     return cache[name]
 
 
-
 # per-inputs caches that are small to send to another process and slow to recompute (the class
 # tables are large and quick to rebuild; the region sub-inputs carry caches of their own)
 _PORTABLE_CACHES = ("hall_theta", "bottleneck", "coverable", "extra_lb", "sum_tau", "sum_tau_prices",
                     "capped_sum_tau")
 
 
-
 def cache_export(inp: JointInputs) -> dict:
     """The portable part of the bounds computed for these inputs (`cache_import` takes it into
     another copy of the same inputs, e.g. in another process)."""
     return {name: dict(inp._cache[name]) for name in _PORTABLE_CACHES if name in inp._cache}
-
 
 
 def cache_import(inp: JointInputs, caches: dict) -> None:
@@ -53,7 +49,6 @@ def cache_import(inp: JointInputs, caches: dict) -> None:
         inp._cache.setdefault(name, {}).update(entries)
 
 
-
 def _shared_for(inp: JointInputs, name: str, make):
     """make(inp) for a figure of the rows alone (`JointInputs.shared`), computed once for every
     outer choice that shares them (the depths P of one (b, D) in the planner)."""
@@ -61,7 +56,6 @@ def _shared_for(inp: JointInputs, name: str, make):
     if name not in cache:
         cache[name] = make(inp)
     return cache[name]
-
 
 
 def _shared_cache(inp: JointInputs) -> dict:
@@ -76,14 +70,12 @@ def _shared_cache(inp: JointInputs) -> dict:
     return mine
 
 
-
 def _least_tp(classes) -> dict[str, int]:
     """GPU type -> the smallest TP among these (type, TP) classes."""
     out: dict[str, int] = {}
     for g, t in classes:
         out[g] = min(out.get(g, t), t)
     return out
-
 
 
 def blocks_identical(inp: JointInputs, rel_tol: float = 1e-9) -> bool:
@@ -93,7 +85,6 @@ def blocks_identical(inp: JointInputs, rel_tol: float = 1e-9) -> bool:
     if rel_tol not in cache:
         cache[rel_tol] = _blocks_identical(inp, rel_tol)
     return cache[rel_tol]
-
 
 
 def _blocks_identical(inp: JointInputs, rel_tol: float) -> bool:
@@ -108,7 +99,6 @@ def _blocks_identical(inp: JointInputs, rel_tol: float) -> bool:
     return all(same(rows) for rows in (inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, (inp.grad_bytes,)))
 
 
-
 def block_counts(inp: JointInputs, i: int) -> range:
     """Block counts n stage i may hold in the compact form: stage 0 holds the embedding and at least
     one block (so unit 1, the only block that may differ, is always there), middle stages at least
@@ -121,11 +111,9 @@ def block_counts(inp: JointInputs, i: int) -> range:
     return range(lo, L - others_min + 1)
 
 
-
 def position(inp: JointInputs, i: int) -> str:
     """Stages whose units look alike: "only" (P = 1), "first", "last" or "middle"."""
     return "only" if inp.P == 1 else ("first" if i == 0 else ("last" if i == inp.P - 1 else "middle"))
-
 
 
 def stage_units(inp: JointInputs, i: int, n: int) -> range:
@@ -139,7 +127,6 @@ def stage_units(inp: JointInputs, i: int, n: int) -> range:
     return range(2, 2 + n)
 
 
-
 def stage_sum(m: pyo.ConcreteModel, inp: JointInputs, i: int, per_unit) -> pyo.Expression:
     """sum over the units of stage i of `per_unit[l]`, as a linear expression in either layer form."""
     if m.layers == "blocks":
@@ -148,17 +135,14 @@ def stage_sum(m: pyo.ConcreteModel, inp: JointInputs, i: int, per_unit) -> pyo.E
     return sum(per_unit[l] * m.y[i, l] for l in m.L)
 
 
-
 def time_classes(inp: JointInputs) -> list[tuple[str, int]]:
     """Pools of one GPU type and TP degree run every unit alike (zones differ only in placement)."""
     return sorted({(p.gpu_type, p.tp) for p in inp.pools})
 
 
-
 def _class_figures(inp: JointInputs) -> tuple[dict, dict]:
     """time[(r, i, n)] stage seconds per microbatch on class r, fits[(r, i, n)] memory fits a worker."""
     return _cached_for(inp, "figures", lambda inp: _class_tables(inp).as_dicts("time_s", "fits"))
-
 
 
 @dataclass(frozen=True)
@@ -174,13 +158,10 @@ class _PairLayout:
     positions: tuple  # position names by index
 
 
-
 _LAYOUTS: dict[tuple[int, int], _PairLayout] = {}
 
 
-
 _KEYS: dict[tuple, list] = {}
-
 
 
 def _pair_layout(inp: JointInputs) -> _PairLayout:
@@ -197,7 +178,6 @@ def _pair_layout(inp: JointInputs) -> _PairLayout:
     return _LAYOUTS[key]
 
 
-
 def _table_keys(classes: list, inp: JointInputs) -> list:
     """[(r, i, n)] for every class and pair, class-major: the keys of the class dicts."""
     key = (tuple(classes), inp.P, inp.U)
@@ -206,7 +186,6 @@ def _table_keys(classes: list, inp: JointInputs) -> list:
             _KEYS.clear()
         _KEYS[key] = [(c, i, n) for c in classes for i, n in _pair_layout(inp).pairs]
     return _KEYS[key]
-
 
 
 @dataclass(frozen=True)
@@ -233,17 +212,14 @@ class _ClassTables:
         return tuple(dict(zip(self.keys, getattr(self, name).ravel().tolist())) for name in names)
 
 
-
 def _class_tables(inp: JointInputs) -> _ClassTables:
     return _cached_for(inp, "class_tables", _make_class_tables)
-
 
 
 def _prefix_rows(rows) -> np.ndarray:
     """(R, U + 1) running sums of each row, from 0 (cumsum adds in order, as a loop would)."""
     arr = np.asarray(rows, dtype=float)
     return np.concatenate([np.zeros((arr.shape[0], 1)), np.cumsum(arr, axis=1)], axis=1)
-
 
 
 def _make_class_tables(inp: JointInputs) -> _ClassTables:
@@ -282,7 +258,6 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
 
 
-
 def _sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray:
     """(K, M) an all-reduce table's entry of every pool at every pair. The planner hands one table
     to every choice with its (D, pools, P), so the grid is kept beside the table it was read from
@@ -290,9 +265,7 @@ def _sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray
     return _per_table(table, ("sync_by_pool", inp.P, inp.U), lambda: _make_sync_by_pool(inp, lay, table))
 
 
-
 _TABLE_FIGURES: dict[tuple, tuple] = {}
-
 
 
 def _per_table(table: dict, what: tuple, make):
@@ -308,7 +281,6 @@ def _per_table(table: dict, what: tuple, make):
     return hit[1]
 
 
-
 def _make_sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray:
     N = inp.U - 1
     grid = np.full((inp.K, len(lay.positions), N), np.inf)
@@ -316,7 +288,6 @@ def _make_sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.nd
         if pos in lay.positions:
             grid[k, lay.positions.index(pos), n] = v
     return grid[:, lay.pos, lay.count]
-
 
 
 def _class_extras(inp: JointInputs) -> dict:
@@ -329,13 +300,11 @@ def _class_extras(inp: JointInputs) -> dict:
     return _cached_for(inp, "extras", _make_class_extras)
 
 
-
 def _make_class_extras(inp: JointInputs) -> dict:
     # a class no zone holds D replicas of (inf in one zone) can only serve a stage spanning zones
     tab = _class_tables(inp)
     extra = np.where(np.isfinite(tab.extra_in_s), tab.extra_in_s, tab.extra_span_s)
     return dict(zip(tab.keys, extra.ravel().tolist()))
-
 
 
 def _ends_tied_s(inp: JointInputs, floors: tuple[float, float, float]) -> tuple[float, float]:
@@ -352,7 +321,6 @@ def _ends_tied_s(inp: JointInputs, floors: tuple[float, float, float]) -> tuple[
     return (far if ez else min(t_node, far)), far
 
 
-
 def ends_forced(inp: JointInputs) -> tuple[bool, bool]:
     """(ez, er) forced to 1: no zone (region) has GPUs for the 2 D replicas of the first and last
     stage, each type counted at its smallest TP (P > 1)."""
@@ -361,7 +329,6 @@ def ends_forced(inp: JointInputs) -> tuple[bool, bool]:
     min_tp = _least_tp(time_classes(inp))
     return (_most_replicas(_gpus_per_group(inp, "zone"), min_tp) < 2 * inp.D,
             _most_replicas(_gpus_per_group(inp, "region"), min_tp) < 2 * inp.D)
-
 
 
 def _gpus_per_group(inp: JointInputs, attr: str) -> dict[str, dict[str, int]]:
@@ -375,11 +342,9 @@ def _gpus_per_group(inp: JointInputs, attr: str) -> dict[str, dict[str, int]]:
     return _shared_for(inp, f"gpus_per_{attr}", make)
 
 
-
 def _most_replicas(groups: dict[str, dict[str, int]], min_tp: dict[str, int]) -> int:
     """The most replicas any one group (zone or region) holds with type g at TP min_tp[g]."""
     return max((sum(gpus[g] // t for g, t in min_tp.items() if g in gpus) for gpus in groups.values()), default=0)
-
 
 
 def _class_sync_update(inp: JointInputs) -> tuple[dict, dict]:

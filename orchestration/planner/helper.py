@@ -3,7 +3,6 @@
 (benchmarks/planner.py --workers 1 vs 2, 17 scenarios): 13-42 % less search time on every scenario
 over 0.5 s, the same plans."""
 from __future__ import annotations
-from __future__ import annotations
 
 import gc
 import heapq
@@ -21,7 +20,6 @@ from hetplan.orchestration.planner.steps import _Step, _order, _refine
 
 
 HELPER_WAIT_S = 60.0  # the longest a refinement step may take in the helper before the main process takes over
-
 
 
 class _Refiner:
@@ -99,9 +97,7 @@ class _Refiner:
             self.helper.close()
 
 
-
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
 
 
 class _Helper:
@@ -248,7 +244,6 @@ class _Helper:
                 gc.unfreeze()
 
 
-
 def _quiet_helper(parent: int) -> None:
     """The helper's signals (`_Helper`): set while they are blocked (`_Helper.start`), then let in."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -264,12 +259,10 @@ def _quiet_helper(parent: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-
 def _helper_main(parent: int, conn, *args) -> None:
     """The helper process: its signals (`_quiet_helper`), then `_helper_loop(conn, *args)`."""
     _quiet_helper(parent)
     _helper_loop(conn, *args)
-
 
 
 class _Sender:
@@ -296,7 +289,6 @@ class _Sender:
             except OSError:
                 self.broken = True
                 return
-
 
 
 def _helper_loop(conn, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,

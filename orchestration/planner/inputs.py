@@ -3,7 +3,6 @@ update, memory and send figures, and the communication estimator's all-reduce fl
 placements first fit may make (`with_sync_table`, `tied_floors_s`), so that the model stays a
 relaxation of the simulator (formulations/joint/milp.py)."""
 from __future__ import annotations
-from __future__ import annotations
 
 import math
 from dataclasses import replace
@@ -33,14 +32,12 @@ class _NodeSet(tuple):
         return (_NodeSet, (tuple(self),))
 
 
-
 def _by_size(cache: dict, sizes: list[float], compute) -> list[float]:
     """Per size its figure from `cache` (bytes -> seconds), `compute` asked once for those missing."""
     missing = [n for n in dict.fromkeys(sizes) if n not in cache]
     if missing:
         cache.update(zip(missing, compute(missing)))
     return [cache[n] for n in sizes]
-
 
 
 class _Tables:
@@ -312,7 +309,6 @@ class _Tables:
         return self._mem[key]
 
 
-
 def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], tuple[int, int, float, str]]:
     """(gpu type, zone) -> (available GPUs, GPUs per node, price, region), after allowed types/zones."""
     c = instance.constraints
@@ -326,7 +322,6 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
     if opts.available is not None:
         out = {k: (min(v[0], opts.available.get(k, 0)), *v[1:]) for k, v in out.items()}
     return {k: v for k, v in out.items() if v[0] > 0}
-
 
 
 def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
@@ -361,7 +356,6 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     return inp
 
 
-
 def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInputs:
     """`inp` with lower bounds on the gradient all-reduce per (pool, stage position, blocks) filled in:
     `sync_table` for a stage in one zone, `span_sync_table` for one spanning zones of its region.
@@ -388,7 +382,6 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
             None if got is None else {(k, pos, n): got[k, pos, n] for k in range(inp.K) for pos, n in nbytes}
             for got in entries)
     return replace(inp, sync_table=tabs[0], span_sync_table=tabs[1], repeat_sync_table=tabs[2])
-
 
 
 def _sync_entries(tables: _Tables, inp: joint.JointInputs, nbytes: dict) -> tuple[dict, dict | None, dict | None]:
@@ -421,7 +414,6 @@ def _sync_entries(tables: _Tables, inp: joint.JointInputs, nbytes: dict) -> tupl
     return store[0], store[1] or None, store[2] or None
 
 
-
 def _pigeonhole(inp: joint.JointInputs, table: dict, span: dict, repeat: dict) -> None:
     """Raise `table` and `span` in place where D exceeds the (zone, GPU type) groups of a pool's
     region: a stage's D replicas then put two in some group, so its all-reduce is at least the least
@@ -441,7 +433,6 @@ def _pigeonhole(inp: joint.JointInputs, table: dict, span: dict, repeat: dict) -
                     tab[k, pos, n] = max(v, least[pos, n])
 
 
-
 def _repeat_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, nbytes: list[float],
                      factor: float) -> list[float] | None:
     """Per entry of `nbytes`: a floor on the all-reduce of a stage that holds a replica of `pool` and
@@ -455,12 +446,10 @@ def _repeat_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, 
     return [min(floors[j::len(nbytes)]) for j in range(len(nbytes))]
 
 
-
 def _least_tps(inp: joint.JointInputs, pool: joint.Pool) -> list[int]:
     """The least TP a stage holding a replica of `pool` can have: every TP degree of the pools up
     to pool k's own."""
     return sorted({p.tp for p in inp.pools if p.tp <= pool.tp})
-
 
 
 def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, nbytes: list[float],
@@ -490,7 +479,6 @@ def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Po
     return one_zone, span
 
 
-
 def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None,
                  gpu_type: str | None = None) -> int:
     """The fewest nodes of `zone` and `gpu_type` (None: any) that can hold a ring of `members`
@@ -515,11 +503,9 @@ def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, 
     return tables._least_nodes[key]
 
 
-
 def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None) -> bool:
     """Whether that ring can sit on one node of the pool's type (in `zone`; None: any zone)."""
     return _least_nodes(tables, pools, pool, members, zone, pool.gpu_type) == 1
-
 
 
 def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
@@ -540,7 +526,6 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
     return tables._tied[key]
 
 
-
 def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float,
                    min_nodes: int) -> tuple[float, float, float]:
     size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
@@ -553,12 +538,10 @@ def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float,
     return _finite(node), _finite(zone), _finite(region)
 
 
-
 def _finite(floor_s: float) -> float:
     """A floor where no placement exists (inf) is 0 in the model: such plans are ruled out by the
     quota rows, and an infinite coefficient would break the MILP."""
     return floor_s if floor_s < math.inf else 0.0
-
 
 
 def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> list[Combo]:
@@ -574,7 +557,6 @@ def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> 
                 if (B // b) % D == 0 and P * D <= max_replicas:
                     combos.append(Combo(P, b, D))
     return combos
-
 
 
 def planner_tables(instance: Instance, estimators: EstimatorSet) -> _Tables:

@@ -1,6 +1,5 @@
 """What a caller gives the joint planner and gets back: options, outer choices, records, the result."""
 from __future__ import annotations
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 
@@ -10,7 +9,6 @@ from hetplan.simulator import SimulationReport
 
 
 TP_CHOICES = (1, 2, 4, 8)
-
 
 
 @dataclass(frozen=True)
@@ -36,13 +34,11 @@ class PlannerOptions:
     concurrent_milps: int = 2  # choices' MILPs solving at once, each in a thread (HiGHS); 1: one after another
 
 
-
 @dataclass(frozen=True)
 class Combo:
     P: int
     b: int
     D: int
-
 
 
 @dataclass
@@ -56,7 +52,6 @@ class ComboRecord:
     bound: float | None = None
     build_s: float = 0.0
     solve_s: float = 0.0
-
 
 
 @dataclass
@@ -97,7 +92,6 @@ class PlannerResult:
                 "combos_total": self.combos_total, "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
                 "build_s": self.build_s, "solve_s": self.solve_s, "wall_s": self.wall_s, "backend": self.backend,
                 "simulated": {k: v for k, v in self.report.summary().items() if k not in ("ranks",)}}
-
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
 """The search over outer choices (the package docstring tells its steps): preparation, the first
 incumbent, best first refinement, the MILPs with a cutoff, the result."""
 from __future__ import annotations
-from __future__ import annotations
 
 import contextvars
 import functools
@@ -32,17 +31,13 @@ from hetplan.orchestration.planner.helper import _Helper, _Refiner
 PROGRESS_EVERY_S = 0.1  # the progress callback is called at most this often (and once at the end)
 
 
-
 PREPARE_SHARE = 0.6  # the outer choices' inputs and cheap bounds may take this share of the limit
-
 
 
 DIVE_CLIMB_RUNS = 4  # heuristic runs of the local search (`_climb`) from a plan a dive found
 
 
-
 RESCUE_S = 0.25  # no plan at the deadline: the greedy looks for one this long, or a quarter of the limit if less
-
 
 
 class _Reporter:
@@ -66,12 +61,10 @@ class _Reporter:
         self.callback(SearchProgress(done, self.total, what, incumbent, bound, gap, now - self.t_start))
 
 
-
 class SearchTerminated(KeyboardInterrupt):
     """SIGTERM stopped `plan()`. Raised only where SIGTERM had its default action (the process
     would die without stopping the helper or running the caller's clean-up); a KeyboardInterrupt,
     so whatever handles Ctrl-C handles it too."""
-
 
 
 @contextmanager
@@ -92,7 +85,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
 
 
 @dataclass(frozen=True)
@@ -130,7 +122,6 @@ class _Floor:
         return t_lb * combo.P * combo.D * rate if objective == "min_cost" else t_lb
 
 
-
 def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptions) -> _Floor:
     B = instance.workload.global_batch_size
     gpus: dict[str, int] = {}
@@ -152,11 +143,9 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
     return _Floor(B, per_b)
 
 
-
 def _budget_message(max_cost: float, least: float) -> str:
     return (f"max_cost_per_iteration_usd: {max_cost:g} USD is below the least cost of any plan, {least:.4g} USD; "
             f"raise the budget to at least that")
-
 
 
 def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None) -> None:
@@ -169,7 +158,6 @@ def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | Non
                               f"{1 / floor.least_time_s:.4g} it/s; lower the floor to at most that")
 
 
-
 def _check_choices_reachable(queue: list, objective: str, max_cost: float | None) -> None:
     """With every choice's cheap bound in: InfeasibleError when the budget is below all of their
     cost bounds (rate_LB x T_LB: unlike `_Floor.least_cost_usd` it counts the P x D replicas a
@@ -180,7 +168,6 @@ def _check_choices_reachable(queue: list, objective: str, max_cost: float | None
                 for item in queue)
     if least > max_cost:
         raise InfeasibleError(_budget_message(max_cost, least))
-
 
 
 def _prepare(instance: Instance, tables: _Tables, quotas: dict, combos: list[Combo], objective: str,
@@ -212,7 +199,6 @@ def _prepare(instance: Instance, tables: _Tables, quotas: dict, combos: list[Com
     return records, queue, skipped
 
 
-
 def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
                  max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> ComboRecord | tuple:
     """One choice's queue item (cheap bound, P, D, b, level 0, choice, inputs), or its record
@@ -229,7 +215,6 @@ def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     if min_its is not None and t_lb > 1 / min_its:
         return ComboRecord(combo.P, combo.b, combo.D, lb, "infeasible_by_bound")
     return (lb, combo.P, combo.D, combo.b, 0, combo, inp)
-
 
 
 class _Scorer:
@@ -292,7 +277,6 @@ class _Scorer:
     def _within_limits(self, rep: SimulationReport) -> bool:
         return not rep.oom_ranks and (self.max_cost is None or rep.cost_per_iteration_usd <= self.max_cost) and (
             self.min_its is None or rep.iters_per_s >= self.min_its)
-
 
 
 @dataclass
@@ -365,7 +349,6 @@ class _Outcome:
         self.cut = True
 
 
-
 def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: EstimatorSet | None = None,
          progress: Callable[[SearchProgress], None] | None = None, tables: _Tables | None = None) -> PlannerResult:
     """The best plan found within `opts.time_limit_s`, with its proven bound (module docstring).
@@ -387,7 +370,6 @@ def plan(instance: Instance, opts: PlannerOptions | None = None, estimators: Est
         return _plan(instance, opts, estimators, _Reporter(progress, t_start), deadline, tables)
 
 
-
 def _splittable_tps(instance: Instance, opts: PlannerOptions) -> PlannerOptions:
     """Only TP degrees that split the model's heads and MLP evenly (plan.tp_indivisible): the plan
     validator refuses the others, so the search must not offer them (e.g. TP 8 for 20 heads)."""
@@ -397,7 +379,6 @@ def _splittable_tps(instance: Instance, opts: PlannerOptions) -> PlannerOptions:
         raise InstanceError(f"no TP degree of {opts.tp_choices} splits {arch.name} evenly "
                             f"({'; '.join(tp_indivisible(arch, max(opts.tp_choices)))})", "tp_choices")
     return opts if tps == tuple(opts.tp_choices) else replace(opts, tp_choices=tps)
-
 
 
 def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | None, report: _Reporter,
@@ -434,7 +415,6 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         out.found(_rescue(queue, objective, max_cost, min_its, opts.time_limit_s), heuristic=True)
     return _result(instance, objective, (max_cost, min_its), opts, milp.backend, len(combos), out, deadline,
                    report)
-
 
 
 def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
@@ -747,7 +727,6 @@ class _Flight:
         self.threads.clear()
 
 
-
 class _CpuBudget:
     """Asked at HiGHS's callbacks in the thread that solves (`SolveOptions.interrupt`): stop when the
     search stops (`stop`) or when that thread has had `limit_s` seconds of CPU since the first call.
@@ -766,12 +745,10 @@ class _CpuBudget:
         return self.stop.is_set() or now - self.start > self.limit_s
 
 
-
 def _parallel_solves(backend: str) -> bool:
     from hetplan.solvers.registry import backend_class
 
     return backend_class(backend).capabilities.parallel_solves
-
 
 
 def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", deadline: joint.Deadline,
@@ -800,7 +777,6 @@ def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", de
     out.unfinished = []
 
 
-
 def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float | None,
             limit_s: float) -> tuple | None:
     """No plan at the deadline: the best plan the greedy finds on the queued choices, least bound
@@ -816,7 +792,6 @@ def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float 
         except joint.DeadlineExceeded:
             pass
     return best
-
 
 
 def _result(instance: Instance, objective: str, limits: tuple[float | None, float | None],
@@ -859,13 +834,11 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
     return result
 
 
-
 @dataclass(frozen=True)
 class _MilpSettings:
     backend: str
     linear: bool
     rel_gap: float
-
 
 
 @dataclass
@@ -878,7 +851,6 @@ class _ChoiceResult:
     start: tuple | None  # (objective, solution) to warm-start from
     solution: tuple | None  # (objective, solution, inputs) found, or None
     open: bool = True
-
 
 
 def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None, best: tuple | None,
@@ -941,7 +913,6 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
     return _ChoiceResult(lb, rec, inp, found, None, open=False)
 
 
-
 def _closed_at(cutoff: float | None, lead: float | None, rec: ComboRecord, inp: joint.JointInputs,
                found: tuple | None) -> "_ChoiceResult | None":
     """A choice with no plan below the cutoff: None where the cutoff is the lead's objective (no plan
@@ -951,7 +922,6 @@ def _closed_at(cutoff: float | None, lead: float | None, rec: ComboRecord, inp: 
     if cutoff is None or lead is None or cutoff >= lead:
         return None
     return _ChoiceResult(cutoff, rec, inp, found, None, open=False)
-
 
 
 def _milp_gap(milp: _MilpSettings, incumbent: float | None, target: float | None) -> float:
@@ -965,7 +935,6 @@ def _milp_gap(milp: _MilpSettings, incumbent: float | None, target: float | None
     return min(milp.rel_gap, max(milp.rel_gap / 10, 1 - target / incumbent))
 
 
-
 def _unsolved_bound(inp: joint.JointInputs, lb: float, dual: float | None, cutoff: float | None) -> float:
     """A choice whose MILP stopped at its limit with no plan: every plan of it within the cutoff has
     an objective at least the MILP's dual bound, and every other one more than the cutoff, so the
@@ -975,7 +944,6 @@ def _unsolved_bound(inp: joint.JointInputs, lb: float, dual: float | None, cutof
         return lb
     within = joint.objective_value(inp, dual)
     return max(lb, within if cutoff is None else min(within, cutoff))
-
 
 
 def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
@@ -1012,7 +980,6 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
     return out.lead is not lead
 
 
-
 def _heuristics_on(combo: Combo, inp: joint.JointInputs, greedies: dict, out: "_Outcome", objective: str,
                    max_cost: float | None, min_its: float | None) -> tuple | None:
     """`_best_heuristic` on one choice, recorded in `greedies` (with the stage DP) and its plan
@@ -1024,7 +991,6 @@ def _heuristics_on(combo: Combo, inp: joint.JointInputs, greedies: dict, out: "_
     return found
 
 
-
 def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:
     """A choice stopped at its limit is solved again if time is left; any other keeps its bound
     for the reported bound."""
@@ -1032,7 +998,6 @@ def _file(item: _ChoiceResult, unfinished: list, bounds: list) -> None:
         unfinished.append(item)
     else:
         bounds.append(item.bound)
-
 
 
 def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: float | None,
@@ -1105,7 +1070,6 @@ def _first_incumbent(queue: list, tables: _Tables, objective: str, max_cost: flo
     return best
 
 
-
 def _climb(queue: list, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
            greedies: dict, best: tuple | None, runs: int, rel_gap: float,
            tick: Callable[[str, tuple | None], None]) -> tuple | None:
@@ -1138,11 +1102,9 @@ def _climb(queue: list, tables: _Tables, objective: str, max_cost: float | None,
     return best
 
 
-
 def _neighbours(c: Combo) -> list[Combo]:
     return [Combo(c.P, c.b // 2, c.D), Combo(c.P, c.b * 2, c.D), Combo(c.P - 1, c.b, c.D), Combo(c.P + 1, c.b, c.D),
             Combo(c.P, c.b, c.D * 2), Combo(c.P, c.b, c.D // 2)]
-
 
 
 def _promise(inp: joint.JointInputs, objective: str) -> float:
@@ -1152,13 +1114,11 @@ def _promise(inp: joint.JointInputs, objective: str) -> float:
     return time_s * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else time_s
 
 
-
 def _settle_rest(records: list[ComboRecord], lb: float, combo: Combo, queue: list, status: str) -> int:
     """Record the popped choice and every choice still queued with `status`; how many that is."""
     for bound, choice in [(lb, combo)] + [(item[0], item[5]) for item in queue]:
         records.append(ComboRecord(choice.P, choice.b, choice.D, bound, status))
     return 1 + len(queue)
-
 
 
 def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its: float | None) -> str:

@@ -2,7 +2,6 @@
 the stage-DP heuristic. A step's result depends only on the step, so the search may take it in either
 process (helper.py)."""
 from __future__ import annotations
-from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -44,7 +43,6 @@ def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: s
     return lb, None, False
 
 
-
 def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None, max_cost: float | None,
                     min_its: float | None) -> bool:
     """Whether `_tight_bound` at the target is the strong time bound alone and starts with Sailor's
@@ -52,7 +50,6 @@ def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None
     (`joint.time_lower_bound_tight_s`)."""
     return (objective == "max_throughput" and target is not None and max_cost is None and min_its is None
             and joint.send_aware_applies(inp))
-
 
 
 @dataclass(frozen=True)
@@ -68,11 +65,9 @@ class _Step:
     gap: float = 0.0  # the search's relative gap: a plan the step's DP finds lowers the target by it
 
 
-
 def _order(step: _Step) -> tuple:
     """A step's place in the search's queue (its key there)."""
     return (step.lb, step.combo.P, step.combo.D, step.combo.b, step.level)
-
 
 
 def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, target: float | None = None,
@@ -102,7 +97,6 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s):
         return float("inf")
     return max(cost, t_lb * joint.rate_lower_bound_usd_per_s(inp))
-
 
 
 def _best_heuristic(inp: joint.JointInputs, objective: str, max_cost: float | None,
