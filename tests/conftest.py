@@ -1,4 +1,6 @@
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,3 +17,23 @@ def shared_dir() -> Path:
 @pytest.fixture
 def a100_v100():
     return load_instance(REPO / "instances" / "a100_v100_one_zone.yaml")
+
+
+# a child started with this environment prints every thread's stack when SIGABRT ends it
+DUMPS_STACKS = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+
+
+def communicate_or_stacks(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
+    """`proc.communicate(timeout=timeout_s)`; when the child has not ended by then, fail with where
+    each of its threads was (the child needs `DUMPS_STACKS` as its environment): a hang under the
+    suite's load then says where it hangs."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        pytest.fail(f"the child did not end within {timeout_s} s; its threads then:\n{(err or '')[-8000:]}")
