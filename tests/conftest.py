@@ -19,13 +19,15 @@ def a100_v100():
     return load_instance(REPO / "instances" / "a100_v100_one_zone.yaml")
 
 
-# a child started with this environment prints every thread's stack when SIGABRT ends it
-DUMPS_STACKS = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+def dumps_stacks() -> dict[str, str]:
+    """This process's environment as it is now (what a child inherits by default) plus
+    PYTHONFAULTHANDLER: a child started with it prints every thread's stack when SIGABRT ends it."""
+    return {**os.environ, "PYTHONFAULTHANDLER": "1"}
 
 
 def communicate_or_stacks(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
     """`proc.communicate(timeout=timeout_s)`; when the child has not ended by then, fail with where
-    each of its threads was (the child needs `DUMPS_STACKS` as its environment): a hang under the
+    each of its threads was (the child needs `dumps_stacks()` as its environment): a hang under the
     suite's load then says where it hangs."""
     try:
         return proc.communicate(timeout=timeout_s)

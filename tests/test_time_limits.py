@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import DUMPS_STACKS, communicate_or_stacks
+from conftest import communicate_or_stacks, dumps_stacks
 from hetplan.errors import InfeasibleError
 from hetplan.estimators import build_estimators
 from hetplan.instance import instance_from_dict, load_instance
@@ -131,7 +131,7 @@ def start_and_signal(cmd: list[str], sig: int, group: bool = False) -> tuple[sub
     and half a second more, send `sig` (to the whole process group with `group`, as Ctrl-C in a
     terminal does). (finished process, seconds from the signal to the exit, helper pids seen)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True, env=DUMPS_STACKS)
+                            start_new_session=True, env=dumps_stacks())
     helpers: set[int] = set()
     t0 = time.monotonic()
     while not helpers and time.monotonic() - t0 < 40 and proc.poll() is None:
