@@ -13,7 +13,7 @@ from pathlib import Path
 import pyomo.environ as pyo
 import pytest
 
-from conftest import communicate_or_stacks, dumps_stacks
+from conftest import DEFAULT_SIGINT, communicate_or_stacks, dumps_stacks
 from hetplan.orchestration.planner import PlannerOptions, plan
 from hetplan.orchestration.planner import search as S
 from hetplan.solvers import SolveOptions, Status, solve
@@ -170,7 +170,7 @@ except KeyboardInterrupt:
 def test_sigint_interrupts_a_wait_on_solves_side_by_side():
     """Ctrl-C while the search waits for its MILPs: KeyboardInterrupt at once, and `close` stops
     both solves (a HiGHS thread alive at interpreter exit would abort the process: no exit 3)."""
-    proc = subprocess.Popen([sys.executable, "-c", WAITING.format(tests=str(Path(__file__).parent))],
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + WAITING.format(tests=str(Path(__file__).parent))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dumps_stacks())
     try:
         assert proc.stdout.readline().strip() == "waiting"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import communicate_or_stacks, dumps_stacks
+from conftest import DEFAULT_SIGINT, communicate_or_stacks, dumps_stacks
 from hetplan.errors import InfeasibleError
 from hetplan.estimators import build_estimators
 from hetplan.instance import instance_from_dict, load_instance
@@ -241,6 +241,6 @@ except KeyboardInterrupt:
 @needs_helper
 def test_sigint_interrupts_a_wait_on_the_helper():
     done, after_s, helpers = start_and_signal(
-        [sys.executable, "-c", BLOCKED.format(tests=str(REPO / "tests"))], signal.SIGINT)
+        [sys.executable, "-c", DEFAULT_SIGINT + BLOCKED.format(tests=str(REPO / "tests"))], signal.SIGINT)
     assert done.returncode == 3 and after_s < 1.0, (done.returncode, after_s, done.stderr)
     assert helpers_gone(helpers)
