@@ -756,7 +756,8 @@ def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: fl
     first = -math.inf
     if sends and target_s is not None:
         if decide:
-            first = sailor_send_aware_rules_out_s(inp, target_s) or -math.inf
+            ruled_out = sailor_send_aware_rules_out_s(inp, target_s)
+            first = -math.inf if ruled_out is None else ruled_out
         else:
             first = sailor_send_aware_time_bound_s(inp, target_s, receivers=strongest)
         if first >= target_s:
