@@ -37,7 +37,8 @@ from dataclasses import replace
 import numpy as np
 
 from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline
-from hetplan.formulations.joint.tables import _class_extras, _class_figures, block_counts, blocks_identical
+from hetplan.formulations.joint.tables import (_cached_for, _class_extras, _class_figures, block_counts,
+                                               blocks_identical)
 from hetplan.formulations.joint.bounds import _first_true_from, block_bands, in_region, stage_time_cap_s
 from hetplan.formulations.joint.evaluation import better, objective_within_limits
 
@@ -73,9 +74,20 @@ def _options(inp: JointInputs, theta_s: float, value: str,
              extra_cap_s: float = math.inf) -> list[list[tuple[Choice, float]]]:
     """Per stage: every homogeneous choice within theta_s that fits in memory, with its value; with
     `extra_cap_s`, only choices whose all-reduce + update in one zone (`_class_extras`) is
-    within it."""
+    within it. Filtered from `_all_options`, in its order (the read-back takes the first match)."""
+    return [[(choice, val) for choice, val, t, extra in row if t <= theta_s and extra <= extra_cap_s]
+            for row in _all_options(inp, value)]
+
+
+def _all_options(inp: JointInputs, value: str) -> list[list[tuple[Choice, float, float, float]]]:
+    """Per stage: every homogeneous choice that fits in memory, (choice, value, stage time, extra),
+    built once per inputs and value: the sweep asks for tens of stage-time caps."""
+    return _cached_for(inp, f"dp_options_{value}", lambda inp: _make_all_options(inp, value))
+
+
+def _make_all_options(inp: JointInputs, value: str) -> list[list[tuple[Choice, float, float, float]]]:
     time_s, fits = _class_figures(inp)
-    extras = _class_extras(inp) if extra_cap_s < math.inf else None
+    extras = _class_extras(inp)
     price: dict[tuple[tuple[str, int], str], float] = {}  # USD per GPU-second
     for p in inp.pools:
         key = ((p.gpu_type, p.tp), p.region)
@@ -85,11 +97,11 @@ def _options(inp: JointInputs, theta_s: float, value: str,
         row = []
         for n in block_counts(inp, i):
             for (c, region), usd in price.items():
-                if fits[c, i, n] and time_s[c, i, n] <= theta_s and (
-                        extras is None or extras[c, i, n] <= extra_cap_s):
+                if fits[c, i, n]:
                     t = time_s[c, i, n]
                     # cost: the GPU rate; the stage time breaks ties (it is what T pays besides theta)
-                    row.append(((c, region, n), t if value == "time" else inp.D * c[1] * usd + 1e-9 * t))
+                    val = t if value == "time" else inp.D * c[1] * usd + 1e-9 * t
+                    row.append(((c, region, n), val, t, extras[c, i, n]))
         out.append(row)
     return out
 
