@@ -44,9 +44,10 @@ from hetplan.formulations.joint.evaluation import better, objective_within_limit
 
 # The product over (GPU type, region) of the usage axis lengths, past which usage is counted in
 # coarser units (q). Measured on zorse_4type_2region, 30 choices with P 4-5 (2026-11-28): 2048
-# rather than 4096 takes 2.0-2.5x less time per choice with the same plan on 28 (the other two, D = 1,
-# end 2-6 % slower, far from the best plan), and `--time-limit 30` then ends at 18.535 s, gap 8.3 %,
-# against 18.80 s and 11-18 % (3 runs each); the 17 Sailor scenarios keep their plans and gaps.
+# rather than 4096 takes 2.0-2.5x less time per choice with the same plan on 28 (the other two,
+# D = 1, end 2-6 % slower, far from the best plan), and `--time-limit 30` then ends at 18.535 s,
+# gap 8.3 %, against 18.80 s and 11-18 % (2-3 runs each); the 17 Sailor scenarios keep their plans
+# and gaps.
 MAX_USAGE_STATES = 2048
 
 
