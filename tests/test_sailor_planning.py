@@ -84,7 +84,12 @@ def test_model_figures_and_choice_bounds_below_sailors_simulation(layout: str) -
         crossed += P > 1 and crosses
         bounds = {"cheap": joint.time_lower_bound_s(inp), "extra": joint.extra_lower_bound_s(inp),
                   "medium": joint.time_lower_bound_tight_s(inp, False), "strong": joint.time_lower_bound_tight_s(inp, True),
-                  "strongest": _tight_bound(inp, "max_throughput", None, T * 1.5, strongest=True),
+                  # on every other plan (~0.4 s each; 45 % of this test's time on every plan). A random
+                  # plan lies far above its choice's optimum, so this entry is a sanity check on
+                  # Sailor's profiles: x1.3 on this bound passes here; the enumeration of
+                  # test_planner.py's capped-sum and region-split tests fails at x1.05
+                  "strongest": _tight_bound(inp, "max_throughput", None, T * 1.5, strongest=True) if k % 2 == 0
+                  else 0.0,
                   # within a budget of its own simulated cost the plan is affordable
                   "budget": joint.budget_time_lower_bound_s(inp, rep.cost_per_iteration_usd * (1 + 1e-12)),
                   "send-aware": joint.sailor_send_aware_time_bound_s(inp) if P > 1 else 0.0,
