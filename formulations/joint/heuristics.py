@@ -174,9 +174,15 @@ def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tup
     bounds = [r[0] for r in ranges] + [inp.U]
     fits = lambda i: _stage_fits(inp, replicas[i], i, bounds[i], bounds[i + 1])  # noqa: E731
     ok = [fits(i) for i in range(inp.P)]
+    seen = set()
     for _ in range(inp.U * inp.P):
         if all(ok):
             return [(bounds[i], bounds[i + 1]) for i in range(inp.P)]
+        # the next move depends on the boundaries alone: once they repeat, the moves cycle until
+        # the loop's count runs out, with None
+        if tuple(bounds) in seen:
+            return None
+        seen.add(tuple(bounds))
         i = ok.index(False)
         # move a boundary unit to a neighbour that still has room: later stages hold fewer microbatches
         if i + 1 < inp.P and bounds[i + 1] - 1 > bounds[i]:
