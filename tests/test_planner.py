@@ -925,7 +925,7 @@ def test_a_boundary_between_regions_takes_the_region_link_where_both_sides_span_
 
 def test_the_climb_ends_at_a_choice_no_neighbour_of_which_does_better() -> None:
     """`_climb` (after the first heuristics): from the incumbent's outer choice, the heuristics on its
-    neighbours (P +- 1, b x 2 and / 2, D x 2 and / 2) that its cheap bound does not rule out, moving
+    neighbours (`_neighbours`) that its cheap bound does not rule out, moving
     to the first that does better. With runs to spare it stops at a choice whose every such
     neighbour was tried and does no better, and its plan is what the heuristics give there."""
     from hetplan.orchestration.planner.steps import _best_heuristic

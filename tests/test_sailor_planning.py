@@ -271,3 +271,44 @@ def test_milp_with_two_of_a_kind_rows_matches_brute_force(monkeypatch) -> None:
     monkeypatch.setattr(planner_inputs, "_repeat_floors_s", lambda *args: None)  # the tables before it
     raised = [(P, D) for P, D in choices if brute_force(inputs(P, D), "T", "blocks") < truths[P, D] * (1 - 1e-9)]
     assert raised == [(1, 4), (1, 8), (2, 4)], raised
+
+
+def test_the_climb_changes_stages_and_microbatch_together() -> None:
+    """GPT-Neo-2.7B on 32 A100 + 96 V100 (Sailor's profiles, the b_ scenario of
+    benchmarks/sailor_real.py): from P3 b2 D16's heuristic plan no outer choice one step along one
+    axis (P +- 1, b x 2 or / 2, D x 2 or / 2) does better by the same heuristics, while P4 b1 D16
+    (one more stage, half the microbatch) does; `_climb` reaches it, and its plan is what the
+    heuristics give there."""
+    from hetplan.orchestration.planner import Combo, enumerate_combos, with_sync_table
+    from hetplan.orchestration.planner.inputs import _quotas, _Tables
+    from hetplan.orchestration.planner.search import _climb, _prepare_one
+    from hetplan.orchestration.planner.steps import _best_heuristic
+
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    counts = {(A100, "us-central1-a"): 32, (V100, "us-central1-a"): 96}
+    inst = instance_from_dict(sailor_instance_dict(ref, "GPT-Neo-2.7", gpu_counts=counts, global_batch_size=2048,
+                                                   preset="sailor"))
+    opts = PlannerOptions()
+    tables, quotas = _Tables(inst, build_estimators(inst)), _quotas(inst, opts)
+    queue = [item for combo in enumerate_combos(inst, quotas, opts)
+             if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
+                                                opts.tp_choices), tuple)]
+    index = {item[5]: j for j, item in enumerate(queue)}
+
+    def heuristics(c: Combo):
+        return _best_heuristic(with_sync_table(queue[index[c]][6], tables), "max_throughput", None, None)
+
+    start = Combo(3, 2, 16)
+    first = heuristics(start)
+    axis = [Combo(3, 1, 16), Combo(3, 4, 16), Combo(2, 2, 16), Combo(4, 2, 16), Combo(3, 2, 32), Combo(3, 2, 8)]
+    for c in axis:
+        got = heuristics(c) if c in index else None
+        assert got is None or got[0] >= first[0], c
+    greedies = {start: (first, True)}
+    best = _climb(queue, tables, "max_throughput", None, None, greedies,
+                  (*first, with_sync_table(queue[index[start]][6], tables)), 8, 0.01, lambda what, best: None)
+    assert Combo(best[2].P, best[2].b, best[2].D) == Combo(4, 1, 16)
+    assert best[0] < first[0] * (1 - 1e-3)
+    assert best[0] == pytest.approx(heuristics(Combo(4, 1, 16))[0], rel=1e-12)

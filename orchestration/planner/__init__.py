@@ -7,9 +7,10 @@ and layer ranges are decided inside one MILP per outer choice (`formulations/joi
 Search: best first with lazy bounds. Every outer choice enters a priority queue with a cheap valid
 lower bound (`joint.time_lower_bound_s`; for cost, times the cheapest possible cost rate). Before
 the search, the heuristics (the greedy and the stage DP of `formulations/joint/stage_dp.py`)
-run on the choices with the least cheap bound, and on the most promising choice (least medium
-bound) of `heuristic_degrees` other data-parallel degrees; from the best plan's choice a local
-search (`_climb`) tries the neighbouring choices (P +- 1, b and D doubled or halved) and moves to
+run on the most promising choices (`_promise`, an estimate of the least iteration time), and on
+the choice of least medium bound of `heuristic_degrees` other data-parallel degrees; from the best
+plan's choice a local search (`_climb`) tries the neighbouring choices (P +- 1, b and D doubled or
+halved, one more stage with half the microbatch and one fewer with twice it) and moves to
 the first that does better; the best plan becomes the incumbent (`_first_incumbent`): the strong
 bounds then only have to rule out a target. The choice at the
 head is refined twice, going back in the queue each time: first with the medium bound

@@ -27,7 +27,7 @@ class PlannerOptions:
     tp_choices: tuple[int, ...] = TP_CHOICES
     linearize: bool = True  # False keeps rate x T bilinear (SCIP solves it as an MINLP)
     available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
-    heuristic_choices: int = 8  # choices (least cheap bound first) the stage DP heuristic runs on first
+    heuristic_choices: int = 8  # choices (most promising first) the stage DP heuristic runs on first
     heuristic_degrees: int = 3  # then, of the other data-parallel degrees, this many (least medium bound first)
     climb_runs: int = 8  # then heuristic runs of the local search over the incumbent's neighbouring choices
     workers: int = 2  # processes refining bounds (2: a forked helper works ahead of the search; 1: none)
