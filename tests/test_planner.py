@@ -740,21 +740,28 @@ def test_sync_tables_shared_across_depths_equal_the_tables_of_each_choice_alone(
     assert repeats > 0 or source == "geo_2region_egress"
 
 
-def _geo_queue():
-    """(instance, estimators, tables, the search's queue items) of the bundled geo_2region_egress
-    for max throughput, every outer choice with its cheap bound."""
-    from hetplan.bundled import bundled_instance_path
-    from hetplan.instance import load_instance
+def choice_queue(inst):
+    """(estimators, tables, the search's queue items) of `inst` for max throughput: every outer
+    choice with its cheap bound, as `_prepare_one` queues it."""
     from hetplan.orchestration.planner.search import _prepare_one
 
-    inst = load_instance(bundled_instance_path("geo_2region_egress"))
     est = build_estimators(inst)
     opts = PlannerOptions()
     tables, quotas = _Tables(inst, est), _quotas(inst, opts)
     queue = [item for combo in enumerate_combos(inst, quotas, opts)
              if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
                                                 opts.tp_choices), tuple)]
-    return inst, est, tables, queue
+    return est, tables, queue
+
+
+def _geo_queue():
+    """(instance, estimators, tables, the search's queue items) of the bundled geo_2region_egress
+    (`choice_queue`)."""
+    from hetplan.bundled import bundled_instance_path
+    from hetplan.instance import load_instance
+
+    inst = load_instance(bundled_instance_path("geo_2region_egress"))
+    return (inst, *choice_queue(inst))
 
 
 def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_best() -> None:

@@ -279,10 +279,10 @@ def test_the_climb_changes_stages_and_microbatch_together() -> None:
     axis (P +- 1, b x 2 or / 2, D x 2 or / 2) does better by the same heuristics, while P4 b1 D16
     (one more stage, half the microbatch) does; `_climb` reaches it, and its plan is what the
     heuristics give there."""
-    from hetplan.orchestration.planner import Combo, enumerate_combos, with_sync_table
-    from hetplan.orchestration.planner.inputs import _quotas, _Tables
-    from hetplan.orchestration.planner.search import _climb, _prepare_one
+    from hetplan.orchestration.planner import Combo, with_sync_table
+    from hetplan.orchestration.planner.search import _climb
     from hetplan.orchestration.planner.steps import _best_heuristic
+    from test_planner import choice_queue
 
     ref = shared_dir() / "reference" / "sailor"
     if not (ref / "profiles").is_dir():
@@ -290,11 +290,7 @@ def test_the_climb_changes_stages_and_microbatch_together() -> None:
     counts = {(A100, "us-central1-a"): 32, (V100, "us-central1-a"): 96}
     inst = instance_from_dict(sailor_instance_dict(ref, "GPT-Neo-2.7", gpu_counts=counts, global_batch_size=2048,
                                                    preset="sailor"))
-    opts = PlannerOptions()
-    tables, quotas = _Tables(inst, build_estimators(inst)), _quotas(inst, opts)
-    queue = [item for combo in enumerate_combos(inst, quotas, opts)
-             if isinstance(item := _prepare_one(inst, tables, quotas, combo, "max_throughput", None, None,
-                                                opts.tp_choices), tuple)]
+    _, tables, queue = choice_queue(inst)
     index = {item[5]: j for j, item in enumerate(queue)}
 
     def heuristics(c: Combo):
