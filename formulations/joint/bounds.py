@@ -795,8 +795,8 @@ def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = No
     slows its own stage only (measured: Sailor's OPT-350M on 128 A100, the strong bound of P3 b4
     D16 from 2.337 to 2.388 s, the choice's optimum 2.674 s; of P4 b4 D16 from 2.375 to 2.516 s).
     `target_s`: stops at the first stage time that rules it out. `receivers`: the DP fits the
-    cases of `_sailor_receiver_cases_s` instead (each a DP test, so the search asks for them only
-    in a choice's strongest bound). Blocks form only."""
+    families of cases of `_sailor_receiver_cases_s` instead (each case a DP test, so the search asks
+    for them only in a choice's strongest bound). Blocks form only."""
     return _sailor_send_aware_s(inp, target_s, receivers, False)
 
 
@@ -814,14 +814,15 @@ def sailor_send_aware_rules_out_s(inp: JointInputs, target_s: float) -> float | 
 def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bool, decide: bool) -> float:
     """`sailor_send_aware_time_bound_s`; `decide` (with a target): stops at the first cell below
     it (`_split_cells_bound_s`), so a result below the target is no bound."""
-    times = _sailor_receiver_cases_s(inp) if receivers else [_sailor_stage_times_s(inp)]
+    families = _sailor_receiver_cases_s(inp) if receivers else [[_sailor_stage_times_s(inp)]]
+    times = [case for family in families for case in family]
     sync_update = _sync_update_lower_bound_s(inp)
     transfers = _links_lower_bound_s(inp) + first_stage_sends(inp.P) * _sailor_send_floor_s(inp)
     cands = np.unique(np.concatenate([t[np.isfinite(t)] for t in times]))
     cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
     if not cands:
         return math.inf
-    fits = _times_fit(inp, *times)
+    fits = _families_fit(inp, families)
     if target_s is not None and inp.m > 1 and inp.max_cost_usd is None:
         # one DP test with F for sum tau and no cap first: it settles most choices without the
         # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
@@ -837,32 +838,64 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
                                 lift=True, decide=decide)
 
 
-def _sailor_receiver_cases_s(inp: JointInputs) -> list[np.ndarray]:
-    """Stage times with their sends (`_sailor_stage_times_s`) where stage 0's activation send also
-    waits for stage 1's receiver: A_0 >= the receive floor of every pool stage 1 uses
-    (evaluation.sailor_sends). Per level phi of the classes' least receive floors r_c, one (C, M)
-    case: stage 0's classes at their compute + k_0 max(own send, phi), and stage 1 served only by
-    the classes with r_c <= phi. A plan fits the case of phi = the largest r_c of its stage-1
-    classes (at its own theta), so theta is at least the least stage time at which some case fits.
-    Levels at or below every class's own send give stage 0 its plain times, so of those only the
-    largest (the loosest on stage 1) is kept. Measured (Sailor's OPT-350M, 2 zones of 128 A100 +
-    128 V100, P6 b2 D32): the optimum's V100 TP 4 first stage (send floor 0.00354 s) sends at the
-    A100 TP 2 receiver's 0.00497 s."""
-    def make(inp: JointInputs) -> list[np.ndarray]:
+def _sailor_receiver_cases_s(inp: JointInputs) -> list[list[np.ndarray]]:
+    """Families of cases of the stage times with their sends (`_sailor_stage_times_s`) where a
+    stage's sends also wait for their receivers: a send to stage j is at least the receive floor of
+    every pool j uses (evaluation.sailor_sends). Per level phi of the classes' least receive floors
+    r_c, one (C, M) case: the sending stage's classes at their compute plus their sends with the
+    ones to the receivers at max(own send, phi), and the receiving stages served only by the
+    classes with r_c <= phi. A plan fits the case of phi = the largest r_c among its receivers'
+    classes (at its own theta), so in every family some case fits it, and theta is at least the
+    least stage time at which some case of each family fits (`_families_fit`). The families:
+    stage 0 (its k_0 activation sends wait for stage 1), stage P - 1 (both its gradient sends wait
+    for stage P - 2; with P = 3 one family with stage 0's, as both receivers are stage 1), and each
+    middle stage i (one of its two sends waits for the larger receiver of stages i - 1 and i + 1).
+    Levels at or below every class's own send lift no stage, so of those only the largest (the
+    loosest on the receivers) is kept. Measured: Sailor's OPT-350M, 2 zones of 128 A100 + 128
+    V100, P6 b2 D32: the optimum's V100 TP 4 first stage (send floor 0.00354 s) sends at the A100
+    TP 2 receiver's 0.00497 s; 32 A100 + 96 V100, P3 b2 D16 (optimum 4.96317 s, theta 0.13318 s,
+    sigma + mu 0.44419 s): the least theta of the plans on single-class stages with sigma + mu <=
+    0.4432 s is 0.13933 s by enumeration, 0.13671 s by the DP with stage 0's family alone,
+    0.13933 s with all. Without a cap the DP still fits at 0.13073 s: each family fits there with
+    a plan of its own, where the MILP has no plan with theta <= 0.1330 s. Joining the families
+    (a case per pair of levels, their elementwise max) reaches 0.13318 s, but its DP tests cost as
+    much time as the MILPs they spare (measured, b_OPT-350_a32_v96: 0 MILPs instead of 2, the same
+    9 s search)."""
+    def make(inp: JointInputs) -> list[list[np.ndarray]]:
         tab, lay = _class_tables(inp), _pair_layout(inp)
         plain, send, recv = _sailor_stage_times_s(inp), _sailor_class_sends_s(inp), _sailor_class_receives_s(inp)
-        first, second = lay.stage == 0, lay.stage == 1
         levels = np.unique(recv)
         low = levels[levels <= send.min()]
-        levels = np.concatenate([low[-1:], levels[levels > send.min()]])
-        cases = []
-        for phi in levels.tolist():
-            case = plain.copy()
-            case[:, first] = tab.time_s[:, first] + first_stage_sends(inp.P) * np.maximum(send, phi)[:, None]
-            case[np.ix_(recv > phi, second)] = np.inf
-            cases.append(case)
-        return cases
+        levels = np.concatenate([low[-1:], levels[levels > send.min()]]).tolist()
+        P = inp.P
+
+        def family(lifted: dict[int, tuple[int, int]], receivers: tuple[int, ...]) -> list[np.ndarray]:
+            """lifted: stage -> (its sends that wait for the receivers, its other sends)."""
+            at = np.isin(lay.stage, receivers)
+            cases = []
+            for phi in levels:
+                case = plain.copy()
+                for i, (waiting, other) in lifted.items():
+                    on = lay.stage == i
+                    case[:, on] = tab.time_s[:, on] + (waiting * np.maximum(send, phi) + other * send)[:, None]
+                case[np.ix_(recv > phi, at)] = np.inf
+                cases.append(case)
+            return cases
+
+        first = {0: (first_stage_sends(P), 0)}
+        if P == 3:
+            families = [family({**first, 2: (2, 0)}, (1,))]
+        else:
+            families = [family(first, (1,)), family({P - 1: (2, 0)}, (P - 2,))]
+        return families + [family({i: (1, 1)}, (i - 1, i + 1)) for i in range(1, P - 1)]
     return _cached_for(inp, "sailor_receiver_cases", make)
+
+
+def _families_fit(inp: JointInputs, families: list[list[np.ndarray]]):
+    """fits(theta, cap, rate): some case of every family fits (`_times_fit`): each family holds a
+    case that every plan fits, so the test stays a relaxation."""
+    tests = [_times_fit(inp, *family) for family in families]
+    return lambda t, cap, rate=math.inf: all(test(t, cap, rate) for test in tests)
 
 
 def _times_fit(inp: JointInputs, *times: np.ndarray):

@@ -27,8 +27,8 @@ it affords, `joint.budget_time_lower_bound_s`, both per cell of the plans' large
 times that include each stage's own sends, `joint.sailor_send_aware_time_bound_s`, whose cells of the
 plans' largest all-reduce + update are split in halves where they cannot rule the target out, and
 lifted by the least sum of those stage times with their sends under a cap on the slowest,
-`joint.capped_sum_tau_s(sends=True)`; in the strongest bound its DP also fits cases in which stage 0's
-send waits for stage 1's receivers, `_sailor_receiver_cases_s`). The cheap bound
+`joint.capped_sum_tau_s(sends=True)`; in the strongest bound its DP also fits cases in which each stage's
+sends wait for their receivers, `_sailor_receiver_cases_s`). The cheap bound
 is the GPUs' work with each type at its speed (`joint.fluid_gpu_seconds_s`), per region or with a
 crossing between regions. Each (slowest stage, all-reduce + update) cell of the
 sync-aware bound is lifted by the least sum of stage times under its caps (`joint.capped_sum_tau_s`:
