@@ -1254,13 +1254,14 @@ def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
     send floors by TP and receive floors three times those, so a receiver slows any sender): for
     every enumerated plan and every family some case puts every class the plan uses on every stage
     at most at that stage's tau_i + p_i, so a DP over the families is a relaxation, on many plans
-    with a case above the plain times in each of the first four families. On
+    with a case above the plain times in each of the first four families; the least theta the
+    families fit, joined or apart, is at most the plans' least, and joining lifts it on some. On
     tiny's choices, with a target at and above the least T, `sailor_send_aware_time_bound_s(
     receivers=True)` stays below it, and above the bound without the cases on some, or the
     receivers would add nothing."""
     from hetplan.formulations.joint import bounds
 
-    plans = checked = lifted = 0
+    plans = checked = lifted = joined = 0
     raised = collections.Counter()  # per family: plans it lifts above the plain stage times
     for make, combo, sends in ((make, *choice) for make in (tiny, tiny_regions)  # P 4: two middle stages
                                for choice in sailor_choices(make, floor_s=0.03, max_stages=4)):
@@ -1268,7 +1269,7 @@ def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
         families, plain = bounds._sailor_receiver_cases_s(inp), bounds._sailor_stage_times_s(inp)
         assert len(families) == (2 if combo.P <= 3 else combo.P), combo  # stage 0, P - 1 (P 3: one), middles
         classes, pairs = bounds._class_tables(inp).classes, bounds._pair_layout(inp).pairs
-        best = math.inf
+        best = theta = math.inf
         for sol, ev in all_plans(inp, "blocks"):
             cells = [(classes.index((p.gpu_type, p.tp)), pairs.index((i, n)), ev["tau"][i] + ev["p2p"][i])
                      for i, n in enumerate(joint.solution_blocks(inp, sol))
@@ -1277,8 +1278,16 @@ def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
                 fitting = [case for case in cases if all(case[c, j] <= t * (1 + 1e-9) for c, j, t in cells)]
                 assert fitting, (combo, f, sol)
                 raised[f] += any(case[c, j] > plain[c, j] * (1 + 1e-9) for case in fitting for c, j, _ in cells)
-            best = min(best, ev["T"])
+            best, theta = min(best, ev["T"]), min(theta, ev["theta"])
             plans += 1
+        # the least theta the families fit, joined and apart (`_families_fit`), is at most the plans'
+        cands = sorted({float(v) for cases in families for case in cases for v in case[np.isfinite(case)]})
+        apart = [bounds._times_fit(inp, *cases) for cases in families]
+        least = [next(t for t in cands if test(t)) for test in (
+            lambda t: bounds._families_fit(inp, families)(t, math.inf),
+            lambda t: all(fit(t, math.inf) for fit in apart))]
+        assert least[1] <= least[0] <= theta * (1 + 1e-9), (combo, least, theta)
+        joined += least[0] > least[1]
         for target in (best, 1.1 * best) if make is tiny else ():  # the DPs take most of the time
             got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target, receivers=True)
             without = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
@@ -1286,7 +1295,8 @@ def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
             lifted += got > without * (1 + 1e-9)
             checked += 1
     assert plans >= 1000 and min(raised[f] for f in range(4)) >= 100 and checked >= 10 and lifted >= 4, \
-        (plans, raised, checked, lifted)
+        (plans, raised, checked, lifted, joined)
+    assert joined >= 2, joined  # (4 choices here) or joining the families would add nothing
 
 
 def test_the_strongest_bound_in_sailors_composition_holds_on_every_plan():
