@@ -180,9 +180,10 @@ def _repair_memory(inp: JointInputs, replicas: list[list[int]], ranges: list[tup
             return [(bounds[i], bounds[i + 1]) for i in range(inp.P)]
         # the next move depends on the boundaries alone: once they repeat, the moves cycle until
         # the loop's count runs out, with None
-        if tuple(bounds) in seen:
+        key = tuple(bounds)
+        if key in seen:
             return None
-        seen.add(tuple(bounds))
+        seen.add(key)
         i = ok.index(False)
         # move a boundary unit to a neighbour that still has room: later stages hold fewer microbatches
         if i + 1 < inp.P and bounds[i + 1] - 1 > bounds[i]:
