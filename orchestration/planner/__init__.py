@@ -11,7 +11,8 @@ run on the most promising choices (`_promise`, an estimate of the least iteratio
 the choice of least medium bound of `heuristic_degrees` other data-parallel degrees; from the best
 plan's choice a local search (`_climb`) tries the neighbouring choices (P +- 1, b and D doubled or
 halved, one more stage with half the microbatch and one fewer with twice it) and moves to
-the first that does better; the best plan becomes the incumbent (`_first_incumbent`): the strong
+the first that does better, and when none does, goes on from the next best plan within
+`CLIMB_SLACK` of it; the best plan becomes the incumbent (`_first_incumbent`): the strong
 bounds then only have to rule out a target. The choice at the
 head is refined twice, going back in the queue each time: first with the medium bound
 (`joint.time_lower_bound_tight_s(exact=False)`: Hall counts, quota-aware all-reduce + update, a

@@ -29,7 +29,7 @@ class PlannerOptions:
     available: dict[tuple[str, str], int] | None = None  # (gpu type, zone) -> GPUs available now
     heuristic_choices: int = 8  # choices (most promising first) the stage DP heuristic runs on first
     heuristic_degrees: int = 3  # then, of the other data-parallel degrees, this many (least medium bound first)
-    climb_runs: int = 8  # then heuristic runs of the local search over the incumbent's neighbouring choices
+    climb_runs: int = 12  # then heuristic runs of the local search over the neighbouring choices (`_climb`)
     workers: int = 2  # processes refining bounds (2: a forked helper works ahead of the search; 1: none)
     concurrent_milps: int = 2  # choices' MILPs solving at once, each in a thread (HiGHS); 1: one after another
 
