@@ -77,6 +77,20 @@ def test_the_cpu_budget_counts_the_asking_threads_time_from_its_first_question(m
     assert S._CpuBudget(3.0, stop)()  # the search stops: at once
 
 
+def test_a_lifted_flight_lets_its_milps_run_past_their_own_limit_until_the_search_stops(monkeypatch):
+    """`_Flight.lift` (the search has nothing left but its running MILPs): their CPU budgets no
+    longer stop them; the search's stop still does."""
+    clock = iter([0.0, 2.0, 5.0, 50.0, 50.0])
+    monkeypatch.setattr(S.time, "thread_time", lambda: next(clock))
+    flight = S._Flight(2)
+    budget = S._CpuBudget(3.0, flight.stop, flight.unbounded)
+    assert [budget(), budget(), budget()] == [False, False, True]  # 0, 2, 5 s of a 3 s budget
+    flight.lift()
+    assert not budget()  # 50 s
+    flight.stop.set()
+    assert budget()
+
+
 def test_a_flight_hands_back_results_and_raises_a_jobs_failure_in_the_search():
     flight = S._Flight(2)
     seen: list = []
