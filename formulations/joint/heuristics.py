@@ -2,6 +2,7 @@
 estimate that ranks the outer choices for them."""
 from __future__ import annotations
 
+from typing import Iterator
 
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
 from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
@@ -58,8 +59,9 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
            max_cost_usd: float | None = None, min_iters_per_s: float | None = None,
            max_evals: int = POLISH_EVALS) -> tuple[float, JointSolution] | None:
     """A local search on a heuristic plan (objective, solution): the same replica rows in another
-    stage order. Moves: swap two stages' replicas (their unit ranges kept), or, with identical
-    blocks, move one stage (its replicas and blocks) to another position; first improvement by the
+    stage order or with other block counts. Moves: swap two stages' replicas (their unit ranges
+    kept), or, with identical blocks, move one stage (its replicas and blocks) to another position,
+    or one block across a boundary between neighbouring stages; first improvement by the
     model's objective (`objective_within_limits`, so the limits hold), every stage in memory
     (`_stage_fits`). The GPUs each pool gives are unchanged, so quotas hold too. The heuristics
     decide each stage's class and block count, not where it goes: the stage DP is indifferent to the
@@ -67,7 +69,10 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
     different zones (the tied embedding's all-reduce crosses zones) or a stage spread over zones at
     an end (its all-reduce spans zones and adds the tied one). Measured on opt350-2zones-budget,
     P6 b1 D64: the stage DP's plan 1.747 s -> 1.631 s (the choice's optimum: 1.629 s), and the whole
-    search 59 s (time limit) -> 39 s. Stops at `max_evals` plans or at the
+    search 59 s (time limit) -> 39 s. The stage DP balances the stages' compute, not their sends,
+    which cross regions at some boundaries only (measured: Sailor's OPT-350M on 64 + 64 A100 in two
+    regions, P4 b2 D16: the DP's 6, 6, 6, 6 blocks 3.4997 s, moved to 7, 5, 5, 7 3.2495 s, the
+    choice's optimum 3.2450 s). Stops at `max_evals` plans or at the
     deadline (`deadline_scope`), with the best plan by then; a heuristic: no bound reads it."""
     if found is None or inp.P < 2:
         return found
@@ -98,11 +103,14 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
                 new_rows, counts = list(rows), list(blocks)
                 new_rows.insert(i, new_rows.pop(j))
                 counts.insert(i, counts.pop(j))
-                if new_rows == rows and counts == blocks or counts[0] < 1 or min(counts[1:-1], default=1) < 1:
+                if new_rows == rows and counts == blocks:
                     continue
-                sizes = [n + (k == 0) + (k == P - 1) for k, n in enumerate(counts)]
-                starts = [sum(sizes[:k]) for k in range(P)]
-                yield [(s, s + n) for s, n in zip(starts, sizes)], new_rows
+                yield from _in_compact_form(counts, new_rows)
+        for j in range(P - 1):  # one block across the boundary between stages j and j + 1
+            for step in (1, -1):
+                counts = list(blocks)
+                counts[j], counts[j + 1] = counts[j] + step, counts[j + 1] - step
+                yield from _in_compact_form(counts, rows)
 
     improved = True
     while improved and evals < max_evals and not _DEADLINE.get().expired():
@@ -122,6 +130,17 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
     if best == found[0]:
         return found
     return best, JointSolution(tuple(ranges), tuple(rows), float("nan"), float("nan"))
+
+
+def _in_compact_form(counts: list[int], rows: list) -> Iterator[tuple[list, list]]:
+    """(unit ranges, rows) of a plan with `counts` blocks per stage, if it lies in the compact form
+    (stage 0 and every middle stage hold a block: `evaluation.solution_blocks`)."""
+    P = len(counts)
+    if counts[0] < 1 or min(counts[1:-1], default=1) < 1 or counts[-1] < 0:
+        return
+    sizes = [n + (k == 0) + (k == P - 1) for k, n in enumerate(counts)]
+    starts = [sum(sizes[:k]) for k in range(P)]
+    yield [(s, s + n) for s, n in zip(starts, sizes)], rows
 
 
 def _fill_stage(inp: JointInputs, left: dict, order: list[int]) -> list[int] | None:

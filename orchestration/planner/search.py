@@ -1098,7 +1098,7 @@ def _climb(queue: list, tables: _Tables, objective: str, max_cost: float | None,
         here = _next_to_expand(best, greedies, expanded)
         if here is None:
             break
-        expanded.add(here)
+        moved = False
         for near in _neighbours(here):
             idx = index.get(near)
             if idx is None or greedies.get(near, (None, False))[1] or queue[idx][0] >= best[0] * (1 - rel_gap):
@@ -1110,10 +1110,12 @@ def _climb(queue: list, tables: _Tables, objective: str, max_cost: float | None,
             greedies[near], runs = (found, True), runs - 1
             tick(f"heuristics P={near.P} b={near.b} D={near.D}", best)
             if found is not None and found[0] < best[0]:
-                best = (*found, inp)
+                best, moved = (*found, inp), True
                 break
             if runs <= 0:
                 break
+        if not moved:  # every neighbour tried (or the runs spent): not again
+            expanded.add(here)
     return best
 
 
