@@ -275,6 +275,20 @@ def test_milp_with_two_of_a_kind_rows_matches_brute_force(monkeypatch) -> None:
     assert raised == [(1, 4), (1, 8), (2, 4)], raised
 
 
+def _sailor_choices(model: str, counts: dict, batch: int, constraints: dict | None = None) -> tuple:
+    """(tables, the search's queue items, choice -> index in the queue) for max throughput on Sailor's
+    profiles of `model` over `counts` GPUs per (type, zone); skips without the reference data."""
+    from test_planner import choice_queue
+
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    inst = instance_from_dict(sailor_instance_dict(ref, model, gpu_counts=counts, global_batch_size=batch,
+                                                   preset="sailor", constraints=constraints or {}))
+    _, tables, queue = choice_queue(inst)
+    return tables, queue, {item[5]: j for j, item in enumerate(queue)}
+
+
 def test_the_climb_changes_stages_and_microbatch_together() -> None:
     """GPT-Neo-2.7B on 32 A100 + 96 V100 (Sailor's profiles, the b_ scenario of
     benchmarks/sailor_real.py): from P3 b2 D16's heuristic plan no outer choice one step along one
@@ -284,16 +298,9 @@ def test_the_climb_changes_stages_and_microbatch_together() -> None:
     from hetplan.orchestration.planner import Combo, with_sync_table
     from hetplan.orchestration.planner.search import _climb
     from hetplan.orchestration.planner.steps import _best_heuristic
-    from test_planner import choice_queue
 
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
-    counts = {(A100, "us-central1-a"): 32, (V100, "us-central1-a"): 96}
-    inst = instance_from_dict(sailor_instance_dict(ref, "GPT-Neo-2.7", gpu_counts=counts, global_batch_size=2048,
-                                                   preset="sailor"))
-    _, tables, queue = choice_queue(inst)
-    index = {item[5]: j for j, item in enumerate(queue)}
+    tables, queue, index = _sailor_choices("GPT-Neo-2.7", {(A100, "us-central1-a"): 32, (V100, "us-central1-a"): 96},
+                                           2048)
 
     def heuristics(c: Combo):
         return _best_heuristic(with_sync_table(queue[index[c]][6], tables), "max_throughput", None, None)
@@ -320,16 +327,9 @@ def test_polish_moves_blocks_off_the_stages_that_send_across_regions() -> None:
     same replicas with 8, 5, 5, 8 blocks, at least 5 % faster by the model's own figures (the other
     moves keep 6 blocks on every stage between embedding and head)."""
     from hetplan.orchestration.planner import Combo, with_sync_table
-    from test_planner import choice_queue
 
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
-    counts = {(A100, "us-central1-a"): 64, (A100, "us-west1-b"): 64}
-    inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=1024,
-                                                   preset="sailor"))
-    _, tables, queue = choice_queue(inst)
-    inp = with_sync_table(next(item[6] for item in queue if item[5] == Combo(4, 2, 16)), tables)
+    tables, queue, index = _sailor_choices("OPT-350", {(A100, "us-central1-a"): 64, (A100, "us-west1-b"): 64}, 1024)
+    inp = with_sync_table(queue[index[Combo(4, 2, 16)]][6], tables)
     found = joint.dp_heuristic(inp, "max_throughput")
     assert joint.solution_blocks(inp, found[1]) == [6, 6, 6, 6]  # 7, 6, 6, 7 with embedding and head
     obj, out = joint.polish(inp, found)
@@ -348,17 +348,10 @@ def test_the_climb_goes_on_from_a_plan_slightly_worse_than_the_incumbent(monkeyp
     from hetplan.orchestration.planner import search
     from hetplan.orchestration.planner.search import _climb
     from hetplan.orchestration.planner.steps import _best_heuristic
-    from test_planner import choice_queue
 
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
     budget = 0.5
-    counts = {(A100, "us-central1-a"): 32, (V100, "us-central1-a"): 96}
-    inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=1024,
-                                                   preset="sailor", constraints={"max_cost_per_iteration_usd": budget}))
-    _, tables, queue = choice_queue(inst)
-    index = {item[5]: j for j, item in enumerate(queue)}
+    tables, queue, index = _sailor_choices("OPT-350", {(A100, "us-central1-a"): 32, (V100, "us-central1-a"): 96},
+                                           1024, {"max_cost_per_iteration_usd": budget})
 
     def heuristics(c: Combo):
         return _best_heuristic(with_sync_table(queue[index[c]][6], tables), "max_throughput", budget, None)
