@@ -1125,8 +1125,10 @@ CLIMB_SLACK = 0.02  # `_climb` also goes on from plans this much worse than the 
 def _next_to_expand(best: tuple, greedies: dict, expanded: set) -> Combo | None:
     """The choice `_climb` tries the neighbours of next: the incumbent's, then that of the best
     heuristic plan within CLIMB_SLACK of it (measured: Sailor's OPT-350M on 32 A100 + 96 V100 under
-    0.5 USD, the first plan P4 b1 D16 at 5.852 s has no better neighbour; P3 b2 D16 at 5.898 s has
-    P2 b4 D16 at 5.489 s, which the search had found only after 14 s, in a dive)."""
+    0.5 USD, before `polish` moved blocks: the first plan P4 b1 D16 at 5.852 s had no better
+    neighbour; P3 b2 D16 at 5.898 s led to P2 b4 D16 at 5.489 s, which the search had found only
+    after 14 s, in a dive. With it, P3 b4 D8 at 5.698 s has none, and P3 b4 D16 at 5.736 s leads
+    there: tests/test_sailor_planning.py)."""
     own = Combo(best[2].P, best[2].b, best[2].D)
     if own not in expanded:
         return own
