@@ -157,3 +157,14 @@ def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:
     counts[0] -= 1
     counts[-1] -= 1
     return counts
+
+
+def blocks_ranges(counts: list[int]) -> list[tuple[int, int]]:
+    """The unit ranges of stages holding `counts` blocks (`solution_blocks`' inverse): stage 0 also
+    holds the embedding, the last stage the head."""
+    ranges, start = [], 0
+    for i, n in enumerate(counts):
+        width = n + (i == 0) + (i == len(counts) - 1)
+        ranges.append((start, start + width))
+        start += width
+    return ranges

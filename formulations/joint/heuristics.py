@@ -6,7 +6,7 @@ from typing import Iterator
 
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
 from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
-from hetplan.formulations.joint.evaluation import objective_within_limits, solution_blocks
+from hetplan.formulations.joint.evaluation import blocks_ranges, objective_within_limits, solution_blocks
 from hetplan.formulations.joint.bounds import _fastest_work_s, _gpus_per_type
 from hetplan.formulations.joint.composition import iteration_time_s, worker_bytes
 
@@ -135,12 +135,9 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
 def _in_compact_form(counts: list[int], rows: list) -> Iterator[tuple[list, list]]:
     """(unit ranges, rows) of a plan with `counts` blocks per stage, if it lies in the compact form
     (stage 0 and every middle stage hold a block: `evaluation.solution_blocks`)."""
-    P = len(counts)
     if counts[0] < 1 or min(counts[1:-1], default=1) < 1 or counts[-1] < 0:
         return
-    sizes = [n + (k == 0) + (k == P - 1) for k, n in enumerate(counts)]
-    starts = [sum(sizes[:k]) for k in range(P)]
-    yield [(s, s + n) for s, n in zip(starts, sizes)], rows
+    yield blocks_ranges(counts), rows
 
 
 def _fill_stage(inp: JointInputs, left: dict, order: list[int]) -> list[int] | None:

@@ -40,7 +40,7 @@ from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, Joi
 from hetplan.formulations.joint.tables import (_cached_for, _class_extras, _class_figures, block_counts,
                                                blocks_identical)
 from hetplan.formulations.joint.bounds import _first_true_from, block_bands, in_region, stage_time_cap_s
-from hetplan.formulations.joint.evaluation import better, objective_within_limits
+from hetplan.formulations.joint.evaluation import better, blocks_ranges, objective_within_limits
 
 # The product over (GPU type, region) of the usage axis lengths, past which usage is counted in
 # coarser units (q). Measured on zorse_4type_2region, 30 choices with P 4-5 (2026-11-28): 2048
@@ -221,11 +221,7 @@ def place(inp: JointInputs, stages: list[Choice]) -> JointSolution | None:
             return None
         replicas.append(tuple(row))
         prev_zone = inp.pools[max(range(inp.K), key=lambda k: row[k])].zone
-    ranges, start = [], 0
-    for i, (_, _, n) in enumerate(stages):  # stage 0: the embedding + n blocks; the last: n blocks + the head
-        width = n + (i == 0) + (i == inp.P - 1)
-        ranges.append((start, start + width))
-        start += width
+    ranges = blocks_ranges([n for _, _, n in stages])
     return JointSolution(tuple(ranges), tuple(replicas), float("nan"), float("nan"))
 
 
