@@ -2,6 +2,7 @@
 and its CPU-time limit, and a search with two MILPs at once against one at a time."""
 from __future__ import annotations
 
+import math
 import random
 import signal
 import subprocess
@@ -89,6 +90,41 @@ def test_a_lifted_flight_lets_its_milps_run_past_their_own_limit_until_the_searc
     assert not budget()  # 50 s
     flight.stop.set()
     assert budget()
+
+
+def test_a_free_slot_solves_again_a_milp_stopped_at_its_limit_while_another_still_runs(monkeypatch):
+    """`_Search._finish`: with nothing queued, one MILP running and one slot free, the unfinished
+    choice of least bound solves again at once (not after the running MILP, which here ends only
+    once it has started), the next one when a slot frees; one within the gap of the incumbent is
+    closed with its bound, not solved."""
+    from hetplan.formulations import joint
+    from hetplan.orchestration.planner.helper import _Refiner
+    from hetplan.orchestration.planner.options import ComboRecord
+
+    resumed: list = []
+    started = threading.Event()
+
+    def fake_solve(rec, inp, found, best, objective, milp, limit_s, deadline, lb=None, interrupt=None, target=None):
+        resumed.append((rec.P, lb, limit_s, target))
+        started.set()
+        return None  # nothing in the choice beats its cutoff
+
+    monkeypatch.setattr(S, "_solve_choice", fake_solve)
+    search = S._Search.__new__(S._Search)
+    search.queue, search.dp_runs_left, search.objective, search.milp = [], 0, "max_throughput", None
+    search.opts, search.deadline = PlannerOptions(rel_gap=0.01), joint.Deadline.after(60)
+    search.refiner = _Refiner(None, "max_throughput", None, None, None)
+    search.out = out = S._Outcome([], None)
+    out.lead = out.best = (10.0, None, None)  # target 9.9
+    out.unfinished = [S._ChoiceResult(bound, ComboRecord(P, 1, 1, bound, "solved:time_limit_no_solution"), None,
+                                      None, None) for P, bound in ((5, 9.5), (6, 9.95), (4, 9.0))]
+    search.flight = S._Flight(2)
+    running_saw_resume: list = []
+    search.flight.launch(lambda interrupt: running_saw_resume.append(started.wait(timeout=20)), 5.0)
+    search._finish()
+    assert running_saw_resume == [True]
+    assert resumed == [(4, 9.0, math.inf, 9.9), (5, 9.5, math.inf, 9.9)]
+    assert not out.unfinished and out.open_bounds == [9.95] and not search.flight.threads
 
 
 def test_a_flight_hands_back_results_and_raises_a_jobs_failure_in_the_search():

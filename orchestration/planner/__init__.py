@@ -44,8 +44,9 @@ not had the stage DP, those the strong bound kept first, for a better cutoff. Th
 reaches the target (`_Outcome.target`): the returned plan's simulated objective less the requested
 gap, but no more than the incumbent's model objective; every choice left is pruned at once.
 MILPs still running then keep running to the deadline, their own limit lifted (`_Flight.lift`:
-stopped, a MILP would be solved again from scratch). Time left then goes to the choices whose MILP
-stopped at its own limit (`combo_time_limit_s`), least bound first, in equal shares. With several regions the strong time bound also splits the
+stopped, a MILP would be solved again from scratch); a slot they leave free solves again a choice
+whose MILP stopped at its own limit (`combo_time_limit_s`), least bound first, to the deadline. Time
+left after them goes to the choices still unsolved, least bound first, in equal shares. With several regions the strong time bound also splits the
 plans by the regions they use (`joint.region_split_time_bound_s`; in Sailor's composition
 `joint.sailor_region_split_bound_s`: each region's whole bound, or the send-aware DP with the sends
 over one or two region crossings, `joint.sailor_crossing_time_bound_s`).

@@ -430,7 +430,8 @@ def _search(queue: list, tables: _Tables, objective: str, max_cost: float | None
             no stage-DP plan yet?             the heuristics; a better incumbent sends it back
             else                              its MILP with the target as cutoff (`_Search.solve`),
                                               in a thread while the search goes on (`_Flight`)
-        the MILPs still running: their plans and bounds (their own limits lifted, `_Flight.lift`)
+        the MILPs still running: their plans and bounds (their own limits lifted, `_Flight.lift`);
+                                              a free slot solves again a MILP stopped at its limit
         the time left goes to the MILPs stopped at their own limit
 
     At the deadline every choice left is recorded "skipped_time" with the bound it has (a
@@ -471,10 +472,18 @@ class _Search:
                   heuristic=True)
         self._follow()
         self._loop()
+        self._finish()
+
+    def _finish(self) -> None:
+        """Nothing queued: the MILPs still running give their plans and bounds, their own limits
+        lifted (`_Flight.lift`), and a free slot takes a choice whose MILP stopped at its limit
+        (`_resume_unfinished`). No dive: no MILP follows."""
         self.flight.lift()
-        while self.flight.threads:  # the MILPs still running: their plans and bounds (no dive: no MILP follows)
+        self._resume_unfinished()
+        while self.flight.threads:
             for item in self.flight.collect(block=True):
                 self._settle(item, dive=False)
+            self._resume_unfinished()
 
     def _loop(self) -> None:
         queue, out, opts = self.queue, self.out, self.opts
@@ -580,6 +589,7 @@ class _Search:
         out = self.out
         rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
         out.records.append(rec)
+        out.solved += 1
         if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
             out.found((*found, inp), heuristic=True)
         job = functools.partial(_solve_choice, rec, inp, found, out.lead, self.objective, self.milp,
@@ -593,7 +603,6 @@ class _Search:
     def _settle(self, item: "_ChoiceResult | None", dive: bool = True) -> None:
         """What one choice's MILP gave (None: nothing in the choice beats its cutoff)."""
         out = self.out
-        out.solved += 1
         if item is not None:
             out.found(item.solution)
             _file(item, out.unfinished, out.open_bounds)
@@ -601,6 +610,25 @@ class _Search:
                 _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
                       self.opts.heuristic_choices, out, self.opts.combo_time_limit_s, self.opts.rel_gap)
         self._follow()
+
+    def _resume_unfinished(self) -> None:
+        """Nothing queued, and a MILP slot free beside the lifted MILPs: the choices whose MILP
+        stopped at its own limit solve again there, least bound first, to the search's deadline,
+        rather than after the last running MILP ends (`_resolve_unfinished`). Measured: Sailor's
+        GPT-Neo-2.7B on 5 zones x 32 A100 at 90 s, P6 b2 D16 stopped at its limit at 22.6 s; one
+        slot stayed free from 39.0 s while P7 b2 D16 ran to 72.0 s, and P6 started again only then."""
+        out, rel_gap = self.out, self.opts.rel_gap
+        if not out.unfinished or self.flight.slots < 2:
+            return
+        out.unfinished.sort(key=lambda item: item.bound)
+        while out.unfinished and not self.flight.full() and self.deadline.remaining() >= 1.0:
+            item = out.unfinished.pop(0)
+            if out.lead is not None and item.bound >= out.target(rel_gap):
+                out.open_bounds.append(item.bound)  # within the gap of the incumbent: closed as it is
+                continue
+            job = functools.partial(_solve_choice, item.record, item.inputs, item.start, out.lead, self.objective,
+                                    self.milp, math.inf, self.deadline, item.bound, target=self._target_now())
+            self.flight.launch(job, math.inf)
 
     def close(self) -> None:
         self.flight.close()
