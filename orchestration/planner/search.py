@@ -340,6 +340,14 @@ class _Outcome:
         values += [v for v in (head, self.incumbent) if v is not None]
         return min(values) if values else None
 
+    def close_unfinished(self, rel_gap: float) -> None:
+        """Sort the choices whose MILP stopped at its limit by bound, least first, and close them
+        while the least reaches the target (`target`): the incumbent is within the gap of it, so it
+        keeps its bound and is not solved again."""
+        self.unfinished.sort(key=lambda item: item.bound)
+        while self.unfinished and self.lead is not None and self.unfinished[0].bound >= self.target(rel_gap):
+            self.open_bounds.append(self.unfinished.pop(0).bound)
+
     def skip_rest(self, entry: tuple, queue: list) -> None:
         """The deadline: the popped choice (queue `entry`) and every queued one are skipped with
         their bounds; the entry goes back to the list for `_rescue`."""
@@ -617,15 +625,14 @@ class _Search:
         rather than after the last running MILP ends (`_resolve_unfinished`). Measured: Sailor's
         GPT-Neo-2.7B on 5 zones x 32 A100 at 90 s, P6 b2 D16 stopped at its limit at 22.6 s; one
         slot stayed free from 39.0 s while P7 b2 D16 ran to 72.0 s, and P6 started again only then."""
-        out, rel_gap = self.out, self.opts.rel_gap
+        out = self.out
         if not out.unfinished or self.flight.slots < 2:
             return
-        out.unfinished.sort(key=lambda item: item.bound)
-        while out.unfinished and not self.flight.full() and self.deadline.remaining() >= 1.0:
+        while not self.flight.full() and self.deadline.remaining() >= 1.0:
+            out.close_unfinished(self.opts.rel_gap)
+            if not out.unfinished:
+                return
             item = out.unfinished.pop(0)
-            if out.lead is not None and item.bound >= out.target(rel_gap):
-                out.open_bounds.append(item.bound)  # within the gap of the incumbent: closed as it is
-                continue
             job = functools.partial(_solve_choice, item.record, item.inputs, item.start, out.lead, self.objective,
                                     self.milp, math.inf, self.deadline, item.bound, target=self._target_now())
             self.flight.launch(job, math.inf)
@@ -795,24 +802,21 @@ def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", de
                         rel_gap: float) -> None:
     """Time left (every choice settled early): the choices whose MILP stopped at its own limit get
     the rest, least bound first, in equal shares; those left at the deadline keep their bounds."""
-    out.unfinished.sort(key=lambda item: item.bound)
-    while out.unfinished:
-        item = out.unfinished[0]
+    while True:
+        out.close_unfinished(rel_gap)
         remaining = deadline.remaining()
-        if out.lead is not None and item.bound >= out.target(rel_gap):
-            out.open_bounds.append(out.unfinished.pop(0).bound)  # the incumbent is within the gap of this bound
-            continue
+        if not out.unfinished:
+            break
         if remaining < 1.0:
             out.cut = True
             break
-        out.unfinished.pop(0)
+        item = out.unfinished.pop(0)
         again = _solve_choice(item.record, item.inputs, item.start, out.lead, objective, milp,
                               remaining / (len(out.unfinished) + 1), deadline, item.bound,
                               target=out.target(rel_gap) if out.lead is not None else None)
         if again is not None:
             out.found(again.solution)
             _file(again, out.unfinished, out.open_bounds)
-            out.unfinished.sort(key=lambda item: item.bound)
     out.open_bounds += [item.bound for item in out.unfinished]
     out.unfinished = []
 
