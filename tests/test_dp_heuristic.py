@@ -159,6 +159,27 @@ def test_dp_heuristic_respects_budget_and_min_throughput():
         assert fast is not None and joint.evaluate(inp, fast[1])["cost"] <= ev["cost"] * (1 + 1e-12), combo
 
 
+def test_the_stage_dp_under_a_budget_that_turns_down_no_better_plan_finds_the_plan_without_it():
+    """Under a budget the stage DP first sweeps as without one, and widens its sweep (the cheap
+    caps, the cheapest plan of each) only where the budget turned down a plan better than the best
+    it kept: with a budget above every plan's cost the same plan as without a budget; with one at
+    the budget-free plan's own cost, that plan again; with one just below it, a plan within it."""
+    checked = 0
+    for inst in (tiny(), tiny_regions()):
+        for combo, inp in combos_of(inst, "max_throughput"):
+            free = H.dp_heuristic(inp, "max_throughput")
+            if free is None:
+                continue
+            cost = joint.evaluate(inp, free[1])["cost"]
+            same = H.dp_heuristic(inp, "max_throughput", max_cost_usd=1e9)
+            assert (same[0], same[1].ranges, same[1].replicas) == (free[0], free[1].ranges, free[1].replicas), combo
+            assert H.dp_heuristic(inp, "max_throughput", max_cost_usd=cost)[0] == free[0], combo
+            below = H.dp_heuristic(inp, "max_throughput", max_cost_usd=cost * 0.999)
+            assert below is None or joint.evaluate(inp, below[1])["cost"] <= cost * 0.999, combo
+            checked += 1
+    assert checked >= 8, checked
+
+
 def test_polish_keeps_plans_valid_and_only_improves():
     """`joint.polish` reorders a plan's stages: every layer once, the same GPUs per quota, every
     stage in memory, the objective the model's own, never worse than the plan it started from and

@@ -1146,6 +1146,66 @@ def test_send_aware_bound_under_a_budget_is_below_every_affordable_plan():
     assert checked >= 50 and lifted >= 4, (checked, lifted)
 
 
+def test_a_budget_no_dp_plan_can_reach_at_the_target_leaves_the_bounds_as_without_it():
+    """`joint.binding_budget_usd`: the DP tests' rate ceiling (`_dp_rate_ceiling_usd_per_s`) is above
+    every enumerated plan's rate at its GPU types' least prices, a cap at the ceiling changes no DP
+    test, and where the budget over the target reaches the ceiling the send-aware bound is the
+    budget-free one, still below the least T of the plans within the budget (tiny / tiny_regions in
+    Sailor's composition); just under the ceiling the budget counts again."""
+    from hetplan.formulations.joint import bounds
+
+    checked = 0
+    for combo, sailor in sailor_choices(tiny, tiny_regions):
+        ceiling = bounds._dp_rate_ceiling_usd_per_s(sailor)
+        least = {p.gpu_type: bounds._gpu_rate_usd_per_s(sailor, [p.gpu_type]) for p in sailor.pools}
+        plans = list(all_plans(sailor, "blocks"))
+        for sol, _ in plans:
+            rate = sum(n * p.tp * least[p.gpu_type] for row in sol.replicas for n, p in zip(row, sailor.pools))
+            assert rate <= ceiling * (1 + 1e-12), (combo, rate, ceiling)
+        for theta in np.unique(bounds._sailor_stage_times_s(sailor)).tolist()[::3]:
+            assert bounds.stages_fit_dp(sailor, theta, max_rate_usd_per_s=ceiling) == bounds.stages_fit_dp(sailor, theta)
+        fastest = min(ev["T"] for _, ev in plans)
+        for target in (0.9 * fastest, 1.1 * fastest):
+            budget = target * ceiling * 1.001
+            inp = dataclasses.replace(sailor, max_cost_usd=budget)
+            assert joint.binding_budget_usd(inp, target) is None
+            assert joint.binding_budget_usd(dataclasses.replace(sailor, max_cost_usd=budget / 1.002), target) is not None
+            got = bounds.sailor_send_aware_time_bound_s(inp, target)
+            assert got == bounds.sailor_send_aware_time_bound_s(dataclasses.replace(sailor), target)
+            affordable = min((ev["T"] for _, ev in plans if ev["cost"] <= budget), default=math.inf)
+            assert got <= affordable * (1 + 1e-9), (combo, target, got, affordable)
+            checked += 1
+    assert checked >= 20, checked
+
+
+def test_a_milp_relaxed_of_its_budget_is_solved_again_with_it_when_its_plan_breaks_it(monkeypatch):
+    """`_solve_choice` under a budget the bounds call slack solves the model without the budget row
+    first; where that plan costs more than the budget, the model with the row decides. Forced here
+    (every budget called slack) on tiny's choices with a budget just above their cheapest plan: the
+    plan found is within the budget and the least T of the plans within it, by enumeration."""
+    from hetplan.orchestration.planner import search as S
+    from hetplan.orchestration.planner.options import ComboRecord
+
+    monkeypatch.setattr(joint, "binding_budget_usd", lambda inp, target_s: None)
+    milp = S._MilpSettings("highs", True, 1e-6)
+    checked = 0
+    for combo, free in combos_of(tiny(), "max_throughput"):
+        evs = [ev for _, ev in all_plans(free, "blocks")]
+        budget = min(ev["cost"] for ev in evs) * 1.001
+        fastest = min(evs, key=lambda ev: ev["T"])
+        if combo.P > 2 or fastest["cost"] <= budget:
+            continue  # the relaxation's plan would keep the budget: nothing to solve again
+        inp = dataclasses.replace(free, max_cost_usd=budget)
+        truth = brute_force(inp, "T", "blocks")
+        got = S._solve_choice(ComboRecord(combo.P, combo.b, combo.D, 0.0, ""), inp, None, (2 * truth, None, None),
+                              "max_throughput", milp, 30.0, joint.Deadline.after(60))
+        assert got is not None and got.solution is not None, combo
+        ev = joint.evaluate(inp, got.solution[1])
+        assert ev["cost"] <= budget * (1 + 1e-9) and ev["T"] == pytest.approx(truth, rel=1e-6), (combo, ev["T"], truth)
+        checked += 1
+    assert checked >= 2, checked
+
+
 @pytest.mark.parametrize("floor_s", [0.002, 0.03])
 def test_capped_sum_with_sends_holds_on_every_plan_within_its_stage_time_cap(floor_s):
     """`capped_sum_tau_s(sends=True)` (Sailor's composition, stage times with their sends): for every

@@ -823,7 +823,7 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
     if not cands:
         return math.inf
     fits = _families_fit(inp, families)
-    if target_s is not None and inp.m > 1 and inp.max_cost_usd is None:
+    if target_s is not None and inp.m > 1 and binding_budget_usd(inp, target_s) is None:
         # one DP test with F for sum tau and no cap first: it settles most choices without the
         # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
         # V100, one process, 71 of 93 choices; the search 6.5 -> 3.6 s). Not under a budget, where
@@ -983,7 +983,7 @@ def _send_aware_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, 
         hi = _last_beating(inp, cands, rest, sum_tau, transfers, target_s)
         if hi < 0:
             return iteration_time_s(inp.m, sum_tau, transfers, cands[0], rest)
-        if inp.max_cost_usd is not None:  # the least slowest stage the budget affords, by ranges
+        if binding_budget_usd(inp, target_s) is not None:  # the least slowest stage the budget affords, by ranges
             time_at = _cell_time_at(inp, cands, rest, sum_tau, transfers)
             ok, bad = -1, hi  # cands[..ok] hold no plan within the budget; cands[..bad] may
             while bad - ok > 1:
@@ -1009,7 +1009,7 @@ def _cell_rules_out_s(inp: JointInputs, fits, cands: list[float], rest: float, s
     below = _last_beating(inp, cands, rest, sum_tau, transfers, target_s)
     if below < 0:
         return None
-    if inp.max_cost_usd is None:
+    if binding_budget_usd(inp, target_s) is None:
         if fits(cands[below]):
             return None
     elif not _range_ruled_out(inp, fits, cands, _cell_time_at(inp, cands, rest, sum_tau, transfers), 0, below,
@@ -1028,6 +1028,30 @@ def _last_beating(inp: JointInputs, cands: list[float], rest: float, sum_tau: fl
 def _cell_time_at(inp: JointInputs, cands: list[float], rest: float, sum_tau: float, transfers: float):
     """j -> a cell's T with its slowest stage at cands[j]."""
     return lambda j: iteration_time_s(inp.m, sum_tau, transfers, cands[j], rest)
+
+
+def binding_budget_usd(inp: JointInputs, target_s: float | None) -> float | None:
+    """The budget (`JointInputs.max_cost_usd`) as the bounds that rule out `target_s` see it, None
+    where it cannot bind there. Those bounds read a budget only as a cap on the rate of their DP
+    tests' plans: cost >= rate x T, and a plan that beats the target has T < target_s, so its rate
+    is below max_cost_usd / target_s. No DP plan has a rate above `_dp_rate_ceiling_usd_per_s`, so
+    where that cap reaches it the capped tests answer as the budget-free ones, and the budget-free
+    bound (at least as strong: its cells get the plain test and the compute-only lift) is valid
+    for the plans within the budget too. Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100 under
+    1.2 USD: the ceiling is 0.4646 USD/s, so at the search's target of 1.3712 s the budget caps no
+    DP plan (0.637 USD at most), and its bounds now take what they take without it."""
+    budget = inp.max_cost_usd
+    if budget is None or target_s is None or budget < target_s * _dp_rate_ceiling_usd_per_s(inp) * (1 + 1e-9):
+        return budget
+    return None
+
+
+def _dp_rate_ceiling_usd_per_s(inp: JointInputs) -> float:
+    """The largest rate a plan of the DP tests can have: every GPU of the inputs at its type's least
+    price (`_two_resource_dp` prices a resource's GPUs at its types' least, and holds them within
+    the resource's GPUs: a merged resource's GPUs times its least price is at most this sum)."""
+    return _shared_for(inp, "dp_rate_ceiling", lambda inp: sum(
+        n * _gpu_rate_usd_per_s(inp, [g]) for g, n in _gpus_per_type(inp).items()))
 
 
 BUDGET_SPLITS = 6  # halvings of `_range_ruled_out`: at most 2^(BUDGET_SPLITS + 1) - 1 DP tests
@@ -1087,7 +1111,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
         test, rest, cap = test_rest
         if not (lift and target is not None and inp.m > 1):
             return _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
-        budget = inp.max_cost_usd is not None
+        budget = binding_budget_usd(inp, target) is not None
         if not budget:  # the plain test first (under a budget it is the costly bisection by ranges)
             ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
             if ruled is not None:

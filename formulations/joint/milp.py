@@ -160,7 +160,7 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
 
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
-          cost_cutoff_usd: float | None = None, layers: str = "auto") -> pyo.ConcreteModel:
+          cost_cutoff_usd: float | None = None, layers: str = "auto", budget: bool = True) -> pyo.ConcreteModel:
     """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice.
 
     `time_cutoff_s` / `cost_cutoff_usd`: only plans at least this good are wanted (an incumbent's
@@ -169,13 +169,18 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     cutoff itself is not a row: add one if the model must reject worse plans.
 
     `layers`: "blocks" (the compact stage-choice form, needs `blocks_identical(inp)`), "staircase"
-    (any per-unit figures) or "auto" (blocks when possible)."""
+    (any per-unit figures) or "auto" (blocks when possible). `budget=False` (maximum throughput)
+    leaves the budget row out, and with it the rate x T rows it needs: a relaxation, whose
+    infeasibility or bound holds for the model with the row, and whose plan is that model's
+    optimum when its cost is within the budget."""
     if layers == "auto":
         layers = "blocks" if blocks_identical(inp) else "staircase"
     if layers == "blocks" and not blocks_identical(inp):
         raise ValueError("layers='blocks' needs identical transformer blocks after the first one")
     if layers == "staircase" and inp.sync_table is not None:
         raise ValueError("the staircase form has no all-reduce table: drop sync_table")
+    if not budget and inp.objective != "min_cost":
+        inp = replace(inp, max_cost_usd=None)
     inp = in_model_units(inp)
     if time_cutoff_s is not None:
         time_cutoff_s *= TIME_UNITS_PER_S

@@ -48,8 +48,8 @@ def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None
     """Whether `_tight_bound` at the target is the strong time bound alone and starts with Sailor's
     send-aware bound, which `decide` lets stop at its first cell under the target
     (`joint.time_lower_bound_tight_s`)."""
-    return (objective == "max_throughput" and target is not None and max_cost is None and min_its is None
-            and joint.send_aware_applies(inp))
+    return (objective == "max_throughput" and target is not None and min_its is None
+            and joint.binding_budget_usd(inp, target) is None and joint.send_aware_applies(inp))
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ def _tight_bound(inp: joint.JointInputs, objective: str, min_its: float | None, 
     floor_s = None if min_its is None else 1 / min_its
     if objective != "min_cost":
         t_lb = joint.time_lower_bound_tight_s(inp, exact, target, strongest, decide)
-        if max_cost is not None and exact and t_lb < float("inf") and (target is None or t_lb < target):
+        if (max_cost is not None and exact and t_lb < float("inf") and (target is None or t_lb < target)
+                and joint.binding_budget_usd(inp, target) is not None):
             t_lb = max(t_lb, joint.budget_time_lower_bound_s(inp, max_cost))
         return float("inf") if t_lb == float("inf") or (floor_s is not None and t_lb > floor_s) else t_lb
     t_lb = joint.time_lower_bound_tight_s(inp, False, floor_s)
