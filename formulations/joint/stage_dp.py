@@ -378,9 +378,10 @@ def _sweep(inp: JointInputs, thetas: list[float], objective: str, max_cost_usd: 
     done: set = set()
     caps = _caps_to_try(first, len(thetas), objective, sweep)
     best = run(caps, ("time",) if objective == "max_throughput" else ("time", "cost"), sweep, done)
-    if max_cost_usd is None or not _beaten_by(inp, objective, best, turned_down):
+    if max_cost_usd is None or (best is not None and not _beaten_by(inp, objective, best, turned_down)):
         return best  # no limit turned down a better plan: the search without a budget finds this one
-    # a budget turned down a better plan: every cap, the cheap ones too, and the cheapest plan of each
+    # no plan, or a budget turned down a better one: every cap, the cheap ones too, and the cheapest
+    # plan of each
     # (measured: Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100 under 1.2 USD, where no plan
     # of the first caps breaks it: the first plan at 3.0-3.5 s with the wider sweep up front,
     # 2.7-2.9 s without)
@@ -389,11 +390,11 @@ def _sweep(inp: JointInputs, thetas: list[float], objective: str, max_cost_usd: 
     return better(best, run(caps, ("time", "cost"), None, done))
 
 
-def _beaten_by(inp: JointInputs, objective: str, best: tuple | None, plans: list[JointSolution]) -> bool:
+def _beaten_by(inp: JointInputs, objective: str, best: tuple, plans: list[JointSolution]) -> bool:
     """Whether one of `plans` (turned down by the limits) has a better objective than `best` by the
     model's figures."""
     key = "cost" if objective == "min_cost" else "T"
-    return any(best is None or evaluate(inp, sol)[key] < best[0] for sol in plans)
+    return any(evaluate(inp, sol)[key] < best[0] for sol in plans)
 
 
 def _less_sync(inp: JointInputs, stages: list[Choice], solve, score, extras: dict, steps: int,
