@@ -381,10 +381,9 @@ def _sweep(inp: JointInputs, thetas: list[float], objective: str, max_cost_usd: 
     if max_cost_usd is None or (best is not None and not _beaten_by(inp, objective, best, turned_down)):
         return best  # no limit turned down a better plan: the search without a budget finds this one
     # no plan, or a budget turned down a better one: every cap, the cheap ones too, and the cheapest
-    # plan of each
-    # (measured: Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100 under 1.2 USD, where no plan
-    # of the first caps breaks it: the first plan at 3.0-3.5 s with the wider sweep up front,
-    # 2.7-2.9 s without)
+    # plan of each (measured: Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100 under 1.2 USD,
+    # where no plan of the first caps breaks it, the search's first plan at 2.9-4.9 s with this wide
+    # sweep up front, 2.1-2.9 s without; two interleaved pairs of runs)
     if objective != "min_cost":
         caps = sorted(set(caps) | set(_caps_to_try(first, len(thetas), "min_cost", sweep)))
     return better(best, run(caps, ("time", "cost"), None, done))
