@@ -40,14 +40,17 @@ def test_a_small_limit_holds_on_ten_thousand_gpus():
     """10,000 GPUs of five types in five zones: 774 outer choices to prepare, stage DPs over large
     quotas; the old code took 15-19 s under a 1 s limit. The global batch is cut to 64 sequences so
     the plans have at most 1,024 replicas: simulating a plan of thousands of replicas takes
-    seconds by itself (`plan.redistribution` is quadratic in the replicas of two stages)."""
+    seconds by itself (`plan.redistribution` is quadratic in the replicas of two stages). A 2 s
+    limit: with 1 s the preparation ends at 0.6 s and the first plan comes at the deadline (1.00 s,
+    measured alone and beside three busy processes), and once, in a CI run beside the other tests'
+    worker, none came (NoPlanInTimeError, a documented answer, but not what this test checks)."""
     data = yaml.safe_load((REPO / "instances" / "large_5type_10k.yaml").read_text())
     data["workload"]["global_batch_size"] = 64
     inst = instance_from_dict(data)
     t0 = time.perf_counter()
-    res = plan(inst, PlannerOptions(time_limit_s=1.0))
+    res = plan(inst, PlannerOptions(time_limit_s=2.0))
     wall = time.perf_counter() - t0
-    assert within_limit(wall, 1.0), wall
+    assert within_limit(wall, 2.0), wall
     assert res.status == "time_limit"  # a documented partial result: best plan so far, bound so far
     assert not res.report.oom_ranks
     assert 0 < res.bound <= res.model_objective and 0 <= res.gap < 1
