@@ -339,7 +339,8 @@ def _sweep(inp: JointInputs, thetas: list[float], objective: str, max_cost_usd: 
         sol = place(inp, stages) if stages is not None else None
         obj = None if sol is None else objective_within_limits(inp, sol, objective, max_cost_usd, min_iters_per_s)
         if obj is None:
-            turned_down.extend([sol] if sol is not None else [])
+            if sol is not None:
+                turned_down.append(sol)
             return None
         scored.append((obj, sol))
         return obj, sol

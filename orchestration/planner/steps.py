@@ -26,7 +26,7 @@ def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: s
     process gives the same answer as the main one."""
     level, lb, target = step.level, step.lb, step.target
     inp = with_sync_table(inp, tables)  # the all-reduce times enter all
-    if level == 1 and step.dp_allowed and _decides_sooner(inp, objective, target, max_cost, min_its):
+    if level == 1 and step.dp_allowed and _decides_sooner(inp, objective, target, min_its):
         lb = max(lb, _tight_bound(inp, objective, min_its, target, decide=True))
         if lb >= target:
             return lb, None, False
@@ -43,11 +43,11 @@ def _refine(inp: joint.JointInputs, tables: _Tables, step: "_Step", objective: s
     return lb, None, False
 
 
-def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None, max_cost: float | None,
-                    min_its: float | None) -> bool:
+def _decides_sooner(inp: joint.JointInputs, objective: str, target: float | None, min_its: float | None) -> bool:
     """Whether `_tight_bound` at the target is the strong time bound alone and starts with Sailor's
     send-aware bound, which `decide` lets stop at its first cell under the target
-    (`joint.time_lower_bound_tight_s`)."""
+    (`joint.time_lower_bound_tight_s`), with no budget that can bind at the target (the inputs'
+    own, `joint.binding_budget_usd`)."""
     return (objective == "max_throughput" and target is not None and min_its is None
             and joint.binding_budget_usd(inp, target) is None and joint.send_aware_applies(inp))
 
