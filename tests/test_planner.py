@@ -1047,6 +1047,62 @@ def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
     assert checked >= 100 and high >= 10, (checked, high)
 
 
+def test_the_extra_ceiling_leaves_out_only_plans_the_bounds_rule_out():
+    """`joint.extra_ceiling_s` (tiny / tiny_regions in Sailor's composition, targets 2 % and 10 %
+    above each choice's least T): every enumerated plan whose sigma + mu reaches the ceiling has T at
+    least the target, and on some choices plans below the target lie under it while others lie
+    above (or the MILP's row would cut nothing), and the ceiling is the least extra value whose
+    floor takes the bound to the target. Under `extra_floor_scope(f)`, for every fourth f among the
+    choice's extra values, the strong bound stays below the least T of the plans with sigma + mu >= f,
+    and above the bound without the scope for some f. The MILP's row (`milp.build(extra_ceiling_s=)`)
+    set just under the best plan's sigma + mu: every plan below the cutoff within it is a point of
+    the model, and HiGHS finds the least T among them."""
+    from hetplan.formulations.joint import bounds
+    from hetplan.solvers import model_view, warmstart
+
+    def reaches(inp, floor, target):
+        with joint.extra_floor_scope(floor):
+            return joint.time_lower_bound_tight_s(inp, True, target, decide=True) >= target
+
+    checked = cut = lifted = solved = 0
+    for combo, inp in sailor_choices(tiny, tiny_regions):
+        found = [(sol, ev["T"], ev["sigma"] + ev["mu"]) for sol, ev in all_plans(inp, "blocks")]
+        plans = [(t, e) for _, t, e in found]
+        best = min(t for t, _ in plans)
+        values = bounds._extra_values_s(inp).tolist()
+        for target in (1.02 * best, 1.1 * best):
+            ceiling = joint.extra_ceiling_s(dataclasses.replace(inp), target)
+            assert all(t >= target * (1 - 1e-9) for t, e in plans if e >= ceiling), (combo, target, ceiling)
+            if ceiling < math.inf:  # the least value the bounds rule out above
+                assert reaches(inp, ceiling, target), (combo, target, ceiling)
+                j = values.index(ceiling)
+                assert j == 0 or not reaches(inp, values[j - 1], target), (combo, target, ceiling)
+            cut += any(e > ceiling for t, e in plans)
+            checked += 1
+        plain = joint.time_lower_bound_tight_s(inp, True)
+        for f in bounds._extra_values_s(inp).tolist()[::4]:
+            above = [t for t, e in plans if e >= f]
+            with joint.extra_floor_scope(f):
+                got = joint.time_lower_bound_tight_s(dataclasses.replace(inp), True)
+            assert not above or got <= min(above) * (1 + 1e-9), (combo, f, got, min(above))
+            lifted += got > plain * (1 + 1e-9)
+        # the row alone, just under the best plan's sigma + mu: HiGHS finds the least T of the plans
+        # below the cutoff within it, by enumeration, and every one of them is a point of the model
+        cutoff, top = 1.1 * best, min(found, key=lambda f: f[1])[2] * (1 - 1e-6)
+        within = [(sol, t) for sol, t, e in found if t < cutoff * (1 - 1e-9) and e <= top]
+        if within and solved < 6:
+            model = joint.build(inp, time_cutoff_s=cutoff, extra_ceiling_s=top)
+            view = model_view.extract(model)
+            assert all(warmstart.check(view, joint.warm_start(model, inp, sol)).feasible for sol, _ in within), combo
+            res = solve(model, backend="highs", options=SolveOptions(rel_gap=1e-9, diagnose_infeasible=False))
+            assert res.status.has_solution, (combo, res.status)
+            got = joint.evaluate(inp, joint.decode(model, inp))
+            assert got["sigma"] + got["mu"] <= top * (1 + 1e-9), combo
+            assert math.isclose(got["T"], min(t for _, t in within), rel_tol=1e-6), (combo, got["T"])
+            solved += 1
+    assert checked >= 20 and cut >= 4 and lifted >= 4 and solved == 6, (checked, cut, lifted, solved)
+
+
 def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
     """`sailor_crossing_time_bound_s` against every plan of tiny_regions (Sailor's composition) that
     uses both regions, with and without targets around their least T; `sailor_region_split_bound_s`

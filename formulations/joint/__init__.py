@@ -32,7 +32,8 @@ from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bo
     region_split_time_bound_s, in_region, sync_aware_time_bound_s, extra_lower_bound_s, sum_tau_lower_bound_s,
     capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s,
     budget_time_lower_bound_s, binding_budget_usd, sailor_crossing_time_bound_s, sailor_region_split_bound_s,
-    sailor_send_aware_time_bound_s, sailor_send_aware_rules_out_s, send_aware_applies)
+    sailor_send_aware_time_bound_s, sailor_send_aware_rules_out_s, send_aware_applies, extra_floor_scope,
+    extra_ceiling_s)
 from hetplan.formulations.joint.composition import (worker_bytes, boundary_s, sailor_p2p, bottleneck_terms,
     pipeline_transfers_s, iteration_time_s, theta_for_time_s, replica_rate_usd_per_s, iteration_cost_usd)
 from hetplan.formulations.joint.evaluation import (sailor_sends, to_plan, evaluate, evaluate_placed,
@@ -52,7 +53,8 @@ __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "Deadlin
            "cost_lower_bound_usd", "cost_lower_bound_dp_usd", "rate_lower_bound_usd_per_s",
            "budget_time_lower_bound_s", "binding_budget_usd", "sailor_send_aware_time_bound_s",
            "sailor_send_aware_rules_out_s", "send_aware_applies", "sailor_crossing_time_bound_s",
-           "sailor_region_split_bound_s", "worker_bytes", "boundary_s", "sailor_p2p",
+           "sailor_region_split_bound_s", "extra_floor_scope", "extra_ceiling_s", "worker_bytes", "boundary_s",
+           "sailor_p2p",
            "bottleneck_terms", "pipeline_transfers_s", "iteration_time_s", "theta_for_time_s",
            "replica_rate_usd_per_s", "iteration_cost_usd",
            "sailor_sends", "to_plan", "evaluate", "evaluate_placed", "better", "objective_within_limits",

@@ -69,6 +69,9 @@ Constraints
                cost = rate * T + egress   (bilinear: kept for SCIP; exact binary-expansion
                linearisation of x[i,k] * T for HiGHS when `linearize=True`)
   limits:      cost <= budget;  T <= 1 / min_throughput;  sum_{i,k} t_k x[i,k] <= max_gpus
+  ceiling:     (with a time cutoff T*) sigma + mu <= F, F = `bounds.extra_ceiling_s(T*)`: every plan
+               with sigma + mu >= F has T >= T* by the bounds, so only plans the cutoff rejects anyway
+               are left out; the model's answers below T* are unchanged
 Objective
   max_throughput: minimise T (throughput = B / T);  min_cost: minimise cost.
 
@@ -160,7 +163,8 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
 
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
-          cost_cutoff_usd: float | None = None, layers: str = "auto", budget: bool = True) -> pyo.ConcreteModel:
+          cost_cutoff_usd: float | None = None, layers: str = "auto", budget: bool = True,
+          extra_ceiling_s: float | None = None) -> pyo.ConcreteModel:
     """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice.
 
     `time_cutoff_s` / `cost_cutoff_usd`: only plans at least this good are wanted (an incumbent's
@@ -172,7 +176,12 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     (any per-unit figures) or "auto" (blocks when possible). `budget=False` (maximum throughput)
     leaves the budget row out, and with it the rate x T rows it needs: a relaxation, whose
     infeasibility or bound holds for the model with the row, and whose plan is that model's
-    optimum when its cost is within the budget."""
+    optimum when its cost is within the budget.
+
+    `extra_ceiling_s` (with `time_cutoff_s`): the row sigma + mu <= it (the module docstring's
+    "ceiling"); the caller takes it from `bounds.extra_ceiling_s` at that cutoff."""
+    if extra_ceiling_s is not None and time_cutoff_s is None:
+        raise ValueError("extra_ceiling_s holds only below a time cutoff: pass time_cutoff_s")
     if layers == "auto":
         layers = "blocks" if blocks_identical(inp) else "staircase"
     if layers == "blocks" and not blocks_identical(inp):
@@ -217,6 +226,8 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
         _layer_constraints(m, inp)
     _placement_constraints(m, inp, Zs, Rs)
     _time_constraints(m, inp)
+    if extra_ceiling_s is not None and extra_ceiling_s < math.inf:
+        m.extra_ceiling = pyo.Constraint(expr=m.sigma + m.mu <= extra_ceiling_s * TIME_UNITS_PER_S)
     _cost_and_objective(m, inp, linearize, Zs)
     _scale_rows(m, ("egress_def", "ring_egress_def"), COST_SCALE)  # USD rows in micro-dollars
     return m
