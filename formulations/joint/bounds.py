@@ -1962,11 +1962,12 @@ def extra_ceiling_s(inp: JointInputs, target_s: float) -> float:
     not read sigma + mu) are mostly cached already. Measured, HiGHS alone after the choice's
     strongest bound at the target: Sailor's GPT-Neo on 5 zones x 32 A100 at 12.992 s, P3 b2 D32, P4
     b2 D32, P5 / P6 / P7 b2 D16: F = 3.14, 3.01, 1.32, 1.64, 1.47 s in 0.02-0.09 s each, no plan
-    below the target proven in 1.56, 1.39, 2.93, 11.15, 17.38 s with the row against 1.18, 1.78,
-    5.73, 11.36, 21.30 s without; OPT-350M on 2 zones of 128 A100 + 128 V100 at 1.37125 s, P6 b2
-    D32 and P4 b4 D32: 6.73 and 0.67 s against 7.09 and 2.32 s. Branch and bound moves with any
-    change to a model (as a bound on sigma alone, sigma <= F, the same seven took 40.5 s in all,
-    P7 22.44 s, P6 7.09 s), so read the sums: 41.8 s with the row against 50.8 s without."""
+    below the target proven in 1.56, 1.39, 2.93, 11.15, 17.38 s with the row against 1.19, 1.75,
+    5.65, 11.08, 21.21 s without; OPT-350M on 2 zones of 128 A100 + 128 V100 at 1.37125 s, P6 b2
+    D32 and P4 b4 D32: 6.73 and 0.67 s against 7.04 and 2.39 s. Branch and bound moves with any
+    change to a model (as a bound on sigma alone, sigma <= F, the same seven took 40.5 s against
+    50.8 s without in another run, P7 22.44 s, P6 7.09 s), so read the sums: 41.8 s with the row
+    against 50.3 s without."""
     vals = _extra_values_s(inp).tolist()
 
     def reaches(floor_s: float) -> bool:
