@@ -1955,8 +1955,8 @@ def extra_ceiling_s(inp: JointInputs, target_s: float) -> float:
     """The least F among the choice's all-reduce + update values (`_extra_values_s`) such that every
     plan with sigma + mu >= F has T >= target_s (inf when no value does): the strong bound under
     `extra_floor_scope(F)` reaches the target. The bound only grows with F (each cell's rest is
-    max(its own, F)), so a bisection finds it in ~log2 of the values' count; each F returned was
-    tested, so a bound that took another path at some F leaves the result valid. A MILP with the
+    max(its own, F)), so a bisection (`_first_true`) finds it in ~log2 of the values' count; each F
+    returned was tested, so a bound that took another path at some F leaves the result valid. A MILP with the
     target as cutoff may then add the row sigma + mu <= F (`milp.build(extra_ceiling_s=)`): the
     plans it leaves out are ruled out here. On the choice's own inputs the bounds' DP tests (which do
     not read sigma + mu) are mostly cached already. Measured, HiGHS alone after the choice's
@@ -1976,14 +1976,7 @@ def extra_ceiling_s(inp: JointInputs, target_s: float) -> float:
 
     if not vals or not reaches(vals[-1]):
         return math.inf
-    lo, hi = -1, len(vals) - 1  # vals[hi] reaches the target; vals[lo] does not (-1: none tested)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if reaches(vals[mid]):
-            hi = mid
-        else:
-            lo = mid
-    return vals[hi]
+    return vals[_first_true(reaches, vals, 0)]
 
 
 def _sync_update_base_s(inp: JointInputs) -> float:
