@@ -765,12 +765,24 @@ def _geo_queue():
     return (inst, *choice_queue(inst))
 
 
+def _passed_over_only_if_closed(order: list, tried: list, tables, target: float) -> bool:
+    """Whether every choice of `order` (queue items) before the last of `tried` that `_dive` did not
+    try has a strong bound at least `target` (the dive's last target, at most the one it skipped
+    the choice at: incumbents only improve), so that its bounds, not its place, passed it over."""
+    from hetplan.orchestration.planner import with_sync_table
+
+    last = max(j for j, item in enumerate(order) if item[5] in tried)
+    return all(joint.time_lower_bound_tight_s(with_sync_table(item[6], tables), True, target) >= target
+               for item in order[:last] if item[5] not in tried)
+
+
 def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_best() -> None:
     """`_dive` (after a MILP stopped at its limit with no plan): the heuristics on the `count`
-    queued choices of least bound, then, having found a new incumbent, on the neighbours the local
-    search (`_climb`) reaches from it, at most DIVE_CLIMB_RUNS of them; each plan is scored by the
-    simulator and the search's plan becomes the best of them, which an independent run of the same
-    heuristics on the same choices confirms."""
+    queued choices of least bound that its bounds do not close (`_closed_by_bounds`: every one it
+    passes over has a strong bound at the target), then, having found a new incumbent, on the
+    neighbours the local search (`_climb`) reaches from it, at most DIVE_CLIMB_RUNS of them; each
+    plan is scored by the simulator and the search's plan becomes the best of them, which an
+    independent run of the same heuristics on the same choices confirms."""
     from hetplan.orchestration.planner import with_sync_table
     from hetplan.orchestration.planner.steps import _best_heuristic
     from hetplan.orchestration.planner.search import DIVE_CLIMB_RUNS, _dive, _neighbours, _Outcome, _Scorer
@@ -779,9 +791,11 @@ def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_bes
     inst, est, tables, queue = _geo_queue()
     out, greedies = _Outcome([], _Scorer(inst, est, "max_throughput", None, None)), {}
     _dive(queue, tables, "max_throughput", None, None, greedies, 3, out, 60.0)
-    first = [item[5] for item in sorted(queue, key=lambda item: item[:5])[:3]]
+    order = sorted(queue, key=lambda item: item[:5])
     tried = list(greedies)
-    assert tried[:3] == first and all(dp for _, dp in greedies.values())
+    rank = [[item[5] for item in order].index(c) for c in tried[:3]]
+    assert rank[0] == 0 and rank == sorted(rank) and all(dp for _, dp in greedies.values())
+    assert _passed_over_only_if_closed(order, tried[:3], tables, out.target(0.0))
     assert 3 < len(tried) <= 3 + DIVE_CLIMB_RUNS  # the climb ran, within its runs
     assert all(any(c in _neighbours(e) for e in tried[:j]) for j, c in enumerate(tried) if j >= 3)
     best = None
@@ -798,9 +812,10 @@ def test_dive_runs_the_heuristics_on_the_least_bound_choices_and_keeps_their_bes
 
 def test_dive_takes_the_choices_the_strong_bound_kept_first() -> None:
     """`_dive` goes through the choices whose strong bound is in (level >= 2) before those with a
-    medium or cheap bound only, each group least bound first; it is the dive before the first
-    MILP that looks for that MILP's cutoff (measured: d_opt350_het_32_96 under a budget, the plan
-    5.489 s of P2 b4 D16 found before the MILPs instead of after two 5 s ones)."""
+    medium or cheap bound only, each group least bound first (passing over those its bounds close);
+    it is the dive before the first MILP that looks for that MILP's cutoff (measured:
+    d_opt350_het_32_96 under a budget, the plan 5.489 s of P2 b4 D16 found before the MILPs instead
+    of after two 5 s ones)."""
     from hetplan.orchestration.planner.search import _dive, _Outcome, _Scorer
 
     inst, est, tables, queue = _geo_queue()
@@ -809,7 +824,10 @@ def test_dive_takes_the_choices_the_strong_bound_kept_first() -> None:
     queue = strong + [item for j, item in enumerate(ordered) if j not in (4, 6)]
     out, greedies = _Outcome([], _Scorer(inst, est, "max_throughput", None, None)), {}
     _dive(queue, tables, "max_throughput", None, None, greedies, 3, out, 60.0)
-    assert list(greedies)[:3] == [ordered[4][5], ordered[6][5], ordered[0][5]]
+    tried = list(greedies)[:3]
+    assert tried[:2] == [ordered[4][5], ordered[6][5]]
+    rest = [item for j, item in enumerate(ordered) if j not in (4, 6)]
+    assert tried[2] in [item[5] for item in rest] and _passed_over_only_if_closed(rest, tried, tables, out.target(0.0))
 
 
 def test_a_complete_search_reports_the_gap_it_was_asked_for() -> None:
@@ -1558,3 +1576,33 @@ def test_a_search_without_a_milp_never_loads_pyomo():
             "print('pyomo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "False", "True"], out
+
+
+def test_the_dive_skips_only_choices_without_a_plan_below_the_target():
+    """`search._closed_by_bounds` (the dive's filter) on every choice of tiny / tiny_regions, in
+    hetplan's composition for both objectives and in Sailor's, from refinement levels 0 and 1, at
+    targets from half to 1.1 times the choice's least objective by enumeration: a choice it closes
+    has no plan below the target. It closes choices in every composition and objective, and in
+    hetplan's some whose least objective lies within 1 % above the target (its bounds are loose on
+    these tiny inputs in Sailor's: about half the least T)."""
+    from hetplan.orchestration.planner.search import _closed_by_bounds
+
+    tables = {make: _Tables(make(), build_estimators(make())) for make in (tiny, tiny_regions)}
+    closed, near = collections.Counter(), collections.Counter()
+    for make in (tiny, tiny_regions):
+        for kind in ("max_throughput", "min_cost", "sailor"):
+            objective = "max_throughput" if kind == "sailor" else kind
+            choices = sailor_choices(make) if kind == "sailor" else combos_of(make(), objective)
+            for combo, inp in choices:
+                key = "T" if objective == "max_throughput" else "cost"
+                layers = "blocks" if joint.blocks_identical(inp) else "staircase"
+                best = min((ev[key] for _, ev in all_plans(inp, layers)), default=math.inf)
+                for target in (0.5 * best, 0.9 * best, 0.99 * best, best, 1.01 * best, 1.1 * best):
+                    for level in (0, 1):
+                        shut = _closed_by_bounds(combo, dataclasses.replace(inp), 0.0, level, target, tables[make],
+                                                 objective, None, None)
+                        assert not shut or best >= target * (1 - 1e-9), (combo, kind, level, target, best)
+                        closed[kind] += shut
+                        near[kind] += shut and best <= 1.01 * target
+    assert min(closed.values()) >= 8 and len(closed) == 3 and min(near["max_throughput"], near["min_cost"]) >= 8, \
+        (closed, near)
