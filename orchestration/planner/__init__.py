@@ -40,7 +40,8 @@ heuristic warm start, then the MILP cut off at the target below (which also drop
 too slow to beat it; a choice with no plan below the target is closed with the target as its
 bound). Just before the first MILP, and after a MILP that stopped at its limit with
 no plan, the heuristics dive (`_dive`): they run on the queued choices of least bound that have
-not had the stage DP, those the strong bound kept first, for a better cutoff. The search stops when the head's bound
+not had the stage DP and whose bounds, refined up to the strong one, stay under the target
+(`_closed_by_bounds`), those the strong bound kept first, for a better cutoff. The search stops when the head's bound
 reaches the target (`_Outcome.target`): the returned plan's simulated objective less the requested
 gap, but no more than the incumbent's model objective; every choice left is pruned at once.
 MILPs still running then keep running to the deadline, their own limit lifted (`_Flight.lift`:
