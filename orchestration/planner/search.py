@@ -1045,9 +1045,12 @@ def _dive(queue: list, tables: _Tables, objective: str, max_cost: float | None, 
             for item in sorted(queue, key=lambda item: (item[4] < 2, *item[:5])):
                 if count <= 0:
                     break
-                combo, inp = item[5], with_sync_table(item[6], tables)
-                if greedies.get(combo, (None, False))[1] or (out.lead is not None and _closed_by_bounds(
-                        combo, inp, item[0], item[4], out.target(rel_gap), tables, objective, max_cost, min_its)):
+                combo, target = item[5], None if out.lead is None else out.target(rel_gap)
+                if greedies.get(combo, (None, False))[1] or (target is not None and item[0] >= target):
+                    continue  # (before its all-reduce tables: the dive may pass over the whole queue)
+                inp = with_sync_table(item[6], tables)
+                if target is not None and _closed_by_bounds(combo, inp, item[0], item[4], target, tables, objective,
+                                                            max_cost, min_its):
                     continue
                 _heuristics_on(combo, inp, greedies, out, objective, max_cost, min_its)
                 count -= 1
