@@ -77,15 +77,26 @@ class HighsBackend(Backend):
         return outcome
 
 
-_NEW_HIGHS = threading.Lock()  # one redirection of file descriptor 1 at a time (solves in threads)
+_NEW_HIGHS = threading.Lock()  # the first Highs object is made once, even by solves in threads
+_banner_written = False  # whether this process has made a Highs object (and HiGHS its banner)
 
 
 def _new_highs(highspy: Any) -> Any:
-    """A Highs object, its banner (printed on file descriptor 1 by the first one a process makes)
-    sent to stderr: stdout belongs to the caller (a table, JSON, a pipe), also outside the CLI.
-    Two threads redirecting at once could leave stdout on stderr, hence the lock."""
-    with _NEW_HIGHS, stdout_fd_to(2):
-        return highspy.Highs()
+    """A Highs object. HiGHS prints its banner on file descriptor 1 when a process makes its first
+    one and never again (highspy 1.16; `tests/test_solvers.py` checks it), while stdout belongs to
+    the caller (a table, JSON, a pipe), also outside the CLI: the first one is made with descriptor
+    1 pointed at stderr, and only the first. The redirection is process-wide: whatever another
+    thread wrote on stdout meanwhile went to stderr (measured: a test's child printed its one line
+    there while two MILPs made their Highs objects in threads; `_Flight` probes the back-end, and so
+    makes the first one, before it starts a thread)."""
+    global _banner_written
+    with _NEW_HIGHS:
+        if _banner_written:
+            return highspy.Highs()
+        with stdout_fd_to(2):
+            h = highspy.Highs()
+        _banner_written = True
+        return h
 
 
 def _run_interruptible(h: Any, interrupt: Callable[[], bool] | None = None) -> None:

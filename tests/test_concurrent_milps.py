@@ -204,7 +204,8 @@ from test_concurrent_milps import market_split
 from hetplan.orchestration.planner import search as S
 from hetplan.solvers import SolveOptions, solve
 
-flight = S._Flight(2)
+flight = S._Flight(2, lambda: S._parallel_solves("highs"))  # as the search makes it
+assert flight.slots == 2  # read before any launch, as the search does
 for seed in (5, 6):
     flight.launch(lambda interrupt, seed=seed: solve(market_split(seed), backend="highs", options=SolveOptions(
         time_limit_s=60, interrupt=interrupt, diagnose_infeasible=False)), 60.0)

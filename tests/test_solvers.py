@@ -730,3 +730,25 @@ def test_verbose_scip_solve_under_captured_stdout_does_not_hang():
     captured, logged, status = proc.stdout.split()
     assert int(captured) > 4 * 64 * 1024 and int(logged) > 4 * 64 * 1024
     assert status == "feasible"  # stopped by the node limit with an incumbent
+
+
+def test_highs_writes_its_banner_once_per_process_and_never_on_stdout():
+    """`highs_backend._new_highs` points stdout at stderr for a process's first Highs object only,
+    since HiGHS prints its banner then and never again: later objects, made directly and in another
+    thread, write nothing on stdout, and the banner is on stderr."""
+    _require("highs")
+    code = textwrap.dedent("""
+        import threading, highspy
+        from hetplan.solvers.highs_backend import _new_highs
+        _new_highs(highspy)
+        print("first", flush=True)
+        highspy.Highs()
+        _new_highs(highspy)
+        t = threading.Thread(target=highspy.Highs)
+        t.start(); t.join()
+        print("later", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "first\nlater\n"
+    assert "HiGHS" in proc.stderr

@@ -793,9 +793,14 @@ class _CpuBudget:
 
 
 def _parallel_solves(backend: str) -> bool:
+    """Whether `backend` solves without the GIL. It is probed first, here in the search's thread:
+    HiGHS then makes its first Highs object, whose banner needs a process-wide redirection of
+    stdout (`highs_backend._new_highs`), before any MILP thread exists."""
     from hetplan.solvers.registry import backend_class
 
-    return backend_class(backend).capabilities.parallel_solves
+    cls = backend_class(backend)
+    cls.probe()
+    return cls.capabilities.parallel_solves
 
 
 def _resolve_unfinished(out: _Outcome, objective: str, milp: "_MilpSettings", deadline: joint.Deadline,
