@@ -12,6 +12,7 @@ For a pure LP the start only seeds the simplex and HiGHS does not say whether it
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 from time import perf_counter
@@ -123,26 +124,36 @@ def _run_interruptible(h: Any, interrupt: Callable[[], bool] | None = None) -> N
             failure.append(exc)
         finally:
             reset = getattr(type(h), "resetThreadScheduler", None)
-            if reset is not None:  # this thread's share of HiGHS's task scheduler goes with it (as highspy does)
-                reset(False)
+            if reset is not None:  # this thread's share of HiGHS's task scheduler goes with it, its
+                reset(os.name != "nt")  # worker threads joined (highspy detaches them: a Windows deadlock)
             done.set()
 
     h.cbSimplexInterrupt += on_callback
     h.cbIpmInterrupt += on_callback
     h.cbMipInterrupt += on_callback
-    threading.Thread(target=work, name="highs-run", daemon=True).start()
+    runner = threading.Thread(target=work, name="highs-run", daemon=True)
+    runner.start()
     try:
         done.wait()  # Event.wait returns to the interpreter when a signal arrives
+        runner.join()  # HiGHS has stopped: its thread ends at once
     except BaseException:
         stop.set()
-        while not done.is_set():
-            try:
-                done.wait()
-            except KeyboardInterrupt:  # a second Ctrl-C: HiGHS is stopping already
-                pass
+        _wait_through_ctrl_c(done, runner)
         raise
     if failure:
         raise failure[0]
+
+
+def _wait_through_ctrl_c(done: threading.Event, runner: threading.Thread) -> None:
+    """Until HiGHS has stopped (`done`) and its thread has ended: a thread of HiGHS's still running
+    when the interpreter exits aborts the process. A second Ctrl-C meanwhile is ignored: HiGHS is
+    stopping already."""
+    while not done.is_set() or runner.is_alive():
+        try:
+            done.wait()
+            runner.join()
+        except KeyboardInterrupt:
+            pass
 
 
 _scheduler_threads: int | None = None  # thread count HiGHS's process-wide scheduler was started with
