@@ -55,7 +55,6 @@ class HighsBackend(Backend):
         if not view.is_linear:
             raise SolverError("HiGHS accepts linear models only; nonlinear in " + ", ".join(view.nonlinear_items()[:5]))
         t0 = perf_counter()
-        _use_threads(request.options.threads, highspy)
         h = _new_highs(highspy)
         _set_options(h, request, highspy)
         _pass_model(h, view, highspy)
@@ -109,7 +108,9 @@ def _run_interruptible(h: Any, interrupt: Callable[[], bool] | None = None) -> N
     exception goes on once it has stopped (a HiGHS thread still running at interpreter exit aborts
     the process). A solve's outcome is the same either way. It stops likewise when `interrupt()`,
     asked at the callbacks in the thread that runs HiGHS, says so (several solves at once: the
-    search's own stop and limits)."""
+    search's own stop and limits). HiGHS keeps a task scheduler per thread that runs it and refuses
+    a solve asking for other `threads` than that scheduler has: a thread of its own per solve
+    takes any `threads`."""
     stop, done = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 
@@ -154,19 +155,6 @@ def _wait_through_ctrl_c(done: threading.Event, runner: threading.Thread) -> Non
             runner.join()
         except KeyboardInterrupt:
             pass
-
-
-_scheduler_threads: int | None = None  # thread count HiGHS's process-wide scheduler was started with
-
-
-def _use_threads(threads: int | None, highspy: Any) -> None:
-    """HiGHS keeps one global task scheduler per process and refuses a later solve asking for a
-    different `threads`; restart the scheduler when the request changes (0 = HiGHS's default)."""
-    global _scheduler_threads
-    wanted = threads or 0
-    if wanted != _scheduler_threads and not (_scheduler_threads is None and wanted == 0):
-        highspy.Highs.resetGlobalScheduler(True)
-    _scheduler_threads = wanted
 
 
 def _error_lines(log_path: str) -> list[str]:

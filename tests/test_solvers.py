@@ -507,7 +507,8 @@ def test_native_options_pass_through_and_win(name, option):
 
 
 def test_thread_count_may_change_between_solves(backend):
-    # HiGHS keeps a process-wide scheduler and refuses a different `threads` unless it is restarted
+    # HiGHS refuses a solve asking for other `threads` than its thread's task scheduler has; the
+    # back-end runs each solve in a thread of its own, whose scheduler ends with it
     for threads in (1, 2, None, 1):
         r = solve(knapsack(), backend, SolveOptions(threads=threads, seed=threads or 0))
         assert r.status is Status.OPTIMAL, (threads, r.message)
