@@ -1179,6 +1179,49 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
     assert checked >= 50 and min(pruned.get(g, 0) for g in ("V100-16", "A100-40")) >= 5, (checked, pruned)
 
 
+def _sends_scaled_in(inp: joint.JointInputs, region: str, factor: float) -> joint.JointInputs:
+    """`inp` with the send floors (own, to another zone, to another region) of `region`'s pools
+    `factor` times as long."""
+    scale = [factor if p.region == region else 1.0 for p in inp.pools]
+    return dataclasses.replace(inp, send_floor_s=tuple(f * x for f, x in zip(scale, inp.send_floor_s)),
+                               send_away_s=tuple((f * a, f * b) for f, (a, b) in zip(scale, inp.send_away_s)))
+
+
+def test_crossing_bound_takes_each_region_its_own_send_floors():
+    """With the send floors of r2's pools three times r1's (tiny_one_type_regions: A100 in both
+    regions, so a class has pools in each), every plan over both regions still fits `_regions_fit`
+    at its own bottleneck and largest extra, and `sailor_crossing_time_bound_s` stays below its T
+    with and without targets; and the bound rises above the one with r2's floors as r1's on some
+    choice: a stage's sends are at least its own region's pools' floors, which the least over both
+    regions would not see."""
+    from hetplan.formulations.joint import bounds
+
+    checked = lifted = 0
+    for combo, inp in sailor_choices(tiny_one_type_regions):
+        if combo.P * combo.D >= 6:  # the suite's time, as in the test above
+            continue
+        slow = _sends_scaled_in(inp, inp.pools[-1].region, 3.0)
+        tab = bounds._class_tables(slow)
+        extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
+        evs = []
+        for sol, ev in all_plans(slow, "blocks"):
+            regions = [next(iter(r)) for r in ev["regions"]]
+            if len(set(regions)) < 2:
+                continue
+            slow._cache.pop("regions_fit", None)
+            s = _largest_extra_s(slow, sol, ev, extra_in, extra_span)
+            assert bounds._regions_fit(slow, ev["theta"] * (1 + 1e-12), s, regions[0] != regions[-1]), (combo, sol)
+            evs.append(ev["T"])
+        crossing = min(evs)
+        for target in (None, 0.9 * crossing, crossing, 1.1 * crossing):
+            got = bounds.sailor_crossing_time_bound_s(dataclasses.replace(slow), target)
+            assert got <= crossing * (1 + 1e-9), (combo, target, got, crossing)
+            checked += 1
+        lifted += bounds.sailor_crossing_time_bound_s(dataclasses.replace(slow)) > \
+            bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp)) * (1 + 1e-9)
+    assert checked >= 12 and lifted >= 1, (checked, lifted)
+
+
 def test_split_cells_bound_every_plan_and_beat_the_fixed_grid_near_the_target():
     """`sailor_send_aware_time_bound_s` with a target splits its cells where they cannot rule the
     target out (`_split_cells_bound_s`): below the least T of tiny and tiny_regions' choices

@@ -1208,10 +1208,12 @@ def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
                        lambda inp: np.maximum(_least_per_class(inp, inp.send_floor), _c_node_s(inp) / 2))
 
 
-def _least_per_class(inp: JointInputs, per_pool) -> np.ndarray:
+def _least_per_class(inp: JointInputs, per_pool, region: str | None = None) -> np.ndarray:
     """(C,): the least of `per_pool(k)` over the pools k of each class (GPU type, TP) of
-    `_class_tables`: what every pool of the class takes at least."""
-    return np.array([min(per_pool(k) for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c)
+    `_class_tables`: what every pool of the class takes at least; with `region`, over the class's
+    pools in that region only (inf for a class with none there)."""
+    return np.array([min((per_pool(k) for k, p in enumerate(inp.pools)
+                          if (p.gpu_type, p.tp) == c and region in (None, p.region)), default=math.inf)
                      for c in _class_tables(inp).classes])
 
 
@@ -1266,7 +1268,9 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
     out = math.inf
     for crossings, n, rest_floor in cases:
         per_set = [_sailor_crossing_times_s(inp, c) for c in crossings]
-        cands = np.unique(np.concatenate([times[np.isfinite(times)]] + [t[np.isfinite(t)] for t in per_set]))
+        # every stage time a fit test may take: a plan's slowest one is then a candidate
+        tested = [*per_set, *(_crossing_variants_s(inp).values() if len(inp.regions) == 2 else ())]
+        cands = np.unique(np.concatenate([times[np.isfinite(times)]] + [t[np.isfinite(t)] for t in tested]))
         cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
         if not cands:
             continue
@@ -1306,13 +1310,25 @@ def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apar
                               lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart))
 
 
-def _crossing_variants_s(inp: JointInputs) -> dict[tuple[bool, bool], np.ndarray]:
-    """(crossing before the stage, crossing after it) -> (C, M) stage times with sends, every
-    stage's incoming / outgoing boundary between regions or not (`_with_crossing_sends`)."""
+def _crossing_variants_s(inp: JointInputs) -> dict[tuple[int, bool, bool], np.ndarray]:
+    """(region index, crossing before the stage, crossing after it) -> (C, M) stage times with
+    sends of a stage in that region, every stage's incoming / outgoing boundary between regions or
+    not (`_with_crossing_sends`), each send at least the floors of the class's pools in that region:
+    a stage's pools lie in its region (H5), and its sends are at least every one of its pools'
+    floors (evaluation.sailor_sends). The floors differ by region (measured: Sailor's GPT-Neo on
+    5 zones x 32 A100, TP 1 to another region: 0.0766-0.1083 s from us-central1, 0.0943 s from
+    us-west1; the least over both regions let `_regions_fit` fit P6 b2 D16 at a slowest stage of
+    0.1707 s, where the plan it pictured runs 0.1832 s)."""
     def make(inp: JointInputs) -> dict:
         a_times, g_times = _send_counts(inp)
-        return {(before, after): _with_crossing_sends(inp, a_times * after + g_times * before)
-                for before, after in itertools.product((False, True), repeat=2)}
+        out = {}
+        for j, region in enumerate(inp.regions):
+            other = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
+            away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]), region)
+            x = np.maximum(np.maximum(away, other), inp.p2p_s(inp.region) / 2)
+            for before, after in itertools.product((False, True), repeat=2):
+                out[j, before, after] = _with_crossing_sends(inp, a_times * after + g_times * before, x, other)
+        return out
     return _cached_for(inp, "crossing_variants", make)
 
 
@@ -1322,11 +1338,10 @@ def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_a
     types, lay = sorted(_gpus_per_type(inp)), _pair_layout(inp)
     per_region = _gpus_per_group(inp, "region")
     units = {}  # (region index, crossing before, crossing after) -> (M,) units of D GPUs per stage
-    for variant, times in _crossing_variants_s(inp).items():
+    for (j, *variant), times in _crossing_variants_s(inp).items():
         need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times, all_stages=True)
-        for j, r in enumerate(inp.regions):
-            own = [need[g] for g in per_region.get(r, {}) if g in need]
-            units[(j, *variant)] = np.min(own, axis=0) if own else np.full(len(lay.pairs), np.inf)
+        own = [need[g] for g in per_region.get(inp.regions[j], {}) if g in need]
+        units[(j, *variant)] = np.min(own, axis=0) if own else np.full(len(lay.pairs), np.inf)
     key = (b"".join(units[k].tobytes() for k in sorted(units)), ends_apart)
     cache = _per_inputs_cache(inp, "regions_fit_dp")
     if key not in cache:
@@ -1406,14 +1421,16 @@ def _send_counts(inp: JointInputs) -> tuple[np.ndarray, np.ndarray]:
             np.where(i == P - 1, 2, np.where(i == 0, 0, 1)))
 
 
-def _with_crossing_sends(inp: JointInputs, crossing_sends: np.ndarray) -> np.ndarray:
+def _with_crossing_sends(inp: JointInputs, crossing_sends: np.ndarray, x: np.ndarray | None = None,
+                         other: np.ndarray | None = None) -> np.ndarray:
     """(C, M) stage times with sends where `crossing_sends` (M,) of each pair's sends go over a
-    boundary between regions (x_c each, `_sailor_crossing_sends_s`) and the others at the class's
-    floor."""
+    boundary between regions (x_c each, default `_sailor_crossing_sends_s`) and the others at the
+    class's floor (`other`, default `_sailor_class_sends_s`)."""
     a_times, g_times = _send_counts(inp)
-    x, other = _sailor_crossing_sends_s(inp)[:, None], _sailor_class_sends_s(inp)[:, None]
-    return (_class_tables(inp).time_s + crossing_sends[None, :] * x
-            + (a_times + g_times - crossing_sends)[None, :] * other)
+    x = _sailor_crossing_sends_s(inp) if x is None else x
+    other = _sailor_class_sends_s(inp) if other is None else other
+    return (_class_tables(inp).time_s + crossing_sends[None, :] * x[:, None]
+            + (a_times + g_times - crossing_sends)[None, :] * other[:, None])
 
 
 def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None,
