@@ -1144,6 +1144,31 @@ def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
     assert checked >= 40 and lifted >= 4, (checked, lifted)
 
 
+def test_crossing_sends_beyond_their_floors_lift_the_crossing_bound(monkeypatch):
+    """The crossing bound's send lift adds what the 2 n sends over the crossings take beyond their
+    classes' own floors (`send_excess_s`): below the least T of the plans over both regions of
+    tiny_regions and tiny_one_type_regions (Sailor's composition) for targets around it, and
+    strictly above the same bound without that excess on some choices."""
+    from hetplan.formulations.joint import bounds
+
+    split = bounds._split_cells_bound_s
+    checked = lifted = 0
+    for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
+        if combo.P * combo.D >= 6:  # the suite's time, as in the tests above
+            continue
+        crossing = min(ev["T"] for _, ev in all_plans(inp, "blocks") if len(set().union(*ev["regions"])) > 1)
+        for target in (0.95 * crossing, crossing, 1.05 * crossing):
+            got = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
+            monkeypatch.setattr(bounds, "_split_cells_bound_s",
+                                lambda *a, **k: split(*a, **{**k, "send_excess_s": 0.0}))
+            without = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
+            monkeypatch.setattr(bounds, "_split_cells_bound_s", split)
+            assert got <= crossing * (1 + 1e-9), (combo, target, got, crossing)
+            lifted += got > without * (1 + 1e-9)
+            checked += 1
+    assert checked >= 30 and lifted >= 3, (checked, lifted)
+
+
 def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
     """`bounds._regions_fit` (the crossing bound's test of the regions' GPUs) against every plan of
     tiny_regions that uses both regions: it must fit at the plan's own bottleneck (Sailor's theta,
@@ -1359,7 +1384,7 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
     cell's plain bound in its place) on some choices, or the lift would add nothing."""
     from hetplan.formulations.joint import bounds
 
-    plain_cell = lambda inp, fits, cands, rest, stages_s, cap, target_s: bounds._send_aware_cell_s(  # noqa: E731
+    plain_cell = lambda inp, fits, cands, rest, stages_s, cap, target_s, excess_s=0.0: bounds._send_aware_cell_s(  # noqa: E731
         inp, fits, cands, rest, stages_s, 0.0, target_s)
     lifted_cell = bounds._lifted_send_cell_s
     checked = lifted = 0

@@ -1077,7 +1077,7 @@ SPLIT_TESTS = 48  # DP tests `_split_cells_bound_s` may spend on splitting cells
 
 def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: float, transfers: float,
                          sync_update: float, target_s: float | None, rest_floor: float = 0.0,
-                         lift: bool = False, decide: bool = False) -> float:
+                         lift: bool = False, decide: bool = False, send_excess_s: float = 0.0) -> float:
     """min over cells of `_send_aware_cell_s`, `fits(theta, cap)`. A cell is a range [a, b) of the
     ascending extra values v (`_extra_values_s`): the plans whose largest extra s is one of v[a..b-1]
     have sigma + mu >= max(v[a], sync_update, rest_floor) and fit within the cap v[b-1] (none for the
@@ -1100,7 +1100,10 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     than it gave: 32 A100 + 96 V100 under 0.5 USD went from gap 1.0 % in 24 s to 6.6 % at the
     limit of benchmarks/sailor_real.py --time-limit 30.)
     `decide` (with a target): returns at the first cell whose bound falls short of the target, its
-    value then only saying that the target is not ruled out (`sailor_send_aware_rules_out_s`)."""
+    value then only saying that the target is not ruled out (`sailor_send_aware_rules_out_s`).
+    `send_excess_s`: what every plan's sends take beyond their classes' own floors at least (the
+    sends over a boundary between regions: `sailor_crossing_time_bound_s`), added to the send
+    lift's sums of stage times with sends."""
     def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest, the cap)
         return lambda t, rate=math.inf: fits(t, cap, rate), max(sync_update, rest_floor, floor), cap
 
@@ -1119,12 +1122,12 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
             ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
             if ruled is not None:
                 return ruled
-        out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target)
+        out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target, excess_s=send_excess_s)
         if out >= target:  # spares what follows: a replica-level DP, or up to 127 DP tests a cell
             return out
         if budget:
             return max(out, _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target))
-        return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target))
+        return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target, excess_s=send_excess_s))
 
     vals = _extra_values_s(inp)
     if target_s is None:
@@ -1154,7 +1157,7 @@ LIFT_SPLITS = 6  # halvings of `_lifted_send_cell_s`'s range of slowest stage ti
 
 
 def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, stages_s: float, cap: float,
-                        target_s: float, depth: int = LIFT_SPLITS) -> float:
+                        target_s: float, depth: int = LIFT_SPLITS, excess_s: float = 0.0) -> float:
     """A cell of `_split_cells_bound_s` (m > 1, a target), its stages and sends at least `stages_s`,
     lifted where the slowest stage time caps them: a plan whose theta lies in [cands[l], cands[h]]
     (cands: stage times with sends) has every tau_i + p_i <= cands[h], so sum_i (tau_i + p_i) >=
@@ -1163,7 +1166,7 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
     where a part's bound falls short. The fast classes that a small theta needs cannot serve every
     stage, so the stages they leave run slower and their sends count (measured: Sailor's OPT-350M
     on 2 zones of 128 A100 + 128 V100, P6 b2 D32: 1.2767 s before, 1.3192 s with it; the MILP's
-    optimum is 1.3734 s)."""
+    optimum is 1.3734 s). `excess_s` is added to those sums (`_split_cells_bound_s`)."""
     def time_at(stages: float, j: int) -> float:
         return iteration_time_s(inp.m, stages, 0.0, cands[j] if j < len(cands) else math.inf, rest)
 
@@ -1172,9 +1175,9 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
         return time_at(stages_s, hi + 1)
 
     def part(lo: int, up: int, d: int) -> float:
-        out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True)), lo)
+        out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True) + excess_s), lo)
         if out < target_s:  # the replica-level DPs only where the units DP falls short
-            out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, True, sends=True)), lo)
+            out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, True, sends=True) + excess_s), lo)
         if out >= target_s or d == 0 or lo == up:
             return out
         mid = (lo + up) // 2
@@ -1258,8 +1261,15 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
       - its ends lie in different regions: one crossing j or more, and the tied-embedding
         all-reduce crosses regions too, sigma + mu >= tied(region) + mu (evaluate's `tied_at`);
       - its ends lie in one region: two crossings j < j' or more.
-    The transfers: sum p >= (P - 1 - n) c_node + 2 n min_c x_c + the ends' extra sends, n = 1 or 2."""
+    The transfers: sum p >= (P - 1 - n) c_node + 2 n min_c x_c + the ends' extra sends, n = 1 or 2.
+    Where the cells lift the sum of stage times with sends at their classes' own floors
+    (`_lifted_send_cell_s`), the 2 n sends over the crossings or more (the first stage's activation
+    and the last stage's gradient count twice in Sailor's p) add at least min_c (x_c - their own
+    floor) each (measured: Sailor's OPT-350M on 64 + 64 A100 in two regions, P4 b2 D16, whose plan
+    that the cells pictured, two TP 2 stages a region, pays 0.0324 and 0.0329 s over the crossing
+    where its class's floor is 0.0051 s: the choice's bound from 3.172 s to 3.217 s, the target)."""
     times, x = _sailor_stage_times_s(inp), float(_sailor_crossing_sends_s(inp).min())
+    excess = float((_sailor_crossing_sends_s(inp) - _sailor_class_sends_s(inp)).min())
     sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
     ends = first_stage_sends(inp.P) * _sailor_send_floor_s(inp)
     cases = [([(j,) for j in range(inp.P - 1)], 1, inp.tied_s[2] + _mu_lower_bound_s(inp))]
@@ -1278,7 +1288,7 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
         fits = _crossing_fit(inp, _times_fit(inp, *per_set), ends_apart=n == 1)
         out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
                                             target_s if target_s is None else min(target_s, out), rest_floor,
-                                            lift=True))
+                                            lift=True, send_excess_s=2 * n * excess))
     return out
 
 
