@@ -1144,6 +1144,66 @@ def test_sailor_crossing_bound_is_below_every_plan_that_uses_two_regions():
     assert checked >= 40 and lifted >= 4, (checked, lifted)
 
 
+def test_crossing_bound_waiting_for_receivers_stays_below_every_plan_over_two_regions():
+    """With receive floors (ten times the send floors: a send waits for its receiver's, as Sailor's
+    fits read both TP groups), `sailor_crossing_time_bound_s` with `receivers` (the regions' test
+    over `_regions_receiver_cases_s`) and `sailor_region_split_bound_s` at the strongest level stay
+    below the least T of the plans over both regions / of all plans of tiny_regions and
+    tiny_one_type_regions, with and without targets around it, and lift the crossing bound
+    without receivers on some of them."""
+    from hetplan.formulations.joint import bounds
+
+    checked = receiving = 0
+    for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
+        if combo.P * combo.D >= 6:  # the suite's time, as in the tests above
+            continue
+        recv = dataclasses.replace(inp, recv_floor_s=tuple(10 * f for f in inp.send_floor_s))
+        evs = [ev for _, ev in all_plans(recv, "blocks")]
+        crossing = min(ev["T"] for ev in evs if len(set().union(*ev["regions"])) > 1)
+        for target in (None, 0.95 * crossing, crossing, 1.05 * crossing):
+            waiting = bounds.sailor_crossing_time_bound_s(dataclasses.replace(recv), target, receivers=True)
+            assert waiting <= crossing * (1 + 1e-9), (combo, target, waiting, crossing)
+            assert bounds.sailor_region_split_bound_s(dataclasses.replace(recv), target, True) <= \
+                min(ev["T"] for ev in evs) * (1 + 1e-9), (combo, target)
+            receiving += waiting > bounds.sailor_crossing_time_bound_s(dataclasses.replace(recv), target) * (1 + 1e-9)
+            checked += 1
+    assert checked >= 30 and receiving >= 10, (checked, receiving)
+
+
+def test_every_receiver_family_holds_a_case_below_each_plan_over_two_regions():
+    """`_regions_receiver_cases_s`, case by case against every plan over both regions of
+    tiny_regions and tiny_one_type_regions with receive floors (ten times the send floors): in each
+    family some case has, at every stage, a class the stage uses whose case time (its region,
+    crossings before and after, its block count) is at most the stage's own tau_i + p_i: the
+    claim that makes the regions' test with receivers a relaxation."""
+    from hetplan.formulations.joint import bounds
+    from hetplan.formulations.joint.tables import _pair_layout
+
+    checked = 0
+    for combo, base in sailor_choices(tiny_regions, tiny_one_type_regions):
+        if combo.P * combo.D >= 6:  # the suite's time, as in the tests above
+            continue
+        inp = dataclasses.replace(base, recv_floor_s=tuple(10 * f for f in base.send_floor_s))
+        pair = {pr: m for m, pr in enumerate(_pair_layout(inp).pairs)}
+        classes = bounds._class_tables(inp).classes
+        families = bounds._regions_receiver_cases_s(inp)
+        for sol, ev in all_plans(inp, "blocks"):
+            regions = [inp.regions.index(next(iter(r))) for r in ev["regions"]]
+            if len(set(regions)) < 2:
+                continue
+            for family in families:
+                assert any(all(min(case[regions[i], i > 0 and regions[i - 1] != regions[i],
+                                        i < inp.P - 1 and regions[i + 1] != regions[i]]
+                                   [classes.index((p.gpu_type, p.tp)),
+                                    pair[i, b - a - (i == 0) - (i == inp.P - 1)]]
+                                   for k, p in enumerate(inp.pools) if sol.replicas[i][k])
+                               <= (ev["tau"][i] + ev["p2p"][i]) * (1 + 1e-12)
+                               for i, (a, b) in enumerate(sol.ranges))
+                           for case in family), (combo, sol)
+            checked += 1
+    assert checked >= 100, checked
+
+
 def test_crossing_sends_beyond_their_floors_lift_the_crossing_bound(monkeypatch):
     """The crossing bound's send lift adds what the 2 n sends over the crossings take beyond their
     classes' own floors (`send_excess_s`): below the least T of the plans over both regions of
@@ -1193,6 +1253,7 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
             apart = regions[0] != regions[-1]
             inp._cache.pop("regions_fit", None)  # no answer carried over from another plan's theta
             assert bounds._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart), (combo, sol)
+            assert bounds._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart, receivers=True), (combo, sol)
             checked += 1
         cases = {True: [(j,) for j in range(inp.P - 1)], False: list(itertools.combinations(range(inp.P - 1), 2))}
         per_set = {apart: [bounds._sailor_crossing_times_s(inp, c) for c in sets] for apart, sets in cases.items()}

@@ -1233,7 +1233,7 @@ def sailor_region_split_bound_s(inp: JointInputs, target_s: float | None = None,
     these bounds every plan; the bounds of the merged inputs miss both (measured: Sailor's GPT-Neo
     on 5 zones x 32 A100, P7 b2 D16: the merged send-aware bound is 10.41 s, us-central1 alone
     12.93 s, and the optimum, 13.04 s, crosses to us-west1 at a 1-block stage)."""
-    return _least_over_regions(inp, sailor_crossing_time_bound_s(inp, target_s), target_s,
+    return _least_over_regions(inp, sailor_crossing_time_bound_s(inp, target_s, receivers=strongest), target_s,
                                lambda sub, target: time_lower_bound_tight_s(sub, True, target, strongest))
 
 
@@ -1249,7 +1249,7 @@ def _least_over_regions(inp: JointInputs, crossing_s: float, target_s: float | N
     return out
 
 
-def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None) -> float:
+def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None, receivers: bool = False) -> float:
     """Sailor's composition, the plans that use two regions. A stage sits in one region (H5), so
     some boundaries j cross regions: c_j = c_region, and both sends over j (`sailor_p2p`,
     evaluation.sailor_sends), stage j's activation A_j and stage j + 1's gradient G_j, take at
@@ -1279,28 +1279,31 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
     for crossings, n, rest_floor in cases:
         per_set = [_sailor_crossing_times_s(inp, c) for c in crossings]
         # every stage time a fit test may take: a plan's slowest one is then a candidate
-        tested = [*per_set, *(_crossing_variants_s(inp).values() if len(inp.regions) == 2 else ())]
+        tested = [*per_set] if len(inp.regions) != 2 else [
+            *per_set, *_crossing_variants_s(inp).values(),
+            *(v for family in (_regions_receiver_cases_s(inp) if receivers else ()) for case in family for v in case.values())]
         cands = np.unique(np.concatenate([times[np.isfinite(times)]] + [t[np.isfinite(t)] for t in tested]))
         cands = cands[cands >= bottleneck_lower_bound_s(inp, exact=False)].tolist()
         if not cands:
             continue
         transfers = (inp.P - 1 - n) * _c_node_s(inp) + 2 * n * x + ends
-        fits = _crossing_fit(inp, _times_fit(inp, *per_set), ends_apart=n == 1)
+        fits = _crossing_fit(inp, _times_fit(inp, *per_set), ends_apart=n == 1, receivers=receivers)
         out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
                                             target_s if target_s is None else min(target_s, out), rest_floor,
                                             lift=True, send_excess_s=2 * n * excess))
     return out
 
 
-def _crossing_fit(inp: JointInputs, fits, ends_apart: bool):
+def _crossing_fit(inp: JointInputs, fits, ends_apart: bool, receivers: bool = False):
     """`fits(theta, cap, rate)` and, with two regions, `_regions_fit`: both hold for every plan of
     the case (a stage's times with its crossing sends in `fits`, the regions' GPUs in the other)."""
     if len(inp.regions) != 2:
         return fits
-    return lambda t, cap, rate=math.inf: fits(t, cap, rate) and _regions_fit(inp, t, cap, ends_apart)
+    return lambda t, cap, rate=math.inf: fits(t, cap, rate) and _regions_fit(inp, t, cap, ends_apart, receivers)
 
 
-def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
+def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool,
+                 receivers: bool = False) -> bool:
     """Whether the blocks fit P stages of D replicas over two regions with a boundary between them
     (ends in different regions, or in one region with two crossings or more), every stage within
     theta_s with its sends: a stage sits in one region (H5), next to a crossing its sends over it
@@ -1315,9 +1318,68 @@ def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apar
     D16, whose stages in us-west1 share 32 GPUs: the least slowest stage of the plans with their
     ends in different regions from 0.1663 to 0.1767 s, `sailor_crossing_time_bound_s` against the
     target 12.992 s from 12.550 to 12.982 s; P6 b1 D16 and P4 b1 D32 reach the target). Monotone
-    in theta_s like `stages_fit_dp`: the answers are kept per cap the same way (`_monotone_in_theta`)."""
-    return _monotone_in_theta(inp, "regions_fit", (extra_cap_s, ends_apart), theta_s,
-                              lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart))
+    in theta_s like `stages_fit_dp`: the answers are kept per cap the same way (`_monotone_in_theta`).
+    `receivers`: also, for every family of `_regions_receiver_cases_s`, some case of it fits."""
+    if receivers:  # the plain test first: its answers are kept on their own
+        return _regions_fit(inp, theta_s, extra_cap_s, ends_apart) and _monotone_in_theta(
+            inp, "regions_fit", (extra_cap_s, ends_apart, True), theta_s,
+            lambda: all(any(_regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, case) for case in family)
+                        for family in _regions_receiver_cases_s(inp)))
+    return _monotone_in_theta(inp, "regions_fit", (extra_cap_s, ends_apart, False), theta_s,
+                              lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, _crossing_variants_s(inp)))
+
+
+def _regions_receiver_cases_s(inp: JointInputs) -> list[list[dict]]:
+    """Families of cases of the regions' stage times (`_crossing_variants_s`, per region and
+    crossing) where a stage's sends also wait for their receivers, as `_sailor_receiver_cases_s`
+    does with the regions merged: a send is at least the receive floor of every pool the receiving
+    stage uses (evaluation.sailor_sends). Per level phi of the classes' least receive floors in
+    each region, one case: the family's sending stage pays its sends to the receivers at
+    max(figure, phi) (a middle stage: one of its two sends, the least of both ways), and the
+    receiving stages are served only by the classes whose floor in their region is <= phi. A plan
+    fits the case of phi = the largest floor among its receivers' classes, so some case of each
+    family fits it. Families: stage 0 (its activation sends wait for stage 1), stage P - 1 (its
+    two gradient sends wait for stage P - 2), each middle stage i (stages i - 1 and i + 1). Asked at
+    the strongest level only (`sailor_crossing_time_bound_s` with `receivers`). Measured: Sailor's
+    GPT-Neo on 5 zones x 32 A100, P7 b2 D16, whose plan the test pictured without them has TP 2
+    stages beside TP 1 ones (a send to those takes at least TP 1's receive floor, 0.0224 s, not
+    its own 0.0119 s): the strongest bound 12.937 -> 12.992 s, at the search's target, in 3.3 s,
+    where the choice's MILP took 18 s."""
+    def make(inp: JointInputs) -> list[list[dict]]:
+        tab, lay, P = _class_tables(inp), _pair_layout(inp), inp.P
+        a_times, g_times = _send_counts(inp)
+        figures = {}  # region index -> (own send floors, crossing send floors, receive floors), each (C,)
+        for j, region in enumerate(inp.regions):
+            other = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
+            away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]), region)
+            figures[j] = (other, np.maximum(np.maximum(away, other), inp.p2p_s(inp.region) / 2),
+                          _least_per_class(inp, inp.recv_floor, region))
+        owns = np.concatenate([f[0][np.isfinite(f[0])] for f in figures.values()])
+        recvs = np.unique(np.concatenate([f[2][np.isfinite(f[2])] for f in figures.values()]))
+        least_own = owns.min() if owns.size else -np.inf
+        levels = np.concatenate([recvs[recvs <= least_own][-1:], recvs[recvs > least_own]]).tolist()
+
+        def case(sender: int, receivers: tuple[int, ...], phi: float) -> dict:
+            out = {}
+            on = lay.stage == sender
+            for j, before, after in itertools.product(range(len(inp.regions)), (False, True), (False, True)):
+                own, cross, recv = figures[j]
+                a_fig, g_fig = (cross if after else own)[:, None], (cross if before else own)[:, None]
+                times = tab.time_s + a_times[None, :] * a_fig + g_times[None, :] * g_fig
+                if sender == 0:
+                    sends = a_times[on][None, :] * np.maximum(a_fig, phi)
+                elif sender == P - 1:
+                    sends = g_times[on][None, :] * np.maximum(g_fig, phi)
+                else:  # one of its two sends waits: the least of both ways
+                    sends = np.minimum(np.maximum(a_fig, phi) + g_fig, a_fig + np.maximum(g_fig, phi))
+                times[:, on] = tab.time_s[:, on] + sends
+                times[np.ix_(recv > phi, np.isin(lay.stage, receivers))] = np.inf
+                out[j, before, after] = times
+            return out
+
+        senders = [(0, (1,)), (P - 1, (P - 2,))] + [(i, (i - 1, i + 1)) for i in range(1, P - 1)]
+        return [[case(i, r, phi) for phi in levels] for i, r in senders]
+    return _cached_for(inp, "regions_receiver_cases", make)
 
 
 def _crossing_variants_s(inp: JointInputs) -> dict[tuple[int, bool, bool], np.ndarray]:
@@ -1342,21 +1404,44 @@ def _crossing_variants_s(inp: JointInputs) -> dict[tuple[int, bool, bool], np.nd
     return _cached_for(inp, "crossing_variants", make)
 
 
-def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool) -> bool:
-    """`_regions_fit` at one theta, its answer not known from another (thetas that give the same
-    GPUs per replica give the same answer)."""
-    types, lay = sorted(_gpus_per_type(inp)), _pair_layout(inp)
-    per_region = _gpus_per_group(inp, "region")
-    units = {}  # (region index, crossing before, crossing after) -> (M,) units of D GPUs per stage
-    for (j, *variant), times in _crossing_variants_s(inp).items():
-        need = _gpus_per_replica(inp, theta_s, types, extra_cap_s, times, all_stages=True)
-        own = [need[g] for g in per_region.get(inp.regions[j], {}) if g in need]
-        units[(j, *variant)] = np.min(own, axis=0) if own else np.full(len(lay.pairs), np.inf)
+def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool, variants: dict) -> bool:
+    """`_regions_fit` at one theta with the stage times `variants` ((region index, crossing before,
+    crossing after) -> (C, M)), its answer not known from another (thetas that give the same GPUs
+    per replica give the same answer)."""
+    units = dict(zip(variants, _region_units(inp, theta_s, extra_cap_s, variants)))
     key = (b"".join(units[k].tobytes() for k in sorted(units)), ends_apart)
     cache = _per_inputs_cache(inp, "regions_fit_dp")
     if key not in cache:
         cache[key] = _two_regions_dp(inp, units, ends_apart)
     return cache[key]
+
+
+def _region_units(inp: JointInputs, theta_s: float, extra_cap_s: float, variants: dict) -> np.ndarray:
+    """(V, M): per variant (region index j, ...) of `variants` and pair, the fewest units of D GPUs
+    a replica takes of any type of region j within theta_s and extra_cap_s: `_gpus_per_replica`
+    for every variant at once (the regions' tests ask it thousands of times a search)."""
+    cache = _per_inputs_cache(inp, "region_units")
+    if id(variants) not in cache:  # the dict is kept with its arrays: its id is not reused meanwhile
+        types = sorted(_gpus_per_type(inp))
+        per_region = _gpus_per_group(inp, "region")
+        own = np.array([[g in per_region.get(inp.regions[j], {}) for g in types] for j, *_ in variants])
+        cache[id(variants)] = (variants, np.stack(list(variants.values())), own, tuple(types))
+    _, times, own, types = cache[id(variants)]
+    tab = _class_tables(inp)
+    order, tp, starts, has, per_zone = _classes_by_type(inp, types)
+
+    def least(mask: np.ndarray) -> np.ndarray:  # (V, C, M) allowed -> (V, types, M) least TP
+        out = np.full((mask.shape[0], len(types), mask.shape[2]), np.inf)
+        if starts:
+            out[:, has] = np.minimum.reduceat(np.where(mask[:, order], tp[None], np.inf), starts, axis=1)
+        return out
+
+    ok = tab.fits[None] & (times <= theta_s)
+    if extra_cap_s < math.inf:
+        in_zone = ok & (tab.extra_in_s <= extra_cap_s)[None]
+        most = (per_zone[None, :, :, None] // least(in_zone)[:, None]).sum(axis=2).max(axis=1, initial=0.0)
+        ok = (in_zone & (most >= inp.D)[:, None, :]) | (ok & (tab.extra_span_s <= extra_cap_s)[None])
+    return np.where(own[:, :, None], least(ok), np.inf).min(axis=1)
 
 
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
