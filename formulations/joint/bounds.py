@@ -1348,12 +1348,7 @@ def _regions_receiver_cases_s(inp: JointInputs) -> list[list[dict]]:
     def make(inp: JointInputs) -> list[list[dict]]:
         tab, lay, P = _class_tables(inp), _pair_layout(inp), inp.P
         a_times, g_times = _send_counts(inp)
-        figures = {}  # region index -> (own send floors, crossing send floors, receive floors), each (C,)
-        for j, region in enumerate(inp.regions):
-            other = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
-            away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]), region)
-            figures[j] = (other, np.maximum(np.maximum(away, other), inp.p2p_s(inp.region) / 2),
-                          _least_per_class(inp, inp.recv_floor, region))
+        figures, variants = _region_send_figures(inp), _crossing_variants_s(inp)
         owns = np.concatenate([f[0][np.isfinite(f[0])] for f in figures.values()])
         recvs = np.unique(np.concatenate([f[2][np.isfinite(f[2])] for f in figures.values()]))
         least_own = owns.min() if owns.size else -np.inf
@@ -1365,7 +1360,7 @@ def _regions_receiver_cases_s(inp: JointInputs) -> list[list[dict]]:
             for j, before, after in itertools.product(range(len(inp.regions)), (False, True), (False, True)):
                 own, cross, recv = figures[j]
                 a_fig, g_fig = (cross if after else own)[:, None], (cross if before else own)[:, None]
-                times = tab.time_s + a_times[None, :] * a_fig + g_times[None, :] * g_fig
+                times = variants[j, before, after].copy()
                 if sender == 0:
                     sends = a_times[on][None, :] * np.maximum(a_fig, phi)
                 elif sender == P - 1:
@@ -1393,15 +1388,26 @@ def _crossing_variants_s(inp: JointInputs) -> dict[tuple[int, bool, bool], np.nd
     0.1707 s, where the plan it pictured runs 0.1832 s)."""
     def make(inp: JointInputs) -> dict:
         a_times, g_times = _send_counts(inp)
+        return {(j, before, after): _with_crossing_sends(inp, a_times * after + g_times * before, x, other)
+                for j, (other, x, _) in _region_send_figures(inp).items()
+                for before, after in itertools.product((False, True), repeat=2)}
+    return _cached_for(inp, "crossing_variants", make)
+
+
+def _region_send_figures(inp: JointInputs) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Region index -> (C,) three times: the least one send of a stage of the class in that region
+    takes (`_sailor_class_sends_s` over the region's pools), the least over a boundary to another
+    region (`_sailor_crossing_sends_s` likewise), and the least receive floor of the class's pools
+    there; inf for a class with no pool in the region."""
+    def make(inp: JointInputs) -> dict:
         out = {}
         for j, region in enumerate(inp.regions):
-            other = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
+            own = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
             away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]), region)
-            x = np.maximum(np.maximum(away, other), inp.p2p_s(inp.region) / 2)
-            for before, after in itertools.product((False, True), repeat=2):
-                out[j, before, after] = _with_crossing_sends(inp, a_times * after + g_times * before, x, other)
+            out[j] = (own, np.maximum(np.maximum(away, own), inp.p2p_s(inp.region) / 2),
+                      _least_per_class(inp, inp.recv_floor, region))
         return out
-    return _cached_for(inp, "crossing_variants", make)
+    return _cached_for(inp, "region_send_figures", make)
 
 
 def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool, variants: dict) -> bool:
