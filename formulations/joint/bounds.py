@@ -486,25 +486,34 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
     stage by its in-zone value (`_ClassTables.extra_in_s`) only if some zone has GPUs for D replicas of such
     classes; otherwise the stage spans zones and its classes must meet the cap by their spanning
     value (`_ClassTables.extra_span_s`)."""
-    tab, lay = _class_tables(inp), _pair_layout(inp)
-    order, tp, starts, has, per_zone = _classes_by_type(inp, tuple(types))
-
-    def least(mask: np.ndarray) -> np.ndarray:  # (C, M) allowed -> (types, M) least TP per pair
-        out = np.full((len(types), len(lay.pairs)), np.inf)
-        if starts:
-            out[has] = np.minimum.reduceat(np.where(mask[order], tp, np.inf), starts, axis=0)
-        return out
-
-    ok = tab.fits & ((tab.time_s if times_s is None else times_s) <= theta_s)
-    if extra_cap_s < math.inf:
-        in_zone = ok & (tab.extra_in_s <= extra_cap_s)
-        # the most replicas one zone holds, each type at its least TP (GPUs // inf = 0: none)
-        most = (per_zone[:, :, None] // least(in_zone)[None]).sum(axis=1).max(axis=0, initial=0.0)
-        ok = (in_zone & (most >= inp.D)[None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
-    need = least(ok)
+    lay = _pair_layout(inp)
+    need = _least_tp(inp, theta_s, tuple(types), extra_cap_s, _class_tables(inp).time_s if times_s is None else times_s)
     if not all_stages and not np.all(np.bincount(lay.stage[np.isfinite(need).any(axis=0)], minlength=inp.P) > 0):
         return None
     return dict(zip(types, need))
+
+
+def _least_tp(inp: JointInputs, theta_s: float, types: tuple[str, ...], extra_cap_s: float,
+              times_s: np.ndarray) -> np.ndarray:
+    """(..., types, M): for stage times `times_s` (..., C, M) the least TP of each type at every
+    pair within theta_s and extra_cap_s (inf: none), under the in-zone rule of `_gpus_per_replica`;
+    a stack of time arrays (`_region_units`) in one pass."""
+    tab = _class_tables(inp)
+    order, tp, starts, has, per_zone = _classes_by_type(inp, types)
+
+    def least(mask: np.ndarray) -> np.ndarray:  # (..., C, M) allowed -> (..., types, M) least TP per pair
+        out = np.full((*mask.shape[:-2], len(types), mask.shape[-1]), np.inf)
+        if starts:
+            out[..., has, :] = np.minimum.reduceat(np.where(mask[..., order, :], tp, np.inf), starts, axis=-2)
+        return out
+
+    ok = tab.fits & (times_s <= theta_s)
+    if extra_cap_s < math.inf:
+        in_zone = ok & (tab.extra_in_s <= extra_cap_s)
+        # the most replicas one zone holds, each type at its least TP (GPUs // inf = 0: none)
+        most = (per_zone[:, :, None] // least(in_zone)[..., None, :, :]).sum(axis=-2).max(axis=-2, initial=0.0)
+        ok = (in_zone & (most >= inp.D)[..., None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
+    return least(ok)
 
 
 def _classes_by_type(inp: JointInputs, types: tuple[str, ...]) -> tuple:
@@ -1207,8 +1216,21 @@ def _sailor_stage_times_s(inp: JointInputs) -> np.ndarray:
 def _sailor_class_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least one send of a stage class c serves takes: max(c_node / 2, the least send
     floor of c's pools)."""
-    return _cached_for(inp, "sailor_class_sends",
-                       lambda inp: np.maximum(_least_per_class(inp, inp.send_floor), _c_node_s(inp) / 2))
+    return _send_figures(inp)[0]
+
+
+def _send_figures(inp: JointInputs, region: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C,) three times, over the class's pools (in `region`, or all; inf for a class with none
+    there): the least one send of a stage it serves takes (`_sailor_class_sends_s`), the least one
+    over a boundary between regions takes (`_sailor_crossing_sends_s`: also at least c_region / 2
+    and the pools' floors to another region), and the least receive floor of its pools
+    (`_sailor_class_receives_s`)."""
+    def make(inp: JointInputs) -> tuple:
+        own = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
+        away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]), region)
+        return (own, np.maximum(np.maximum(away, own), inp.p2p_s(inp.region) / 2),
+                _least_per_class(inp, inp.recv_floor, region))
+    return _cached_for(inp, f"send_figures_{region}", make)
 
 
 def _least_per_class(inp: JointInputs, per_pool, region: str | None = None) -> np.ndarray:
@@ -1223,7 +1245,7 @@ def _least_per_class(inp: JointInputs, per_pool, region: str | None = None) -> n
 def _sailor_class_receives_s(inp: JointInputs) -> np.ndarray:
     """(C,): the least receive floor of class c's pools (what a send to a stage that c serves takes
     at least)."""
-    return _cached_for(inp, "sailor_class_receives", lambda inp: _least_per_class(inp, inp.recv_floor))
+    return _send_figures(inp)[2]
 
 
 def sailor_region_split_bound_s(inp: JointInputs, target_s: float | None = None, strongest: bool = False) -> float:
@@ -1395,19 +1417,8 @@ def _crossing_variants_s(inp: JointInputs) -> dict[tuple[int, bool, bool], np.nd
 
 
 def _region_send_figures(inp: JointInputs) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Region index -> (C,) three times: the least one send of a stage of the class in that region
-    takes (`_sailor_class_sends_s` over the region's pools), the least over a boundary to another
-    region (`_sailor_crossing_sends_s` likewise), and the least receive floor of the class's pools
-    there; inf for a class with no pool in the region."""
-    def make(inp: JointInputs) -> dict:
-        out = {}
-        for j, region in enumerate(inp.regions):
-            own = np.maximum(_least_per_class(inp, inp.send_floor, region), _c_node_s(inp) / 2)
-            away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]), region)
-            out[j] = (own, np.maximum(np.maximum(away, own), inp.p2p_s(inp.region) / 2),
-                      _least_per_class(inp, inp.recv_floor, region))
-        return out
-    return _cached_for(inp, "region_send_figures", make)
+    """Region index -> `_send_figures` over the class's pools in that region."""
+    return {j: _send_figures(inp, region) for j, region in enumerate(inp.regions)}
 
 
 def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apart: bool, variants: dict) -> bool:
@@ -1433,21 +1444,7 @@ def _region_units(inp: JointInputs, theta_s: float, extra_cap_s: float, variants
         own = np.array([[g in per_region.get(inp.regions[j], {}) for g in types] for j, *_ in variants])
         cache[id(variants)] = (variants, np.stack(list(variants.values())), own, tuple(types))
     _, times, own, types = cache[id(variants)]
-    tab = _class_tables(inp)
-    order, tp, starts, has, per_zone = _classes_by_type(inp, types)
-
-    def least(mask: np.ndarray) -> np.ndarray:  # (V, C, M) allowed -> (V, types, M) least TP
-        out = np.full((mask.shape[0], len(types), mask.shape[2]), np.inf)
-        if starts:
-            out[:, has] = np.minimum.reduceat(np.where(mask[:, order], tp[None], np.inf), starts, axis=1)
-        return out
-
-    ok = tab.fits[None] & (times <= theta_s)
-    if extra_cap_s < math.inf:
-        in_zone = ok & (tab.extra_in_s <= extra_cap_s)[None]
-        most = (per_zone[None, :, :, None] // least(in_zone)[:, None]).sum(axis=2).max(axis=1, initial=0.0)
-        ok = (in_zone & (most >= inp.D)[:, None, :]) | (ok & (tab.extra_span_s <= extra_cap_s)[None])
-    return np.where(own[:, :, None], least(ok), np.inf).min(axis=1)
+    return np.where(own[:, :, None], _least_tp(inp, theta_s, types, extra_cap_s, times), np.inf).min(axis=1)
 
 
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
@@ -1495,10 +1492,7 @@ def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
 def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
     """(C,): x_c of `sailor_crossing_time_bound_s`, the least a send of class c over a boundary
     between regions takes."""
-    def make(inp: JointInputs) -> np.ndarray:
-        away = _least_per_class(inp, lambda k: max(inp.send_floor(k), inp.send_away(k)[1]))
-        return np.maximum(np.maximum(away, _sailor_class_sends_s(inp)), inp.p2p_s(inp.region) / 2)
-    return _cached_for(inp, "sailor_crossing_sends", make)
+    return _send_figures(inp)[1]
 
 
 def _sailor_crossing_times_s(inp: JointInputs, crossings: tuple[int, ...]) -> np.ndarray:
