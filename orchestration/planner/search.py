@@ -548,11 +548,11 @@ class _Search:
         head's refinement instead of after it (measured: Sailor's GPT-Neo on 5 zones x 32 A100, P3
         b2 D32's MILP waited 2-3.5 s for P7 b2 D16's strongest bound). Only where MILPs run in
         threads: with one slot a MILP holds the search up."""
-        if head[4] == 3 or not self.queue:
-            return head
         target = self._target_now()
+        if head[4] == 3 or target is None:  # (no target, no MILP: the queue is not scanned)
+            return head
         ready = min((e for e in self.queue if e[4] == 3), default=None)
-        if target is None or ready is None or ready[0] >= target or self.flight.slots < 2 or self.flight.full():
+        if ready is None or ready[0] >= target or self.flight.slots < 2 or self.flight.full():
             return head
         self.queue.remove(ready)
         heapq.heapify(self.queue)
