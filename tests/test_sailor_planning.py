@@ -12,6 +12,7 @@ import itertools
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from conftest import shared_dir
@@ -250,29 +251,111 @@ def test_milp_with_two_of_a_kind_rows_matches_brute_force(monkeypatch) -> None:
     (zone, GPU type); with it (and the tables it raises) that least figure is above the one of the
     tables without it on some choice (8 replicas must span both zones)."""
     import hetplan.orchestration.planner.inputs as planner_inputs
-    from hetplan.orchestration.planner.options import Combo
     from hetplan.solvers import SolveOptions, solve
     from test_planner import brute_force
 
     inst = sailor_instance("two_zones", types=(A100,), gpus=4)
 
-    def inputs(P: int, D: int) -> joint.JointInputs:
-        tables = planner_inputs._Tables(inst, build_estimators(inst))
-        inp = planner_inputs.joint_inputs(inst, tables, planner_inputs._quotas(inst, PlannerOptions()),
-                                          Combo(P, 2, D), "max_throughput", None, None, (1,))
-        return planner_inputs.with_sync_table(inp, tables)
-
     choices = [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4)]
     truths = {}
     for P, D in choices:
-        inp = inputs(P, D)
+        inp = _one_choice(inst, P, D)
         assert inp.repeat_sync_table is not None
         truths[P, D] = brute_force(inp, "T", "blocks")
         res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-7, time_limit_s=30))
         assert joint.objective_value(inp, res.objective) == pytest.approx(truths[P, D], rel=1e-6), (P, D)
     monkeypatch.setattr(planner_inputs, "_repeat_floors_s", lambda *args: None)  # the tables before it
-    raised = [(P, D) for P, D in choices if brute_force(inputs(P, D), "T", "blocks") < truths[P, D] * (1 - 1e-9)]
+    raised = [(P, D) for P, D in choices if brute_force(_one_choice(inst, P, D), "T", "blocks") < truths[P, D] * (1 - 1e-9)]
     assert raised == [(1, 4), (1, 8), (2, 4)], raised
+
+
+def _one_choice(inst: Instance, P: int, D: int, b: int = 2) -> joint.JointInputs:
+    """The inputs of the choice (P stages, microbatch b, D replicas, TP 1) with its all-reduce tables."""
+    import hetplan.orchestration.planner.inputs as planner_inputs
+    from hetplan.orchestration.planner.options import Combo
+
+    tables = planner_inputs._Tables(inst, build_estimators(inst))
+    inp = planner_inputs.joint_inputs(inst, tables, planner_inputs._quotas(inst, PlannerOptions()),
+                                      Combo(P, b, D), "max_throughput", None, None, (1,))
+    return planner_inputs.with_sync_table(inp, tables)
+
+
+def _packed_plans(inp: joint.JointInputs, cuts_per_placement: int, seed: int):
+    """Plans (solution, `joint.evaluate`'s figures) of a choice whose P x D replicas use every GPU of
+    the pools: every placement (a multiset of D pools per stage, the last stage's what the others
+    leave), each with `cuts_per_placement` random contiguous splits of the compact form."""
+    import random
+    from hetplan.formulations.joint import heuristics
+
+    rng, avail = random.Random(seed), [p.avail_gpus for p in inp.pools]
+    assert sum(avail) == inp.P * inp.D and len({p.quota_key for p in inp.pools}) == inp.K
+    rows = [r for r in itertools.product(*(range(a + 1) for a in avail)) if sum(r) == inp.D]
+    splits = [c for c in itertools.combinations(range(2, inp.U), inp.P - 1)]
+    for head in itertools.product(rows, repeat=inp.P - 1):
+        last = tuple(a - sum(col) for a, col in zip(avail, zip(*head)))
+        if min(last) < 0:
+            continue
+        reps = (*head, last)
+        for cuts in rng.sample(splits, cuts_per_placement):
+            ends = (0, *cuts, inp.U)
+            ranges = tuple(zip(ends, ends[1:]))
+            if all(heuristics._stage_fits(inp, list(reps[i]), i, *ranges[i]) for i in range(inp.P)):
+                sol = joint.JointSolution(ranges, reps, 0.0, 0.0)
+                yield sol, joint.evaluate(inp, sol)
+
+
+def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test(monkeypatch) -> None:
+    """`bounds._bulk_inputs`: with G groups (a zone's GPU type) at most G of a stage's D replicas
+    sit alone in theirs, so D - G of them pay Sailor's slowest-pair all-reduce
+    (`repeat_sync_table`). Sailor's OPT-350M on two zones of 4 A100 + 8 V100 each (G = 4), P3 b1
+    D8 TP 1, which needs every GPU: every sampled plan fits the send-aware test with them
+    (`_also_in_bulk`) at its own slowest stage with sends and in its cell (its largest figure: the
+    class tables' extras of its stages, and the raised ones of its pools that share a group); the
+    search's strongest bound stays at most the choice's optimum (HiGHS to 1e-7, its rows checked
+    by enumeration in test_milp_with_two_of_a_kind_rows_matches_brute_force), at it and 10 % above,
+    and the replicas lift it (measured: 1.5715 s without them, 1.6080 s with, optimum 1.6233 s)."""
+    from hetplan.formulations.joint import bounds
+    from hetplan.formulations.joint.evaluation import group_of, repeated_groups
+    from hetplan.solvers import SolveOptions, solve
+    from test_planner import _largest_extra_s
+
+    counts = {(g, z): n for z in SAILOR_ZONES["two_zones"] for g, n in ((A100, 4), (V100, 8))}
+    ref = shared_dir() / "reference" / "sailor"
+    if not (ref / "profiles").is_dir():
+        pytest.skip(f"Sailor reference data absent ({ref})")
+    inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
+                                                   preset="sailor"))
+    inp = _one_choice(inst, 3, 8, b=1)
+    bulk = bounds._bulk_inputs(inp)
+    assert bulk is not None and inp.m == 4
+    families = bounds._sailor_receiver_cases_s(inp)
+    plain, values = bounds._families_fit(inp, families), bounds._extra_values_s(inp)
+    both = bounds._also_in_bulk(plain, bounds._families_fit(bulk, families), values)
+    tabs = [(dict(zip(t.keys, t.extra_in_s.ravel().tolist())), dict(zip(t.keys, t.extra_span_s.ravel().tolist())))
+            for t in (bounds._class_tables(inp), bounds._class_tables(bulk))]
+    plans, raised = 0, 0
+    for sol, ev in _packed_plans(inp, 1, seed=3):
+        s = _largest_extra_s(inp, sol, ev, *tabs[0])
+        shared = replace(sol, replicas=[[n if group_of(inp, k) in repeated_groups(inp, row) else 0
+                                         for k, n in enumerate(row)] for row in sol.replicas])
+        s_bulk = _largest_extra_s(inp, shared, ev, *tabs[1])
+        raised += s_bulk > s
+        assert s_bulk <= (ev["sigma"] + ev["mu"]) * (1 + REL), (sol, s_bulk, ev["sigma"], ev["mu"])  # Sailor's
+        for i, row in enumerate(shared.replicas):  # at most G - 1 replicas sit alone in their group
+            assert sum(row) >= bulk.D, (sol, i)
+        cap = float(values[np.searchsorted(values, max(s, s_bulk), side="right") - 1])
+        theta = max(t + p for t, p in zip(ev["tau"], ev["p2p"])) * (1 + 1e-12)
+        assert both(theta, cap), (sol, s, s_bulk, cap)
+        plans += 1
+    assert plans >= 2_000 and raised >= 500, (plans, raised)
+    res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-7, time_limit_s=60))
+    truth = joint.objective_value(inp, res.objective)
+    lifted = [joint.time_lower_bound_tight_s(replace(inp), True, target, strongest=True)
+              for target in (truth, 1.1 * truth)]
+    assert max(lifted) <= truth * (1 + REL), (lifted, truth)
+    monkeypatch.setattr(bounds, "_bulk_inputs", lambda inp: None)
+    plain_bound = joint.time_lower_bound_tight_s(replace(inp), True, truth, strongest=True)
+    assert lifted[0] > plain_bound * (1 + 1e-3), (lifted, plain_bound)
 
 
 def _sailor_choices(model: str, counts: dict, batch: int, constraints: dict | None = None) -> tuple:

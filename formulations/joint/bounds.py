@@ -20,7 +20,8 @@ from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_dead
 from hetplan.formulations.joint.composition import (boundary_s, first_stage_sends, iteration_cost_usd,
     iteration_time_s, replica_rate_usd_per_s, theta_for_time_s, worker_bytes)
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group,
-    _most_replicas, _pair_layout, _per_inputs_cache, _per_table, _shared_for, block_counts, blocks_identical)
+    _ClassTables, _most_replicas, _pair_layout, _per_inputs_cache, _per_table, _shared_for, _sync_by_pool, block_counts,
+    blocks_identical)
 
 
 def time_upper_bound_s(inp: JointInputs) -> float:
@@ -835,6 +836,9 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
     if not cands:
         return math.inf
     fits = _families_fit(inp, families)
+    bulk = _bulk_inputs(inp) if receivers and target_s is not None and inp.m > 1 else None
+    if bulk is not None:
+        fits = _also_in_bulk(fits, _families_fit(bulk, families), _extra_values_s(inp))
     if target_s is not None and inp.m > 1 and binding_budget_usd(inp, target_s) is None:
         # one DP test with F for sum tau and no cap first: it settles most choices without the
         # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
@@ -848,6 +852,61 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
             return ruled
     return _split_cells_bound_s(inp, fits, cands, sum_tau_lower_bound_s(inp), transfers, sync_update, target_s,
                                 lift=True, decide=decide)
+
+
+def _bulk_inputs(inp: JointInputs) -> JointInputs | None:
+    """Sailor's all-reduce waits for the slowest pair of replicas: a stage that holds two replicas
+    or more of one group (a zone's GPU type) pays at least `repeat_sync_table`'s entry of every
+    pool of that group it uses (evaluation.evaluate, the MILP's sync_repeat rows). With G groups
+    and D > G, at most G - 1 of a stage's D replicas sit alone in their group (G alone would be
+    all of them), so at least D - G + 1 pay that floor. These inputs test those replicas alone:
+    D - G + 1 replicas a stage, each class's all-reduce + update raised to max(its floor, its
+    pools' least repeat entry) + update (+ the tied embedding at the ends, as
+    `_ClassTables.extra_in_s` / `extra_span_s` add it). A plan fits them wherever it fits the
+    inputs (its other replicas' GPUs left out: a relaxation). None without the repeat table or
+    with D <= G. Measured: Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100, P6 b2 D32, where
+    a V100 TP 4 first stage of 3 blocks pays 0.1856 s (its table floor 0.1350 s): with them the
+    strongest bound 1.3619 -> 1.3713 s, above the search's target 1.3712 s, so its MILP (5.3 s)
+    is not needed."""
+    def make(inp: JointInputs) -> JointInputs | None:
+        groups = len({(p.zone, p.gpu_type) for p in inp.pools})
+        if inp.repeat_sync_table is None or inp.sync_table is None or inp.D <= groups:
+            return None
+        bulk = replace(inp, D=inp.D - groups + 1)
+        _cached_for(bulk, "class_tables", lambda _: _with_repeat_floors(inp))
+        return bulk
+    return _cached_for(inp, "bulk_inputs", make)
+
+
+def _with_repeat_floors(inp: JointInputs) -> _ClassTables:
+    """`_class_tables(inp)` with each class's all-reduce floors (in one zone, spanning zones) raised
+    to at least its pools' least `repeat_sync_table` entry (`_bulk_inputs`)."""
+    tab, lay = _class_tables(inp), _pair_layout(inp)
+    members = [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c] for c in tab.classes]
+
+    def least(table: dict) -> np.ndarray:  # (C, M): per class, its pools' least entry
+        grid = _sync_by_pool(inp, lay, table)
+        return np.stack([grid[ks].min(axis=0) for ks in members])
+
+    repeat, in_zone = least(inp.repeat_sync_table), least(inp.sync_table)
+    span = in_zone if inp.span_sync_table is None else least(inp.span_sync_table)
+    return replace(tab, extra_in_s=tab.extra_in_s + np.maximum(repeat - in_zone, 0.0),
+                   extra_span_s=tab.extra_span_s + np.maximum(repeat - span, 0.0))
+
+
+def _also_in_bulk(fits, bulk_fits, values: np.ndarray):
+    """fits(theta, cap, rate) of both tests, for the cells of `_split_cells_bound_s`. A cell there
+    caps the class tables' extras at cap = values[b - 1] (the next value, values[b], is not in it);
+    taken as the plans whose largest figure s (of the class tables' extras and the bulk's raised
+    ones alike) lies in [values[a], values[b]), their sigma + mu is still >= values[a], their
+    extras are <= cap, and the bulk's raised extras are < values[b]: that test is capped there
+    (no cap for the last cell). The plain test first (its DP answers are cached)."""
+    def fits_both(t: float, cap: float, rate: float = math.inf) -> bool:
+        if not fits(t, cap, rate):
+            return False
+        above = values[np.searchsorted(values, cap, side="right"):]
+        return bulk_fits(t, float(np.nextafter(above[0], -np.inf)) if above.size else math.inf, rate)
+    return fits_both
 
 
 def _sailor_receiver_cases_s(inp: JointInputs) -> list[list[np.ndarray]]:
