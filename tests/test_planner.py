@@ -257,6 +257,68 @@ def test_a_failing_helper_changes_nothing(failure, monkeypatch):
     assert failed.model_objective == normal.model_objective
 
 
+def test_a_stop_scope_stops_the_bounds_and_the_stage_dp_without_a_partial_answer():
+    """`joint.stop_scope`: under it `check_deadline` raises Stopped once asked, which is not the
+    deadline, so the stage DP (which returns its best plan so far at the deadline) gives no
+    partial plan; the caches keep only finished values, so the same call afterwards gives the
+    answer of fresh inputs."""
+    combo, inp = next((c, i) for c, i in combos_of(tiny(), "max_throughput") if c.P == 2)
+    inp = with_sync_table(inp, _Tables(tiny(), build_estimators(tiny())))
+    calls = []
+
+    def stop_at_the_third_check() -> bool:
+        calls.append(1)
+        return len(calls) >= 3
+    assert not issubclass(joint.Stopped, joint.DeadlineExceeded)
+    for run in (lambda i: joint.dp_heuristic(i, "max_throughput"),
+                lambda i: joint.time_lower_bound_tight_s(i, exact=True)):
+        calls.clear()
+        with pytest.raises(joint.Stopped), joint.stop_scope(stop_at_the_third_check):
+            run(inp)
+        assert len(calls) == 3
+        after, fresh = run(inp), run(dataclasses.replace(inp))
+        assert after == fresh if isinstance(after, float) else after[0] == fresh[0]
+    joint.check_deadline()  # out of the scope: nothing to stop
+
+
+def test_a_step_taken_ahead_stops_when_the_helper_answers(monkeypatch):
+    """While the helper computes the head's step, the main process takes a later step; when the
+    helper's answer comes in, that step stops (`_Refiner.run`, `_Helper.answered`) and goes back to
+    the helper, and the search takes the same steps as in one process. Here the helper's steps are
+    slowed down and the main process's steps ahead never end on their own (they wait to be
+    stopped, up to 10 s each)."""
+    import time
+
+    import hetplan.orchestration.planner.helper as planner_module
+    from hetplan.formulations.joint.inputs import _STOP
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: no helper process")
+    refine, stops, unstopped = planner_module._refine, [], []
+
+    def slow_in_the_helper(*args):
+        if os.getpid() != MAIN_PID:
+            time.sleep(0.05)
+        elif _STOP.get() is not None:  # a step ahead in the main process: wait to be stopped
+            start = time.monotonic()
+            while time.monotonic() - start < 10:
+                try:
+                    joint.check_deadline()
+                except joint.Stopped:
+                    stops.append(1)
+                    raise
+                time.sleep(0.001)
+            unstopped.append(1)
+        return refine(*args)
+    monkeypatch.setattr(planner_module, "_refine", slow_in_the_helper)
+    opts = PlannerOptions(max_stages=3, time_limit_s=120)
+    runs = [plan(tiny(), dataclasses.replace(opts, workers=w)) for w in (2, 1)]
+    assert stops and not unstopped, (len(stops), len(unstopped))
+    records = [[(r.P, r.b, r.D, r.status, r.lower_bound, r.objective) for r in res.records] for res in runs]
+    assert records[0] == records[1]
+    assert runs[0].model_objective == runs[1].model_objective
+
+
 def test_budget_is_a_hard_constraint_on_the_simulated_cost():
     opts = PlannerOptions(max_stages=2, time_limit_s=60)
     fastest = plan(tiny(), opts)

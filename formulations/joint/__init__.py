@@ -22,8 +22,8 @@ incumbent as a cutoff, and the search stops when the best bound left is within t
 The names below are this package's public interface.
 """
 from hetplan.formulations.joint.inputs import (ULP_SLACK, COST_SCALE, TIME_UNITS_PER_S, model_coef,
-    DeadlineExceeded, Deadline, NO_DEADLINE, deadline_scope, check_deadline, Pool, LinkCost, JointInputs,
-    JointSolution)
+    DeadlineExceeded, Deadline, NO_DEADLINE, deadline_scope, check_deadline, Stopped, stop_scope, Pool, LinkCost,
+    JointInputs, JointSolution)
 from hetplan.formulations.joint.tables import (cache_export, cache_import, blocks_identical, block_counts,
     position, stage_units, stage_sum, time_classes, ends_forced)
 from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bound_s, sailor_transfer_floor_s,
@@ -42,7 +42,8 @@ from hetplan.formulations.joint.heuristics import greedy, POLISH_EVALS, polish, 
 from hetplan.formulations.joint.stage_dp import dp_heuristic
 
 __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "DeadlineExceeded", "Deadline",
-           "NO_DEADLINE", "deadline_scope", "check_deadline", "Pool", "LinkCost", "JointInputs", "JointSolution",
+           "NO_DEADLINE", "deadline_scope", "check_deadline", "Stopped", "stop_scope", "Pool", "LinkCost", "JointInputs",
+           "JointSolution",
            "cache_export", "cache_import", "blocks_identical", "block_counts", "position", "stage_units",
            "stage_sum", "time_classes", "ends_forced", "time_upper_bound_s", "time_lower_bound_s",
            "sailor_transfer_floor_s", "fluid_gpu_seconds_s", "least_work_by_type", "blocks_coverable",

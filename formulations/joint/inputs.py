@@ -8,7 +8,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 from hetplan.formulations.stage_cost import StageCosts
@@ -79,9 +79,34 @@ def deadline_scope(deadline: Deadline) -> Iterator[Deadline]:
         _DEADLINE.reset(token)
 
 
+class Stopped(Exception):
+    """A computation under `stop_scope` was asked to stop: its result is no longer wanted. Not a
+    DeadlineExceeded, so nothing returns a partial answer for it (the stage DP does at the
+    deadline); caches store only finished values, as at the deadline."""
+
+
+# who may stop the long computations in scope early: a function that says whether to stop
+_STOP: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("hetplan_stop", default=None)
+
+
+@contextmanager
+def stop_scope(stop: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, `check_deadline()` also raises Stopped once `stop()` is true (it is asked at
+    every check: it should be cheap, or throttle itself)."""
+    token = _STOP.set(stop)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
 def check_deadline() -> None:
-    """Raise DeadlineExceeded when the current scope's deadline has passed (about 0.1 us)."""
+    """Raise DeadlineExceeded when the current scope's deadline has passed (about 0.1 us), or
+    Stopped when its `stop_scope` asks."""
     _DEADLINE.get().check()
+    stop = _STOP.get()
+    if stop is not None and stop():
+        raise Stopped
 
 
 @dataclass(frozen=True)

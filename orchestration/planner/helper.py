@@ -11,6 +11,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from typing import Callable
 
 
@@ -20,6 +21,7 @@ from hetplan.orchestration.planner.steps import _Step, _order, _refine
 
 
 HELPER_WAIT_S = 60.0  # the longest a refinement step may take in the helper before the main process takes over
+POLL_S = 0.002  # how often a step this process takes ahead looks whether the helper answered the awaited one
 
 
 class _Refiner:
@@ -35,8 +37,6 @@ class _Refiner:
     started is taken back and computed here; while the helper computes the head's step, this
     process computes the next ones. Each side sends the small bound caches of a choice with its
     step (`joint.cache_export`), so the other reuses them."""
-
-    LOOK = 7  # queue entries (the heap's first three levels) this process may take ahead
 
     def __init__(self, tables: _Tables, objective: str, max_cost: float | None, min_its: float | None,
                  helper: "_Helper | None"):
@@ -61,9 +61,11 @@ class _Refiner:
             self.enqueue(steps)
 
     def run(self, step: _Step, inp: joint.JointInputs,
-            ahead: Callable[[], list[tuple[_Step, joint.JointInputs]]]) -> tuple[float, tuple | None, bool]:
-        """The result of `step` on `inp`; `ahead()`: the steps that may come next, with their inputs
-        (asked for only while the helper computes `step`)."""
+            ahead: Callable[[], list[tuple[_Step, Callable[[], joint.JointInputs]]]]
+            ) -> tuple[float, tuple | None, bool]:
+        """The result of `step` on `inp`; `ahead()`: the steps that may come next in queue order,
+        each with a function that gives its inputs (asked for only while the helper computes
+        `step`). A step taken here meanwhile stops when the helper's result for `step` comes in."""
         if step in self.local:
             return self.local.pop(step)
         helper = self.helper
@@ -85,7 +87,12 @@ class _Refiner:
                     helper.wait()
                     continue
                 helper.take_back(todo[0])
-                self.local[todo[0]] = self._compute(*todo)
+                ahead_step, ahead_inp = todo[0], todo[1]()
+                try:  # the head's result, once in, goes first: this step is the helper's again
+                    with joint.stop_scope(lambda: helper.answered(step)):
+                        self.local[ahead_step] = self._compute(ahead_step, ahead_inp)
+                except joint.Stopped:
+                    helper.add([(ahead_step, ahead_inp)])
             helper.take_back(step)
         return self._compute(step, inp)
 
@@ -117,6 +124,7 @@ class _Helper:
         self.pending: set[_Step] = set()  # given and not finished (nor taken back)
         self.current: _Step | None = None  # the step the helper is computing
         self.froze = False  # whether `start` froze the collector's objects (`close` undoes it)
+        self.next_poll = 0.0  # `answered` reads the pipe again from then on (time.monotonic())
 
     @classmethod
     def start(cls, inputs: dict, tables: _Tables, objective: str, max_cost: float | None,
@@ -195,6 +203,16 @@ class _Helper:
 
     def computing(self, step: _Step) -> bool:
         return step == self.current and self.conn is not None
+
+    def answered(self, step: _Step) -> bool:
+        """Whether the helper is done with `step` (its result is in, or it gave up on it): asked
+        within a step this process takes meanwhile, so it reads the pipe at most every POLL_S."""
+        now = time.monotonic()
+        if now < self.next_poll:
+            return False
+        self.next_poll = now + POLL_S
+        self._drain(block=False)
+        return step in self.done or not self.computing(step)
 
     def take(self, step: _Step) -> tuple | None:
         """(result, cache) of `step` if received, else None."""

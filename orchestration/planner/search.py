@@ -699,13 +699,16 @@ class _Search:
         return [(self._step_of(item), item[6]) for item in items if self._live(item)]
 
     def _ahead(self) -> list:
-        """The steps that may come next (the first levels of the heap), with their inputs."""
-        steps, queue = [], self.queue
-        for j in range(min(len(queue), self.refiner.LOOK)):
-            if self._live(queue[j]):
-                queue[j] = item = queue[j][:6] + (with_sync_table(queue[j][6], self.tables),)  # same key
-                steps.append((self._step_of(item), item[6]))
-        return steps
+        """The steps that may come next, in queue order, each with a function that gives its inputs
+        (with the all-reduce times, put back in the queue: the caches the step fills stay with the
+        choice; asked only for the step taken, as the queue stands still meanwhile)."""
+        queue = self.queue
+
+        def inputs(j: int) -> joint.JointInputs:
+            queue[j] = queue[j][:6] + (with_sync_table(queue[j][6], self.tables),)  # same key
+            return queue[j][6]
+        live = sorted((j for j in range(len(queue)) if self._live(queue[j])), key=lambda j: queue[j][:5])
+        return [(self._step_of(queue[j]), functools.partial(inputs, j)) for j in live]
 
     def _follow(self, pushed: tuple | None = None) -> None:
         """Keep the helper's steps those of the queue: all again when the target or the DP
