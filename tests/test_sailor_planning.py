@@ -350,6 +350,7 @@ def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test
     assert plans >= 2_000 and raised >= 500, (plans, raised)
     res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-7, time_limit_s=60))
     truth = joint.objective_value(inp, res.objective)
+    monkeypatch.setattr(bounds, "BULK_WITHIN", 1.0)  # its pass at every target (the plain bound is 3 % short)
     lifted = [joint.time_lower_bound_tight_s(replace(inp), True, target, strongest=True)
               for target in (truth, 1.1 * truth)]
     assert max(lifted) <= truth * (1 + REL), (lifted, truth)

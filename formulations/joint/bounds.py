@@ -837,8 +837,7 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
         return math.inf
     fits = _families_fit(inp, families)
     bulk = _bulk_inputs(inp) if receivers and target_s is not None and inp.m > 1 else None
-    if bulk is not None:
-        fits = _also_in_bulk(fits, _families_fit(bulk, families), _extra_values_s(inp))
+    bulk_fits = None if bulk is None else _families_fit(bulk, families)
     if target_s is not None and inp.m > 1 and binding_budget_usd(inp, target_s) is None:
         # one DP test with F for sum tau and no cap first: it settles most choices without the
         # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
@@ -851,7 +850,17 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
         if ruled is not None:
             return ruled
     return _split_cells_bound_s(inp, fits, cands, sum_tau_lower_bound_s(inp), transfers, sync_update, target_s,
-                                lift=True, decide=decide)
+                                lift=True, decide=decide, bulk_fits=bulk_fits)
+
+
+# A cell of the send-aware bound is split again with the bulk's test (`_bulk_inputs`,
+# `_split_cells_bound_s`) only where its bound without it falls short of the target by less than
+# this share. Measured (`_tight_bound(..., strongest=True)` at the search's target, one process):
+# Sailor's OPT-350M on 2 zones x (128 A100 + 128 V100), P6 b2 D32 1.36191 s in 1.13 s without the
+# bulk, 1.37131 s in 1.41 s with it at 2 % and in 1.47 s at 100 % (target 1.37125 s); on 32 A100 +
+# 96 V100 under 0.5 USD, P3 b4 D16, 4.94991 s in 0.44 s at 2 %, 4.97064 s in 1.55 s at 100 %
+# (target 5.43439 s: short either way).
+BULK_WITHIN = 0.02
 
 
 def _bulk_inputs(inp: JointInputs) -> JointInputs | None:
@@ -867,7 +876,7 @@ def _bulk_inputs(inp: JointInputs) -> JointInputs | None:
     with D <= G. Measured: Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100, P6 b2 D32, where
     a V100 TP 4 first stage of 3 blocks pays 0.1856 s (its table floor 0.1350 s): with them the
     strongest bound 1.3619 -> 1.3713 s, above the search's target 1.3712 s, so its MILP (5.3 s)
-    is not needed."""
+    is not needed; P4 b4 D32 1.3660 -> 1.3713 s (its 0.7 s MILP neither)."""
     def make(inp: JointInputs) -> JointInputs | None:
         groups = len({(p.zone, p.gpu_type) for p in inp.pools})
         if inp.repeat_sync_table is None or inp.sync_table is None or inp.D <= groups:
@@ -1145,7 +1154,8 @@ SPLIT_TESTS = 48  # DP tests `_split_cells_bound_s` may spend on splitting cells
 
 def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: float, transfers: float,
                          sync_update: float, target_s: float | None, rest_floor: float = 0.0,
-                         lift: bool = False, decide: bool = False, send_excess_s: float = 0.0) -> float:
+                         lift: bool = False, decide: bool = False, send_excess_s: float = 0.0,
+                         bulk_fits=None, span: tuple[int, int] | None = None) -> float:
     """min over cells of `_send_aware_cell_s`, `fits(theta, cap)`. A cell is a range [a, b) of the
     ascending extra values v (`_extra_values_s`): the plans whose largest extra s is one of v[a..b-1]
     have sigma + mu >= max(v[a], sync_update, rest_floor) and fit within the cap v[b-1] (none for the
@@ -1171,7 +1181,11 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     value then only saying that the target is not ruled out (`sailor_send_aware_rules_out_s`).
     `send_excess_s`: what every plan's sends take beyond their classes' own floors at least (the
     sends over a boundary between regions: `sailor_crossing_time_bound_s`), added to the send
-    lift's sums of stage times with sends."""
+    lift's sums of stage times with sends.
+    `bulk_fits` (with a target): the test of `_bulk_inputs`; a final cell whose bound falls short
+    of the target by less than BULK_WITHIN is split again, as the whole range is, with both tests
+    (`_also_in_bulk`), and keeps the larger bound. `span`: the range (a, b) of extra values split,
+    all of them by default."""
     def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest, the cap)
         return lambda t, rate=math.inf: fits(t, cap, rate), max(sync_update, rest_floor, floor), cap
 
@@ -1203,12 +1217,18 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
                                                             rest_floor))
     if inp.m <= 1 or vals.size == 0:
         return min(bound(cell(floor, cap), target_s) for floor, cap in _send_aware_cells(inp, sync_update))
-    out, tests, stack = math.inf, 0, [(0, len(vals))]
+    out, tests, stack = math.inf, 0, [span or (0, len(vals))]
     while stack:
         a, b = stack.pop()
         test, rest, cap = of(a, b)
         if b - a == 1 or tests >= SPLIT_TESTS:
-            out = min(out, bound((test, rest, cap), min(target_s, out)))
+            target = min(target_s, out)
+            got = bound((test, rest, cap), target)
+            if bulk_fits is not None and target * (1 - BULK_WITHIN) <= got < target:
+                got = max(got, _split_cells_bound_s(inp, _also_in_bulk(fits, bulk_fits, vals), cands, sum_tau,
+                                                    transfers, sync_update, target, rest_floor, lift, decide,
+                                                    send_excess_s, span=(a, b)))
+            out = min(out, got)
             if decide and out < target_s:
                 return out
             continue
