@@ -717,31 +717,33 @@ def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray
         return out
     wa = int(wa)
     J = -(-width // wa)
-    padded = np.full((rows, J * wa), np.inf)
-    padded[:, :width] = best
+    if J * wa == width:  # (always with wa = 1, the commonest)
+        padded = best
+    else:
+        padded = np.full((rows, J * wa), np.inf)
+        padded[:, :width] = best
     j = np.arange(J)[None, :, None]
-    shaped = padded.reshape(rows, J, wa) + j * wb
+    shaped = padded.reshape(rows, J, wa) + j * wb  # a new array: the running minimum may overwrite it
     if D >= J - 1:  # the window [J - D, J] is the whole prefix
-        low = np.minimum.accumulate(shaped, axis=1)
+        low = np.minimum.accumulate(shaped, axis=1, out=shaped)
     else:
         low = _window_min(shaped, D + 1)
-    return (D * wb - j * wb + low).reshape(rows, J * wa)[:, :width]
+    low += D * wb - j * wb
+    return low.reshape(rows, J * wa)[:, :width]
 
 
 def _window_min(a: np.ndarray, width: int) -> np.ndarray:
     """out[:, j] = min(a[:, max(0, j - width + 1) : j + 1]) along axis 1, in O(log width) array
-    operations: windows of 2^k by doubling, then two overlapping ones cover any width."""
-    out = a.copy()
+    operations: windows of 2^k by doubling, then two overlapping ones cover any width. `a` is
+    overwritten (numpy buffers the overlapping operands of each step)."""
     span = 1
     while 2 * span <= width:
-        np.minimum(out[:, span:], out[:, :-span].copy(), out=out[:, span:])
+        np.minimum(a[:, span:], a[:, :-span], out=a[:, span:])
         span *= 2
-    rest = width - span  # out covers windows of `span`; shift by the rest to cover `width`
+    rest = width - span  # a covers windows of `span`; shift by the rest to cover `width`
     if rest > 0:
-        res = out.copy()
-        np.minimum(res[:, rest:], out[:, :-rest], out=res[:, rest:])
-        return res
-    return out
+        np.minimum(a[:, rest:], a[:, :-rest], out=a[:, rest:])
+    return a
 
 
 def time_lower_bound_tight_s(inp: JointInputs, exact: bool = False, target_s: float | None = None,
