@@ -1426,10 +1426,29 @@ def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apar
     if receivers:  # the plain test first: its answers are kept on their own
         return _regions_fit(inp, theta_s, extra_cap_s, ends_apart) and _monotone_in_theta(
             inp, "regions_fit", (extra_cap_s, ends_apart, True), theta_s,
-            lambda: all(any(_regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, case) for case in family)
-                        for family in _regions_receiver_cases_s(inp)))
+            lambda: _every_family_fits(inp, _regions_receiver_cases_s(inp),
+                                       lambda case: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, case)))
     return _monotone_in_theta(inp, "regions_fit", (extra_cap_s, ends_apart, False), theta_s,
                               lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, _crossing_variants_s(inp)))
+
+
+def _every_family_fits(inp: JointInputs, families: list[list], fits) -> bool:
+    """Whether some case of every family fits (`fits(case)`). The same answer in any order, so the
+    family that failed last is tried first, and in each family the case that fitted last: the
+    next theta of a bisection mostly fails or fits the same way (measured: Sailor's GPT-Neo on 5
+    zones x 32 A100, P7 b2 D16's strongest bound at the search's target, 1,724 regions DPs
+    instead of 6,996, 2.18 -> 0.69 s; on 2 regions x 64 A100, P3 b2 D32, 429 instead of 2,132,
+    0.29 -> 0.13 s; the same bounds)."""
+    order = _per_inputs_cache(inp, "family_order")
+    families_first = order.setdefault(id(families), list(range(len(families))))
+    for pos, f in enumerate(families_first):
+        cases_first = order.setdefault((id(families), f), list(range(len(families[f]))))
+        hit = next((k for k in cases_first if fits(families[f][k])), None)
+        if hit is None:
+            families_first.insert(0, families_first.pop(pos))
+            return False
+        cases_first.insert(0, cases_first.pop(cases_first.index(hit)))
+    return True
 
 
 def _regions_receiver_cases_s(inp: JointInputs) -> list[list[dict]]:
