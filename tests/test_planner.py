@@ -1693,6 +1693,35 @@ def tiny_three_types():
                                          _node_group("t", "T4", "r1-c", 0.5, 2)], "max_throughput")
 
 
+def test_stages_fit_dp_answers_settled_by_theta_and_cap_are_the_dps_own():
+    """`stages_fit_dp` settles a (theta, cap) from answers at other thetas and caps (the test only
+    grows with both). On tiny, tiny_regions and three GPU types with their all-reduce tables, every
+    choice's test asked in random order over a grid of thetas and caps answers as a fresh DP
+    (`_stages_fit_dp` on copies with no caches) at every point; the DP's own answers never fall as
+    theta or the cap grows; and the cap changes the answer somewhere (else nothing is tested)."""
+    rng = np.random.default_rng(5)
+    asked = capped = 0
+    for make in (tiny, tiny_regions, tiny_three_types):
+        inst = make()
+        tables = _Tables(inst, build_estimators(inst))
+        for combo, inp in combos_of(inst, "max_throughput"):
+            inp = with_sync_table(inp, tables)
+            caps = joint.bounds._extra_values_s(inp)[::2].tolist() + [math.inf]
+            times = joint.bounds._class_tables(inp).time_s
+            thetas = sorted(set(times[np.isfinite(times)].tolist()))[::3]
+            grid = {(t, c): joint.bounds._stages_fit_dp(dataclasses.replace(inp), t, c, None, math.inf)
+                    for t in thetas for c in caps}
+            for (t, c), fits in grid.items():
+                later = [grid[t2, c2] for t2, c2 in grid if t2 >= t and c2 >= c]
+                assert all(later) or not fits, (combo, t, c)
+            capped += any(len({grid[t, c] for c in caps}) > 1 for t in thetas)
+            for j in rng.permutation(len(grid)):
+                t, c = list(grid)[j]
+                assert joint.stages_fit_dp(inp, t, c) == grid[t, c], (combo, t, c)
+                asked += 1
+    assert asked >= 1000 and capped >= 10, (asked, capped)
+
+
 def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_it(monkeypatch):
     """Three GPU types: `stages_fit_dp` merges two into one resource, so it may accept a stage time
     that no plan of its relaxation meets (by enumeration), but it must never reject one that some
@@ -1710,7 +1739,7 @@ def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_i
                 with monkeypatch.context() as m:  # the merge by count: every weight 1
                     m.setattr(joint.bounds, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds._gpus_per_type(inp), 1.0))
                     m.setitem(inp._cache, "fits_dp", {})  # not the answer kept for the weighted test
-                    m.setitem(inp._cache, "fits_dp_theta", {})  # nor one settled by a smaller theta
+                    m.setitem(inp._cache, "fits_dp_theta", {})  # nor one settled by a smaller theta or cap
                     m.setitem(inp._cache, "two_resource", {})  # nor the weighted test's own answer
                     tighter += joint.stages_fit_dp(inp, theta)
     assert checked >= 30

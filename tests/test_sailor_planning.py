@@ -359,6 +359,42 @@ def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test
     assert lifted[0] > plain_bound * (1 + 1e-3), (lifted, plain_bound)
 
 
+def test_regions_fit_answers_settled_by_theta_and_cap_are_the_dps_own() -> None:
+    """`bounds._regions_fit` (the crossing bound's test of the two regions' GPUs) settles a (theta,
+    cap) from its answers at other thetas and caps (`_monotone_in_theta`). Sailor's A100s in two
+    regions, 8 each, TP 1-2, five choices: asked in random order over a grid of thetas and caps,
+    it answers as a fresh regions DP at every point; the DP's answers never fall as theta or the
+    cap grows; and the cap changes the answer on some choice."""
+    import hetplan.orchestration.planner.inputs as planner_inputs
+    from hetplan.formulations.joint import bounds
+    from hetplan.orchestration.planner.options import Combo
+
+    inst = sailor_instance("two_regions", types=(A100,), gpus=8)
+    tables = planner_inputs._Tables(inst, build_estimators(inst))
+    rng = np.random.default_rng(7)
+    capped = asked = 0
+    for P, b, D in [(2, 2, 4), (3, 2, 4), (2, 1, 8), (4, 2, 4)]:
+        inp = planner_inputs.with_sync_table(planner_inputs.joint_inputs(
+            inst, tables, planner_inputs._quotas(inst, PlannerOptions()), Combo(P, b, D), "max_throughput", None,
+            None, (1, 2)), tables)
+        assert len(inp.regions) == 2
+        caps = bounds._extra_values_s(inp)[::3].tolist() + [math.inf]
+        times = bounds._sailor_stage_times_s(inp)
+        thetas = sorted(set(times[np.isfinite(times)].tolist()))[::3]
+        fresh = replace(inp)
+        grid = {(t, c): bounds._regions_fit_dp(fresh, t, c, True, bounds._crossing_variants_s(fresh))
+                for t in thetas for c in caps}
+        for (t, c), fits in grid.items():
+            assert not fits or all(grid[t2, c2] for t2, c2 in grid if t2 >= t and c2 >= c), (P, b, D, t, c)
+        capped += any(len({grid[t, c] for c in caps}) > 1 for t in thetas)
+        points = list(grid)
+        for j in rng.permutation(len(points)):
+            t, c = points[j]
+            assert bounds._regions_fit(inp, t, c, True) == grid[t, c], (P, b, D, t, c)
+            asked += 1
+    assert capped >= 2 and asked >= 1000, (capped, asked)
+
+
 def _sailor_choices(model: str, counts: dict, batch: int, constraints: dict | None = None) -> tuple:
     """(tables, the search's queue items, choice -> index in the queue) for max throughput on Sailor's
     profiles of `model` over `counts` GPUs per (type, zone); skips without the reference data."""
