@@ -1739,6 +1739,7 @@ def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_i
                 with monkeypatch.context() as m:  # the merge by count: every weight 1
                     m.setattr(joint.bounds, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds._gpus_per_type(inp), 1.0))
                     m.setitem(inp._cache, "fits_dp", {})  # not the answer kept for the weighted test
+                    m.setitem(inp._cache, "fits_dp_rows", {})  # nor one settled by fewer GPUs per replica
                     m.setitem(inp._cache, "fits_dp_theta", {})  # nor one settled by a smaller theta or cap
                     m.setitem(inp._cache, "two_resource", {})  # nor the weighted test's own answer
                     tighter += joint.stages_fit_dp(inp, theta)
