@@ -507,7 +507,9 @@ def _stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, times_s
 
 class _Rows:
     """Rows of one length, added one at a time, asked whether one of them is elementwise at least
-    (or at most) a given row: one numpy pass over a buffer that doubles as it fills."""
+    (or at most) a given row: one numpy pass over a buffer that doubles as it fills. Its free rows
+    hold NaN, which settles nothing (every comparison with it is false), should a row ever be
+    counted before it is written (one thread computes a choice's bounds at a time)."""
 
     def __init__(self) -> None:
         self.buf: np.ndarray | None = None
@@ -515,7 +517,7 @@ class _Rows:
 
     def add(self, row: np.ndarray) -> None:
         if self.buf is None or self.n == len(self.buf):
-            grown = np.empty((max(8, 2 * self.n), row.size))
+            grown = np.full((max(8, 2 * self.n), row.size), np.nan)
             if self.n:
                 grown[:self.n] = self.buf[:self.n]
             self.buf = grown
