@@ -447,11 +447,12 @@ def stages_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float = math.in
     # It grows with the cap too (a larger cap admits a superset of classes, in a zone and across
     # zones), so an answer at one cap settles the other caps on its side as well.
     key = (None if times_s is None else times_s.tobytes(), max_rate_usd_per_s)
-    return _monotone_in_theta(inp, "fits_dp_theta", key, theta_s, extra_cap_s,
-                              lambda: _stages_fit_dp(inp, theta_s, extra_cap_s, times_s, max_rate_usd_per_s))
+    return _monotone_in_theta_and_cap(inp, "fits_dp_theta", key, theta_s, extra_cap_s,
+                                      lambda: _stages_fit_dp(inp, theta_s, extra_cap_s, times_s, max_rate_usd_per_s))
 
 
-def _monotone_in_theta(inp: JointInputs, name: str, key, theta_s: float, cap_s: float, test) -> bool:
+def _monotone_in_theta_and_cap(inp: JointInputs, name: str, key, theta_s: float, cap_s: float,
+                               test) -> bool:
     """`test()` for a feasibility test that only grows with theta_s and with the cap: per `key`
     and cap, the least theta known to fit and the largest known not to; an answer at a cap at most
     this one that fits at a theta at most this one settles it, as does one at a cap at least this
@@ -891,8 +892,6 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
     if not cands:
         return math.inf
     fits = _families_fit(inp, families)
-    bulk = _bulk_inputs(inp) if receivers and target_s is not None and inp.m > 1 else None
-    bulk_fits = None if bulk is None else _families_fit(bulk, families)
     if target_s is not None and inp.m > 1 and binding_budget_usd(inp, target_s) is None:
         # one DP test with F for sum tau and no cap first: it settles most choices without the
         # Lagrangian sum-tau bound and the cells (measured: Sailor's GPT-Neo-2.7B on 32 A100 + 96
@@ -904,6 +903,9 @@ def _sailor_send_aware_s(inp: JointInputs, target_s: float | None, receivers: bo
                                   _fastest_work_s(inp) + transfers, 0.0, target_s)
         if ruled is not None:
             return ruled
+    # the bulk's inputs (their raised class tables) only past that test: it settles most choices
+    bulk = _bulk_inputs(inp) if receivers and target_s is not None and inp.m > 1 else None
+    bulk_fits = None if bulk is None else _families_fit(bulk, families)
     return _split_cells_bound_s(inp, fits, cands, sum_tau_lower_bound_s(inp), transfers, sync_update, target_s,
                                 lift=True, decide=decide, bulk_fits=bulk_fits)
 
@@ -1474,15 +1476,17 @@ def _regions_fit(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_apar
     D16, whose stages in us-west1 share 32 GPUs: the least slowest stage of the plans with their
     ends in different regions from 0.1663 to 0.1767 s, `sailor_crossing_time_bound_s` against the
     target 12.992 s from 12.550 to 12.982 s; P6 b1 D16 and P4 b1 D32 reach the target). Monotone
-    in theta_s and the cap like `stages_fit_dp`: the answers are kept the same way (`_monotone_in_theta`).
+    in theta_s and the cap like `stages_fit_dp`: the answers are kept the same way
+    (`_monotone_in_theta_and_cap`).
     `receivers`: also, for every family of `_regions_receiver_cases_s`, some case of it fits."""
     if receivers:  # the plain test first: its answers are kept on their own
-        return _regions_fit(inp, theta_s, extra_cap_s, ends_apart) and _monotone_in_theta(
+        return _regions_fit(inp, theta_s, extra_cap_s, ends_apart) and _monotone_in_theta_and_cap(
             inp, "regions_fit", (ends_apart, True), theta_s, extra_cap_s,
             lambda: _every_family_fits(inp, _regions_receiver_cases_s(inp),
                                        lambda case: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, case)))
-    return _monotone_in_theta(inp, "regions_fit", (ends_apart, False), theta_s, extra_cap_s,
-                              lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, _crossing_variants_s(inp)))
+    return _monotone_in_theta_and_cap(
+        inp, "regions_fit", (ends_apart, False), theta_s, extra_cap_s,
+        lambda: _regions_fit_dp(inp, theta_s, extra_cap_s, ends_apart, _crossing_variants_s(inp)))
 
 
 def _every_family_fits(inp: JointInputs, families: list[list], fits) -> bool:
