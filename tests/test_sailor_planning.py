@@ -33,11 +33,12 @@ A100, V100 = "A100-40", "V100-16"
 
 
 def sailor_instance(layout: str, zones: tuple[str, ...] | None = None, types: tuple[str, ...] = (A100, V100),
-                    gpus: int = 8, **extra) -> Instance:
+                    gpus: int = 8, gpus_per_type: dict[str, int] | None = None, **extra) -> Instance:
+    """Sailor's OPT-350M on `gpus` GPUs of each type in each zone (`gpus_per_type`: per type instead)."""
     ref = shared_dir() / "reference" / "sailor"
     if not (ref / "profiles").is_dir():
         pytest.skip(f"Sailor reference data absent ({ref})")
-    counts = {(g, z): gpus for z in zones or SAILOR_ZONES[layout] for g in types}
+    counts = {(g, z): (gpus_per_type or {}).get(g, gpus) for z in zones or SAILOR_ZONES[layout] for g in types}
     return instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
                                                    preset="sailor", **extra))
 
@@ -269,14 +270,15 @@ def test_milp_with_two_of_a_kind_rows_matches_brute_force(monkeypatch) -> None:
     assert raised == [(1, 4), (1, 8), (2, 4)], raised
 
 
-def _one_choice(inst: Instance, P: int, D: int, b: int = 2) -> joint.JointInputs:
-    """The inputs of the choice (P stages, microbatch b, D replicas, TP 1) with its all-reduce tables."""
+def _one_choice(inst: Instance, P: int, D: int, b: int = 2, tps: tuple[int, ...] = (1,)) -> joint.JointInputs:
+    """The inputs of the choice (P stages, microbatch b, D replicas, TP degrees `tps`) with its
+    all-reduce tables."""
     import hetplan.orchestration.planner.inputs as planner_inputs
     from hetplan.orchestration.planner.options import Combo
 
     tables = planner_inputs._Tables(inst, build_estimators(inst))
     inp = planner_inputs.joint_inputs(inst, tables, planner_inputs._quotas(inst, PlannerOptions()),
-                                      Combo(P, b, D), "max_throughput", None, None, (1,))
+                                      Combo(P, b, D), "max_throughput", None, None, tps)
     return planner_inputs.with_sync_table(inp, tables)
 
 
@@ -319,13 +321,7 @@ def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test
     from hetplan.solvers import SolveOptions, solve
     from test_planner import _largest_extra_s
 
-    counts = {(g, z): n for z in SAILOR_ZONES["two_zones"] for g, n in ((A100, 4), (V100, 8))}
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
-    inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
-                                                   preset="sailor"))
-    inp = _one_choice(inst, 3, 8, b=1)
+    inp = _one_choice(sailor_instance("two_zones", gpus_per_type={A100: 4, V100: 8}), 3, 8, b=1)
     bulk = bounds._bulk_inputs(inp)
     assert bulk is not None and inp.m == 4
     families = bounds._sailor_receiver_cases_s(inp)
@@ -361,22 +357,17 @@ def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test
 
 def test_regions_fit_answers_settled_by_theta_and_cap_are_the_dps_own() -> None:
     """`bounds._regions_fit` (the crossing bound's test of the two regions' GPUs) settles a (theta,
-    cap) from its answers at other thetas and caps (`_monotone_in_theta`). Sailor's A100s in two
-    regions, 8 each, TP 1-2, five choices: asked in random order over a grid of thetas and caps,
+    cap) from its answers at other thetas and caps (`_monotone_in_theta_and_cap`). Sailor's A100s
+    in two regions, 8 each, TP 1-2, four choices: asked in random order over a grid of thetas and caps,
     it answers as a fresh regions DP at every point; the DP's answers never fall as theta or the
     cap grows; and the cap changes the answer on some choice."""
-    import hetplan.orchestration.planner.inputs as planner_inputs
     from hetplan.formulations.joint import bounds
-    from hetplan.orchestration.planner.options import Combo
 
     inst = sailor_instance("two_regions", types=(A100,), gpus=8)
-    tables = planner_inputs._Tables(inst, build_estimators(inst))
     rng = np.random.default_rng(7)
     capped = asked = 0
     for P, b, D in [(2, 2, 4), (3, 2, 4), (2, 1, 8), (4, 2, 4)]:
-        inp = planner_inputs.with_sync_table(planner_inputs.joint_inputs(
-            inst, tables, planner_inputs._quotas(inst, PlannerOptions()), Combo(P, b, D), "max_throughput", None,
-            None, (1, 2)), tables)
+        inp = _one_choice(inst, P, D, b=b, tps=(1, 2))
         assert len(inp.regions) == 2
         caps = bounds._extra_values_s(inp)[::3].tolist() + [math.inf]
         times = bounds._sailor_stage_times_s(inp)
