@@ -284,9 +284,10 @@ def test_a_stop_scope_stops_the_bounds_and_the_stage_dp_without_a_partial_answer
 def test_a_step_taken_ahead_stops_when_the_helper_answers(monkeypatch):
     """While the helper computes the head's step, the main process takes a later step; when the
     helper's answer comes in, that step stops (`_Refiner.run`, `_Helper.answered`) and goes back to
-    the helper, and the search takes the same steps as in one process. Here the helper's steps are
-    slowed down and the main process's steps ahead never end on their own (they wait to be
-    stopped, up to 10 s each)."""
+    the helper, unless the answer leaves nothing to do before it (`_unblocks`: it then runs on), and
+    the search takes the same steps as in one process. Here the helper's steps are slowed down and
+    the main process's steps ahead never end on their own: they wait to be stopped or let run on,
+    up to 10 s each."""
     import time
 
     import hetplan.orchestration.planner.helper as planner_module
@@ -294,29 +295,63 @@ def test_a_step_taken_ahead_stops_when_the_helper_answers(monkeypatch):
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one core: no helper process")
-    refine, stops, unstopped = planner_module._refine, [], []
+    refine, unblocks = planner_module._refine, planner_module._unblocks
+    stops, ran_on, unstopped, let_on = [], [], [], set()
+
+    def recording_unblocks(helper, head, ahead):
+        if unblocks(helper, head, ahead):
+            let_on.add(ahead)
+            return True
+        return False
 
     def slow_in_the_helper(*args):
         if os.getpid() != MAIN_PID:
             time.sleep(0.05)
-        elif _STOP.get() is not None:  # a step ahead in the main process: wait to be stopped
+        elif _STOP.get() is not None:  # a step ahead in the main process: wait to be stopped or let on
             start = time.monotonic()
-            while time.monotonic() - start < 10:
+            while time.monotonic() - start < 10 and args[2] not in let_on:
                 try:
                     joint.check_deadline()
                 except joint.Stopped:
                     stops.append(1)
                     raise
                 time.sleep(0.001)
-            unstopped.append(1)
+            (ran_on if args[2] in let_on else unstopped).append(1)
         return refine(*args)
     monkeypatch.setattr(planner_module, "_refine", slow_in_the_helper)
+    monkeypatch.setattr(planner_module, "_unblocks", recording_unblocks)
     opts = PlannerOptions(max_stages=3, time_limit_s=120)
     runs = [plan(tiny(), dataclasses.replace(opts, workers=w)) for w in (2, 1)]
-    assert stops and not unstopped, (len(stops), len(unstopped))
+    assert stops and not unstopped, (len(stops), len(ran_on), len(unstopped))
     records = [[(r.P, r.b, r.D, r.status, r.lower_bound, r.objective) for r in res.records] for res in runs]
     assert records[0] == records[1]
     assert runs[0].model_objective == runs[1].model_objective
+
+
+def test_a_step_ahead_runs_on_only_where_the_answer_leaves_nothing_before_it():
+    """`_unblocks` by hand: the helper's answer to the head lets the step ahead run on when it
+    found no plan and closes the head's choice at the target, or queues the choice's next step
+    after the step ahead (queue key: bound, P, D, b, level); it stops it when a plan came (the
+    target may move), when the next step comes first, when the head's strongest bound leaves it
+    under the target (its MILP is next), and when the helper gave the head up."""
+    import types
+
+    from hetplan.orchestration.planner.helper import _unblocks
+    from hetplan.orchestration.planner.steps import _Step
+
+    head = _Step(Combo(3, 2, 8), 1, 1.0, 2.0, False)
+    ahead = _Step(Combo(4, 2, 8), 2, 1.5, 2.0, False)
+    strongest = _Step(Combo(3, 2, 8), 2, 1.2, 2.0, False)
+
+    def helper(step, lb, found=None):
+        return types.SimpleNamespace(done={step: ((lb, found, False), {})})
+    assert _unblocks(helper(head, 2.0), head, ahead)  # closed at the target
+    assert _unblocks(helper(head, 1.6), head, ahead)  # its strongest step comes after 1.5
+    assert not _unblocks(helper(head, 1.4), head, ahead)  # ... before it
+    assert not _unblocks(helper(head, 2.5, found=(1.9, None)), head, ahead)  # a plan: a new target
+    assert not _unblocks(helper(strongest, 1.9), strongest, ahead)  # under the target: its MILP
+    assert _unblocks(helper(strongest, 2.1), strongest, ahead)
+    assert not _unblocks(types.SimpleNamespace(done={}), head, ahead)  # no answer: computed here next
 
 
 def test_budget_is_a_hard_constraint_on_the_simulated_cost():

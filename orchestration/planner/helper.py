@@ -65,7 +65,8 @@ class _Refiner:
             ) -> tuple[float, tuple | None, bool]:
         """The result of `step` on `inp`; `ahead()`: the steps that may come next in queue order,
         each with a function that gives its inputs (asked for only while the helper computes
-        `step`). A step taken here meanwhile stops when the helper's result for `step` comes in."""
+        `step`). A step taken here meanwhile stops when the helper's result for `step` comes in,
+        unless that result leaves the search nothing to do before it (`_unblocks`)."""
         if step in self.local:
             return self.local.pop(step)
         helper = self.helper
@@ -88,10 +89,10 @@ class _Refiner:
                     continue
                 helper.take_back(todo[0])
                 ahead_step, ahead_inp = todo[0], todo[1]()
-                try:  # the head's result, once in, goes first: this step is the helper's again
-                    with joint.stop_scope(lambda: helper.answered(step)):
+                try:  # the head's result, once in, goes first unless it changes nothing ahead
+                    with joint.stop_scope(lambda: helper.answered(step) and not _unblocks(helper, step, ahead_step)):
                         self.local[ahead_step] = self._compute(ahead_step, ahead_inp)
-                except joint.Stopped:
+                except joint.Stopped:  # this step is the helper's again
                     helper.add([(ahead_step, ahead_inp)])
             helper.take_back(step)
         return self._compute(step, inp)
@@ -102,6 +103,25 @@ class _Refiner:
     def close(self) -> None:
         if self.helper is not None:
             self.helper.close()
+
+
+def _unblocks(helper: "_Helper", head: _Step, ahead: _Step) -> bool:
+    """Whether a step this process took ahead (`ahead`) may run on though the helper answered the
+    awaited one (`head`): the head's result found no plan (the target stays) and leaves the head's
+    choice nothing to do before `ahead` (its next bound reaches the target, or it comes after
+    `ahead` in queue order and is no MILP). Then the search reaches `ahead` next whatever else the
+    queue holds (the steps before it are done, or the helper's), and stopping would only throw the
+    work away (measured: Sailor's OPT-350M on 2 zones of 128 A100 + 128 V100, P4 b4 D32's strongest
+    bound, 0.37 s in when stopped, computed again from the start: 0.23 s)."""
+    got = helper.done.get(head)
+    if got is None:  # the helper gave up on it: this process computes it next
+        return False
+    lb, found, _ = got[0]
+    if found is not None:
+        return False
+    if head.target is not None and lb >= head.target:
+        return True
+    return head.level < 2 and (lb, head.combo.P, head.combo.D, head.combo.b, head.level + 1) > _order(ahead)
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
