@@ -101,7 +101,7 @@ class SearchProgress:
     done: int  # outer choices settled (solved, pruned, ruled out, skipped; while preparing: prepared)
     total: int  # outer choices enumerated
     what: str  # the phase, or the choice (P, b, D) being worked on
-    incumbent: float | None  # the best plan's model objective so far (s or USD per iteration)
+    incumbent: float | None  # the best plan so far as the simulator scores it (s or USD per iteration)
     bound: float | None  # the proven lower bound so far over the modelled space
     gap: float | None  # (incumbent - bound) / incumbent, when both exist
     elapsed_s: float
