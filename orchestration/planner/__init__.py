@@ -81,7 +81,8 @@ step's result depends only on the step (`_Step`) and is used only when the searc
 the search makes exactly the decisions it makes in one process (`_Refiner`, `_Helper`, `_refine`).
 While the helper computes the step the search waits for, the main process takes the next queued
 steps the helper has not started, and stops the one it is on as soon as the awaited answer comes
-in (`joint.stop_scope`): that step goes back to the helper.
+in (`joint.stop_scope`), unless that answer leaves the search nothing to do before it
+(`helper._unblocks`): a stopped step goes back to the helper.
 
 MILPs side by side: with `concurrent_milps=2` (the default) and a back-end that solves without the
 GIL (HiGHS: `Capabilities.parallel_solves`), a choice's MILP runs in a thread of its own while the

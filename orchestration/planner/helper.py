@@ -12,6 +12,7 @@ import queue
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 
@@ -121,7 +122,7 @@ def _unblocks(helper: "_Helper", head: _Step, ahead: _Step) -> bool:
         return False
     if head.target is not None and lb >= head.target:
         return True
-    return head.level < 2 and (lb, head.combo.P, head.combo.D, head.combo.b, head.level + 1) > _order(ahead)
+    return head.level < 2 and _order(replace(head, lb=lb, level=head.level + 1)) > _order(ahead)
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
