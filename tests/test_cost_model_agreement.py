@@ -599,7 +599,7 @@ def test_limits_are_checked_with_the_simulators_tolerance() -> None:
 # ---- (d) the crash --------------------------------------------------------------------------------------
 # It crashed: P = U (every unit its own stage) is enumerated (planner.enumerate_combos: P up to
 # min(U, max_stages)) but the compact form has no stage-0 block count for it, and
-# joint.bounds._make_extra_lower_bound looked up pair (0, 1): KeyError. planner.search._prepare_one now records
+# joint.bounds.parts._make_extra_lower_bound looked up pair (0, 1): KeyError. planner.search._prepare_one now records
 # such a choice as infeasible.
 def test_solve_with_as_many_gpus_as_units() -> None:
     # 2 blocks -> U = 4 units; 4 GPUs allow P x D = 4 x 1

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from hetplan.formulations import joint
-from hetplan.formulations.joint.bounds import _CoverableTables, _hall_counts
+from hetplan.formulations.joint.bounds.bottleneck import _CoverableTables, _hall_counts
 
 
 def _served(S: tuple[int, ...], tp: np.ndarray, gpus: list[int], D: int, max_gpus: int | None) -> bool:

@@ -9,6 +9,7 @@ points up the flow, lazy imports included."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,29 @@ def test_imports_point_down_the_flow():
                                         ("hetplan.orchestration.planner", 6), ("hetplan.runtime.pieces", 5)])
 def test_module_names_map_to_their_folders_layer(name, layer):
     assert layer_of_module(name) == layer
+
+
+def listed_files(package: Path) -> list[str]:
+    """The files (`name.py`) and subpackages (`name/`) a package's docstring lists, in its order."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    return [m.group(1) for m in re.finditer(r"^  (\w+)(?:\.py|/) ", doc, re.M)]
+
+
+@pytest.mark.parametrize("folder,package", [("formulations/joint", "hetplan.formulations.joint"),
+                                            ("formulations/joint/bounds", "hetplan.formulations.joint.bounds")])
+def test_package_files_import_only_the_ones_listed_before_them(folder, package):
+    """The joint formulation and its bounds list their files in the order data flows through them;
+    each file (a subpackage's files counting as that subpackage) imports only the ones before it."""
+    root = REPO / folder
+    order = listed_files(root)
+    on_disk = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    assert set(order) == on_disk - {"__init__"}, (order, sorted(on_disk))
+    late = []
+    for i, name in enumerate(order):
+        paths = [root / f"{name}.py"] if (root / f"{name}.py").exists() else sorted((root / name).rglob("*.py"))
+        for path in paths:
+            for imported in imports(path):
+                rest = imported[len(package) + 1:].split(".")[0] if imported.startswith(package + ".") else None
+                if rest in order and order.index(rest) > i:
+                    late.append((path.relative_to(REPO).as_posix(), imported))
+    assert not late, late

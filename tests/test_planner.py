@@ -516,8 +516,8 @@ def test_sum_tau_and_sync_update_bounds_hold_on_every_plan():
         sync_update = brute_force(inp, lambda ev: ev["sigma"] + ev["mu"], "blocks")
         assert joint.sum_tau_lower_bound_s(inp) <= sum_tau * (1 + 1e-9), combo
         assert joint.extra_lower_bound_s(inp) <= sync_update * (1 + 1e-9), combo
-        tighter_tau += joint.sum_tau_lower_bound_s(inp) > joint.bounds._fastest_work_s(inp) * (1 + 1e-6)
-        tighter_extra += joint.extra_lower_bound_s(inp) > (joint.bounds._sigma_lower_bound_s(inp) + joint.bounds._mu_lower_bound_s(inp)) * (1 + 1e-6)
+        tighter_tau += joint.sum_tau_lower_bound_s(inp) > joint.bounds.parts._fastest_work_s(inp) * (1 + 1e-6)
+        tighter_extra += joint.extra_lower_bound_s(inp) > (joint.bounds.parts._sigma_lower_bound_s(inp) + joint.bounds.parts._mu_lower_bound_s(inp)) * (1 + 1e-6)
         checked += 1
     assert checked >= 4
     assert tighter_tau >= 1 and tighter_extra >= 1, (tighter_tau, tighter_extra)
@@ -554,7 +554,7 @@ def test_capped_sum_tau_kept_per_allowed_classes_equals_a_fresh_computation():
     rng = np.random.default_rng(3)
     checked = differ = 0
     for combo, inp in _tiny_inputs():
-        arr = joint.bounds._class_arrays(inp)
+        arr = joint.bounds.sum_tau._class_arrays(inp)
         times = np.unique(arr.time_s[np.isfinite(arr.time_s)])
         extras = np.unique(arr.extra_s[np.isfinite(arr.extra_s)])
         if times.size == 0 or extras.size == 0:
@@ -581,9 +581,9 @@ def test_stages_fit_under_rate_caps_kept_per_table_equals_a_fresh_computation():
     rng = np.random.default_rng(7)
     checked = rate_binds = 0
     for combo, inp in _tiny_inputs():
-        times = np.unique(joint.bounds._class_arrays(inp).time_s)
+        times = np.unique(joint.bounds.sum_tau._class_arrays(inp).time_s)
         times = times[np.isfinite(times)]
-        rate = sum(joint.bounds.replica_rate_usd_per_s(p) for p in inp.pools) * inp.P * inp.D
+        rate = sum(joint.composition.replica_rate_usd_per_s(p) for p in inp.pools) * inp.P * inp.D
         if times.size == 0:
             continue
         for _ in range(10):
@@ -602,15 +602,15 @@ def test_stages_fit_settled_by_a_known_theta_equals_a_fresh_computation(monkeypa
     grows with theta): asked random (theta, all-reduce cap, rate cap) in a random order on one copy
     of the inputs, every answer equals that of a fresh copy, and some answers are settled so."""
     computed = []  # one entry per call that ran the DP
-    dp = joint.bounds._stages_fit_dp
-    monkeypatch.setattr(joint.bounds, "_stages_fit_dp", lambda *args: computed.append(1) or dp(*args))
+    dp = joint.bounds.stage_fit._stages_fit_dp
+    monkeypatch.setattr(joint.bounds.stage_fit, "_stages_fit_dp", lambda *args: computed.append(1) or dp(*args))
     rng = np.random.default_rng(11)
     checked = settled = 0
     for combo, inp in _tiny_inputs():
-        tab = joint.bounds._class_tables(inp)
+        tab = joint.tables._class_tables(inp)
         times = np.unique(tab.time_s[np.isfinite(tab.time_s)])
         caps = [math.inf, *np.unique(tab.extra_in_s)[::2].tolist()]
-        rate = sum(joint.bounds.replica_rate_usd_per_s(p) for p in inp.pools) * inp.P * inp.D
+        rate = sum(joint.composition.replica_rate_usd_per_s(p) for p in inp.pools) * inp.P * inp.D
         for _ in range(20 if times.size else 0):
             theta = float(rng.choice(times)) * float(rng.choice([1.0, 1 - 1e-9, 1.5]))
             cap, max_rate = float(rng.choice(caps)), float(rng.choice([math.inf, rate / 8]))
@@ -642,7 +642,7 @@ def test_replica_stage_choices_match_their_definition():
                 wa = float(tp[ok & in_left].min()) if (ok & in_left).any() else math.inf
                 wb = float(tp[ok & ~in_left].min()) if (ok & ~in_left).any() else math.inf
                 want.setdefault((wa, wb), {}).setdefault(n, tau)
-        got = joint.bounds._replica_stage_choices(inp, t_i, 0, in_left, tp)
+        got = joint.bounds.sum_tau._replica_stage_choices(inp, t_i, 0, in_left, tp)
         assert got == {key: list(per_n.items()) for key, per_n in want.items()}, (t_i, tp, in_left)
 
 
@@ -676,11 +676,11 @@ def test_window_min_matches_the_naive_sliding_minimum():
         a = rng.random((rows, length, 3))
         a[a < 0.1] = np.inf
         naive = np.stack([a[:, max(0, j - width + 1):j + 1].min(axis=1) for j in range(length)], axis=1)
-        assert np.array_equal(joint.bounds._window_min(a, width), naive), (rows, length, width)
+        assert np.array_equal(joint.bounds.stage_fit._window_min(a, width), naive), (rows, length, width)
 
 
 def test_every_family_fits_answers_as_the_plain_test_whatever_it_tried_before():
-    """`bounds._every_family_fits` reorders the families and their cases by what failed and fitted
+    """`bounds.regions._every_family_fits` reorders the families and their cases by what failed and fitted
     last. With cases that fit from a threshold on (as a bound's cases fit from some theta on) and
     300 random thetas on the same inputs (so the order carries over), it answers as all(any(...))
     does, and asks fewer cases in all."""
@@ -695,12 +695,12 @@ def test_every_family_fits_answers_as_the_plain_test_whatever_it_tried_before():
             counter[0] += 1
             return theta >= threshold
         plain = all(any(fits(case, plain_asked) for case in family) for family in families)
-        assert bounds._every_family_fits(inp, families, fits) == plain, theta
+        assert bounds.regions._every_family_fits(inp, families, fits) == plain, theta
     assert asked[0] < plain_asked[0], (asked, plain_asked)
 
 
 def test_replica_dp_matches_the_full_table_dp():
-    """`joint.bounds._replica_dp` computes only the rows and columns that can matter; against the plain
+    """`joint.bounds.stage_fit._replica_dp` computes only the rows and columns that can matter; against the plain
     DP over the whole table (every row, every column, every x = 0..D), on random stages."""
     rng = np.random.default_rng(1)
     banded = 0
@@ -731,7 +731,7 @@ def test_replica_dp_matches_the_full_table_dp():
                                     v = best[s, src] + ((D - x) * wb if x < D else 0.0) + add
                                     new[s + n, a] = min(new[s + n, a], v)
             best = new
-        got = joint.bounds._replica_dp(stages, L, width, D)
+        got = joint.bounds.stage_fit._replica_dp(stages, L, width, D)
         assert np.allclose(got, best[L], rtol=0, atol=1e-12, equal_nan=False) or np.array_equal(got, best[L]), stages
         banded += np.isfinite(best[L]).any()
     assert banded > 50  # enough cases reach the last row for the comparison to mean something
@@ -748,8 +748,8 @@ def test_region_split_and_forced_ends_hold_on_every_plan():
             continue
         cheap = joint.time_lower_bound_s(inp)  # per region, or with a boundary between regions
         assert cheap <= truth * (1 + 1e-9), combo
-        cheap_tighter += cheap > joint.bounds._work_bound_s(inp) * (1 + 1e-6)
-        merged = joint.bounds._time_lower_bound_merged_s(inp, True, None)
+        cheap_tighter += cheap > joint.bounds.work._work_bound_s(inp) * (1 + 1e-6)
+        merged = joint.bounds.sync_aware._time_lower_bound_merged_s(inp, True, None)
         split = joint.time_lower_bound_tight_s(inp, exact=True)
         assert merged <= truth * (1 + 1e-9) and split <= truth * (1 + 1e-9), combo
         for target in (truth * 0.9, truth, truth * 1.1):
@@ -785,7 +785,7 @@ def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
                                     "blocks")
                 dp = joint.cost_lower_bound_dp_usd(cut)
                 assert dp <= truth * (1 + 1e-9), (combo, floor_s)
-                for runs in (1, 2, joint.bounds.THETA_RUNS):
+                for runs in (1, 2, joint.bounds.cost.THETA_RUNS):
                     runs_usd = joint.bounds.theta_interval_cost_bound_usd(cut, runs)
                     assert runs_usd <= truth * (1 + 1e-9), (combo, floor_s, runs)
                     ruled_out += runs == 1 and runs_usd >= truth * 0.9
@@ -801,7 +801,7 @@ def test_cost_bounds_never_exceed_the_brute_force_minimum_cost():
 def test_count_within_equals_counting_every_entry_against_every_theta():
     """`_count_within` (the per-theta cost bound's count of classes within theta) against the
     direct (K, M, theta, C) comparison, with ties, infinite entries and thetas between and beyond."""
-    from hetplan.formulations.joint.bounds import _count_within
+    from hetplan.formulations.joint.bounds.cost import _count_within
 
     rng = np.random.default_rng(7)
     for shape in ((1, 1, 1), (3, 5, 4), (2, 7, 6)):
@@ -1112,7 +1112,7 @@ def test_the_all_reduce_cells_lift_the_cost_and_budget_bounds(monkeypatch):
         budget = sorted(c for c in costs if c < float("inf"))[len(costs) // 3]
         cells = figures(make, "max_throughput", budget)
         with monkeypatch.context() as patch:
-            patch.setattr(bounds, "_extra_cells", lambda inp, least, sync_update, count=4:
+            patch.setattr(bounds.cost, "_extra_cells", lambda inp, least, sync_update, count=4:
                           [(sync_update, math.inf)])
             one = figures(make, "max_throughput", budget)
         for (combo, cost, t_budget, inp), (_, cost1, t_budget1, _) in zip(cells, one):
@@ -1163,13 +1163,13 @@ def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
 
     checked = high = 0
     for combo, inp in sailor_choices(tiny, tiny_regions):
-        tab = bounds._class_tables(inp)
+        tab = joint.tables._class_tables(inp)
         extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
-        times = bounds._sailor_stage_times_s(inp)
+        times = bounds.parts._sailor_stage_times_s(inp)
         cands = sorted(set(times[np.isfinite(times)].tolist()))
-        sync_update = bounds._sync_update_lower_bound_s(inp)
-        transfers = bounds._links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * bounds._sailor_send_floor_s(inp)
-        cells = bounds._send_aware_cell_bounds(inp, bounds._times_fit(inp, times), cands,
+        sync_update = bounds.parts._sync_update_lower_bound_s(inp)
+        transfers = bounds.parts._links_lower_bound_s(inp) + (2 if inp.P > 3 else 1) * bounds.parts._sailor_send_floor_s(inp)
+        cells = bounds.sends._send_aware_cell_bounds(inp, bounds.sends._times_fit(inp, times), cands,
                                                bounds.sum_tau_lower_bound_s(inp), sync_update, transfers)
         for sol, ev in all_plans(inp, "blocks"):
             s = _largest_extra_s(inp, sol, ev, extra_in, extra_span)
@@ -1206,7 +1206,7 @@ def test_the_extra_ceiling_leaves_out_only_plans_the_bounds_rule_out():
         found = [(sol, ev["T"], ev["sigma"] + ev["mu"]) for sol, ev in all_plans(inp, "blocks")]
         plans = [(t, e) for _, t, e in found]
         best = min(t for t, _ in plans)
-        values = bounds._extra_values_s(inp).tolist()
+        values = bounds.parts._extra_values_s(inp).tolist()
         for target in (1.02 * best, 1.1 * best):
             ceiling = joint.extra_ceiling_s(dataclasses.replace(inp), target)
             assert all(t >= target * (1 - 1e-9) for t, e in plans if e >= ceiling), (combo, target, ceiling)
@@ -1302,8 +1302,8 @@ def test_every_receiver_family_holds_a_case_below_each_plan_over_two_regions():
             continue
         inp = dataclasses.replace(base, recv_floor_s=tuple(10 * f for f in base.send_floor_s))
         pair = {pr: m for m, pr in enumerate(_pair_layout(inp).pairs)}
-        classes = bounds._class_tables(inp).classes
-        families = bounds._regions_receiver_cases_s(inp)
+        classes = joint.tables._class_tables(inp).classes
+        families = bounds.regions._regions_receiver_cases_s(inp)
         for sol, ev in all_plans(inp, "blocks"):
             regions = [inp.regions.index(next(iter(r))) for r in ev["regions"]]
             if len(set(regions)) < 2:
@@ -1328,7 +1328,7 @@ def test_crossing_sends_beyond_their_floors_lift_the_crossing_bound(monkeypatch)
     strictly above the same bound without that excess on some choices."""
     from hetplan.formulations.joint import bounds
 
-    split = bounds._split_cells_bound_s
+    split = bounds.sends._split_cells_bound_s
     checked = lifted = 0
     for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
         if combo.P * combo.D >= 6:  # the suite's time, as in the tests above
@@ -1336,10 +1336,10 @@ def test_crossing_sends_beyond_their_floors_lift_the_crossing_bound(monkeypatch)
         crossing = min(ev["T"] for _, ev in all_plans(inp, "blocks") if len(set().union(*ev["regions"])) > 1)
         for target in (0.95 * crossing, crossing, 1.05 * crossing):
             got = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
-            monkeypatch.setattr(bounds, "_split_cells_bound_s",
+            monkeypatch.setattr(bounds.regions, "_split_cells_bound_s",
                                 lambda *a, **k: split(*a, **{**k, "send_excess_s": 0.0}))
             without = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
-            monkeypatch.setattr(bounds, "_split_cells_bound_s", split)
+            monkeypatch.setattr(bounds.regions, "_split_cells_bound_s", split)
             assert got <= crossing * (1 + 1e-9), (combo, target, got, crossing)
             lifted += got > without * (1 + 1e-9)
             checked += 1
@@ -1347,7 +1347,7 @@ def test_crossing_sends_beyond_their_floors_lift_the_crossing_bound(monkeypatch)
 
 
 def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
-    """`bounds._regions_fit` (the crossing bound's test of the regions' GPUs) against every plan of
+    """`bounds.regions._regions_fit` (the crossing bound's test of the regions' GPUs) against every plan of
     tiny_regions that uses both regions: it must fit at the plan's own bottleneck (Sailor's theta,
     with its sends) and its largest all-reduce + update table value, in the plan's case (ends in
     different regions or not); likewise on tiny_one_type_regions but its P3 D2 choices (the suite's
@@ -1359,7 +1359,7 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
     checked, pruned = 0, {}
     for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
         name = inp.pools[-1].gpu_type  # r2's type: V100 in tiny_regions, A100 in tiny_one_type_regions
-        tab = bounds._class_tables(inp)
+        tab = joint.tables._class_tables(inp)
         extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
         small = name == "V100-16" or combo.P * combo.D < 6  # the one-type P3 D2: 3,504 plans, 3.6 s
         for sol, ev in all_plans(inp, "blocks") if small else ():
@@ -1369,15 +1369,15 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
             s = _largest_extra_s(inp, sol, ev, extra_in, extra_span)
             apart = regions[0] != regions[-1]
             inp._cache.pop("regions_fit", None)  # no answer carried over from another plan's theta
-            assert bounds._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart), (combo, sol)
-            assert bounds._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart, receivers=True), (combo, sol)
+            assert bounds.regions._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart), (combo, sol)
+            assert bounds.regions._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart, receivers=True), (combo, sol)
             checked += 1
         cases = {True: [(j,) for j in range(inp.P - 1)], False: list(itertools.combinations(range(inp.P - 1), 2))}
-        per_set = {apart: [bounds._sailor_crossing_times_s(inp, c) for c in sets] for apart, sets in cases.items()}
+        per_set = {apart: [bounds.regions._sailor_crossing_times_s(inp, c) for c in sets] for apart, sets in cases.items()}
         for apart, times in per_set.items():
-            typed = bounds._times_fit(inp, *times)
+            typed = bounds.sends._times_fit(inp, *times)
             for theta in sorted({t for ts in times for t in ts[np.isfinite(ts)].tolist()}):
-                if typed(theta, math.inf) and not bounds._regions_fit(inp, theta, math.inf, apart):
+                if typed(theta, math.inf) and not bounds.regions._regions_fit(inp, theta, math.inf, apart):
                     pruned[name] = pruned.get(name, 0) + 1
     assert checked >= 50 and min(pruned.get(g, 0) for g in ("V100-16", "A100-40")) >= 5, (checked, pruned)
 
@@ -1404,7 +1404,7 @@ def test_crossing_bound_takes_each_region_its_own_send_floors():
         if combo.P * combo.D >= 6:  # the suite's time, as in the test above
             continue
         slow = _sends_scaled_in(inp, inp.pools[-1].region, 3.0)
-        tab = bounds._class_tables(slow)
+        tab = joint.tables._class_tables(slow)
         extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
         evs = []
         for sol, ev in all_plans(slow, "blocks"):
@@ -1413,7 +1413,7 @@ def test_crossing_bound_takes_each_region_its_own_send_floors():
                 continue
             slow._cache.pop("regions_fit", None)
             s = _largest_extra_s(slow, sol, ev, extra_in, extra_span)
-            assert bounds._regions_fit(slow, ev["theta"] * (1 + 1e-12), s, regions[0] != regions[-1]), (combo, sol)
+            assert bounds.regions._regions_fit(slow, ev["theta"] * (1 + 1e-12), s, regions[0] != regions[-1]), (combo, sol)
             evs.append(ev["T"])
         crossing = min(evs)
         for target in (None, 0.9 * crossing, crossing, 1.1 * crossing):
@@ -1478,13 +1478,13 @@ def test_a_budget_no_dp_plan_can_reach_at_the_target_leaves_the_bounds_as_withou
 
     checked = 0
     for combo, sailor in sailor_choices(tiny, tiny_regions):
-        ceiling = bounds._dp_rate_ceiling_usd_per_s(sailor)
-        least = {p.gpu_type: bounds._gpu_rate_usd_per_s(sailor, [p.gpu_type]) for p in sailor.pools}
+        ceiling = bounds.sends._dp_rate_ceiling_usd_per_s(sailor)
+        least = {p.gpu_type: bounds.parts._gpu_rate_usd_per_s(sailor, [p.gpu_type]) for p in sailor.pools}
         plans = list(all_plans(sailor, "blocks"))
         for sol, _ in plans:
             rate = sum(n * p.tp * least[p.gpu_type] for row in sol.replicas for n, p in zip(row, sailor.pools))
             assert rate <= ceiling * (1 + 1e-12), (combo, rate, ceiling)
-        for theta in np.unique(bounds._sailor_stage_times_s(sailor)).tolist()[::3]:
+        for theta in np.unique(bounds.parts._sailor_stage_times_s(sailor)).tolist()[::3]:
             assert bounds.stages_fit_dp(sailor, theta, max_rate_usd_per_s=ceiling) == bounds.stages_fit_dp(sailor, theta)
         fastest = min(ev["T"] for _, ev in plans)
         for target in (0.9 * fastest, 1.1 * fastest):
@@ -1548,7 +1548,7 @@ def test_capped_sum_with_sends_holds_on_every_plan_within_its_stage_time_cap(flo
             for strong in (False, True):
                 got = joint.capped_sum_tau_s(inp, cap, strong=strong, sends=True)
                 assert got <= least * (1 + 1e-9), (combo, theta, strong, got, least)
-            compute = joint.capped_sum_tau_s(inp, cap, strong=True) + (inp.P - 1) * bounds._c_node_s(inp)
+            compute = joint.capped_sum_tau_s(inp, cap, strong=True) + (inp.P - 1) * bounds.parts._c_node_s(inp)
             above += got > compute * (1 + 1e-6)
             close += got > 0.97 * least
             checked += 1
@@ -1562,9 +1562,9 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
     cell's plain bound in its place) on some choices, or the lift would add nothing."""
     from hetplan.formulations.joint import bounds
 
-    plain_cell = lambda inp, fits, cands, rest, stages_s, cap, target_s, excess_s=0.0: bounds._send_aware_cell_s(  # noqa: E731
+    plain_cell = lambda inp, fits, cands, rest, stages_s, cap, target_s, excess_s=0.0: bounds.sends._send_aware_cell_s(  # noqa: E731
         inp, fits, cands, rest, stages_s, 0.0, target_s)
-    lifted_cell = bounds._lifted_send_cell_s
+    lifted_cell = bounds.sends._lifted_send_cell_s
     checked = lifted = 0
     for combo, sailor in itertools.chain(sailor_choices(tiny, tiny_regions), sailor_choices(tiny, floor_s=0.03)):
         evs = [ev for _, ev in all_plans(sailor, "blocks")]
@@ -1574,9 +1574,9 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
             best = min(ev["T"] for ev in evs if budget is None or ev["cost"] <= budget)
             for target in (0.95 * best, 1.1 * best):  # below and above the optimum
                 got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
-                monkeypatch.setattr(bounds, "_lifted_send_cell_s", plain_cell)
+                monkeypatch.setattr(bounds.sends, "_lifted_send_cell_s", plain_cell)
                 without = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
-                monkeypatch.setattr(bounds, "_lifted_send_cell_s", lifted_cell)
+                monkeypatch.setattr(bounds.sends, "_lifted_send_cell_s", lifted_cell)
                 assert got <= best * (1 + 1e-9), (combo, budget, target, got, best)
                 lifted += got > without * (1 + 1e-9)
                 checked += 1
@@ -1595,13 +1595,13 @@ def test_the_send_aware_decision_is_the_bound_there_and_the_dp_runs_where_it_did
     from hetplan.orchestration.planner.steps import _Step, _refine, _tight_bound
 
     calls = [0]
-    lifted_cell = bounds._lifted_send_cell_s
+    lifted_cell = bounds.sends._lifted_send_cell_s
 
     def counted(*args, **kw):
         calls[0] += 1
         return lifted_cell(*args, **kw)
 
-    monkeypatch.setattr(bounds, "_lifted_send_cell_s", counted)
+    monkeypatch.setattr(bounds.sends, "_lifted_send_cell_s", counted)
 
     def lifted_calls(fn, *args):
         calls[0] = 0
@@ -1648,9 +1648,9 @@ def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
     for make, combo, sends in ((make, *choice) for make in (tiny, tiny_regions)  # P 4: two middle stages
                                for choice in sailor_choices(make, floor_s=0.03, max_stages=4)):
         inp = dataclasses.replace(sends, recv_floor_s=tuple(3 * x for x in sends.send_floor_s))
-        families, plain = bounds._sailor_receiver_cases_s(inp), bounds._sailor_stage_times_s(inp)
+        families, plain = bounds.sends._sailor_receiver_cases_s(inp), bounds.parts._sailor_stage_times_s(inp)
         assert len(families) == (2 if combo.P <= 3 else combo.P), combo  # stage 0, P - 1 (P 3: one), middles
-        classes, pairs = bounds._class_tables(inp).classes, bounds._pair_layout(inp).pairs
+        classes, pairs = joint.tables._class_tables(inp).classes, joint.tables._pair_layout(inp).pairs
         best = theta = math.inf
         for sol, ev in all_plans(inp, "blocks"):
             cells = [(classes.index((p.gpu_type, p.tp)), pairs.index((i, n)), ev["tau"][i] + ev["p2p"][i])
@@ -1664,9 +1664,9 @@ def test_receiver_cases_hold_every_plan_and_lift_the_send_aware_bound():
             plans += 1
         # the least theta the families fit, joined and apart (`_families_fit`), is at most the plans'
         cands = sorted({float(v) for cases in families for case in cases for v in case[np.isfinite(case)]})
-        apart = [bounds._times_fit(inp, *cases) for cases in families]
+        apart = [bounds.sends._times_fit(inp, *cases) for cases in families]
         least = [next(t for t in cands if test(t)) for test in (
-            lambda t: bounds._families_fit(inp, families)(t, math.inf),
+            lambda t: bounds.sends._families_fit(inp, families)(t, math.inf),
             lambda t: all(fit(t, math.inf) for fit in apart))]
         assert least[1] <= least[0] <= theta * (1 + 1e-9), (combo, least, theta)
         joined += least[0] > least[1]
@@ -1741,10 +1741,10 @@ def test_stages_fit_dp_answers_settled_by_theta_and_cap_are_the_dps_own():
         tables = _Tables(inst, build_estimators(inst))
         for combo, inp in combos_of(inst, "max_throughput"):
             inp = with_sync_table(inp, tables)
-            caps = joint.bounds._extra_values_s(inp)[::2].tolist() + [math.inf]
-            times = joint.bounds._class_tables(inp).time_s
+            caps = joint.bounds.parts._extra_values_s(inp)[::2].tolist() + [math.inf]
+            times = joint.tables._class_tables(inp).time_s
             thetas = sorted(set(times[np.isfinite(times)].tolist()))[::3]
-            grid = {(t, c): joint.bounds._stages_fit_dp(dataclasses.replace(inp), t, c, None, math.inf)
+            grid = {(t, c): joint.bounds.stage_fit._stages_fit_dp(dataclasses.replace(inp), t, c, None, math.inf)
                     for t in thetas for c in caps}
             for (t, c), fits in grid.items():
                 later = [grid[t2, c2] for t2, c2 in grid if t2 >= t and c2 >= c]
@@ -1772,7 +1772,7 @@ def test_stage_dp_merged_types_stay_a_relaxation_and_the_speed_weights_tighten_i
             checked += 1
             if not got:
                 with monkeypatch.context() as m:  # the merge by count: every weight 1
-                    m.setattr(joint.bounds, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds._gpus_per_type(inp), 1.0))
+                    m.setattr(joint.bounds.stage_fit, "_merge_weights", lambda inp: dict.fromkeys(joint.bounds.parts._gpus_per_type(inp), 1.0))
                     m.setitem(inp._cache, "fits_dp", {})  # not the answer kept for the weighted test
                     m.setitem(inp._cache, "fits_dp_rows", {})  # nor one settled by fewer GPUs per replica
                     m.setitem(inp._cache, "fits_dp_theta", {})  # nor one settled by a smaller theta or cap
@@ -1820,8 +1820,8 @@ def test_crossing_bounds_hold_on_every_plan_by_its_regions():
     for combo, inp in combos_of(tiny_regions(), "max_throughput"):
         if inp.P < 2:
             continue
-        merged = joint.bounds._time_lower_bound_merged_s(inp, True, None)
-        ends_apart, two_hops = joint.bounds._crossing_bounds_s(inp, merged)
+        merged = joint.bounds.sync_aware._time_lower_bound_merged_s(inp, True, None)
+        ends_apart, two_hops = joint.bounds.regions._crossing_bounds_s(inp, merged)
         for sol, ev in all_plans(inp, "blocks"):
             regions = [{inp.pools[k].region for k, n in enumerate(row) if n} for row in sol.replicas]
             if regions[0] != regions[-1]:

@@ -237,7 +237,7 @@ def test_send_aware_bound_by_all_reduce_cells_stays_below_each_choices_optimum(m
         assert near <= optimum * (1 + REL), (P, b, D, near, optimum)
         close += near >= 0.97 * optimum
         with monkeypatch.context() as patch:
-            patch.setattr(bounds, "_send_aware_cells", lambda inp, sync_update, count=4: [(sync_update, math.inf)])
+            patch.setattr(bounds.sends, "_send_aware_cells", lambda inp, sync_update, count=4: [(sync_update, math.inf)])
             one = joint.sailor_send_aware_time_bound_s(inputs(Combo(P, b, D)))
         assert got >= one * (1 - REL)
         lifted += got > one * (1 + 1e-9)
@@ -307,7 +307,7 @@ def _packed_plans(inp: joint.JointInputs, cuts_per_placement: int, seed: int):
 
 
 def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test(monkeypatch) -> None:
-    """`bounds._bulk_inputs`: with G groups (a zone's GPU type) at most G of a stage's D replicas
+    """`bounds.sends._bulk_inputs`: with G groups (a zone's GPU type) at most G of a stage's D replicas
     sit alone in theirs, so D - G of them pay Sailor's slowest-pair all-reduce
     (`repeat_sync_table`). Sailor's OPT-350M on two zones of 4 A100 + 8 V100 each (G = 4), P3 b1
     D8 TP 1, which needs every GPU: every sampled plan fits the send-aware test with them
@@ -322,13 +322,13 @@ def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test
     from test_planner import _largest_extra_s
 
     inp = _one_choice(sailor_instance("two_zones", gpus_per_type={A100: 4, V100: 8}), 3, 8, b=1)
-    bulk = bounds._bulk_inputs(inp)
+    bulk = bounds.sends._bulk_inputs(inp)
     assert bulk is not None and inp.m == 4
-    families = bounds._sailor_receiver_cases_s(inp)
-    plain, values = bounds._families_fit(inp, families), bounds._extra_values_s(inp)
-    both = bounds._also_in_bulk(plain, bounds._families_fit(bulk, families), values)
+    families = bounds.sends._sailor_receiver_cases_s(inp)
+    plain, values = bounds.sends._families_fit(inp, families), bounds.parts._extra_values_s(inp)
+    both = bounds.sends._also_in_bulk(plain, bounds.sends._families_fit(bulk, families), values)
     tabs = [(dict(zip(t.keys, t.extra_in_s.ravel().tolist())), dict(zip(t.keys, t.extra_span_s.ravel().tolist())))
-            for t in (bounds._class_tables(inp), bounds._class_tables(bulk))]
+            for t in (joint.tables._class_tables(inp), joint.tables._class_tables(bulk))]
     plans, raised = 0, 0
     for sol, ev in _packed_plans(inp, 1, seed=3):
         s = _largest_extra_s(inp, sol, ev, *tabs[0])
@@ -346,17 +346,17 @@ def test_replicas_that_share_a_group_pay_the_slowest_pair_in_the_send_aware_test
     assert plans >= 2_000 and raised >= 500, (plans, raised)
     res = solve(joint.build(inp), backend="highs", options=SolveOptions(rel_gap=1e-7, time_limit_s=60))
     truth = joint.objective_value(inp, res.objective)
-    monkeypatch.setattr(bounds, "BULK_WITHIN", 1.0)  # its pass at every target (the plain bound is 3 % short)
+    monkeypatch.setattr(bounds.sends, "BULK_WITHIN", 1.0)  # its pass at every target (the plain bound is 3 % short)
     lifted = [joint.time_lower_bound_tight_s(replace(inp), True, target, strongest=True)
               for target in (truth, 1.1 * truth)]
     assert max(lifted) <= truth * (1 + REL), (lifted, truth)
-    monkeypatch.setattr(bounds, "_bulk_inputs", lambda inp: None)
+    monkeypatch.setattr(bounds.sends, "_bulk_inputs", lambda inp: None)
     plain_bound = joint.time_lower_bound_tight_s(replace(inp), True, truth, strongest=True)
     assert lifted[0] > plain_bound * (1 + 1e-3), (lifted, plain_bound)
 
 
 def test_regions_fit_answers_settled_by_theta_and_cap_are_the_dps_own() -> None:
-    """`bounds._regions_fit` (the crossing bound's test of the two regions' GPUs) settles a (theta,
+    """`bounds.regions._regions_fit` (the crossing bound's test of the two regions' GPUs) settles a (theta,
     cap) from its answers at other thetas and caps (`_monotone_in_theta_and_cap`). Sailor's A100s
     in two regions, 8 each, TP 1-2, four choices: asked in random order over a grid of thetas and caps,
     it answers as a fresh regions DP at every point; the DP's answers never fall as theta or the
@@ -369,11 +369,11 @@ def test_regions_fit_answers_settled_by_theta_and_cap_are_the_dps_own() -> None:
     for P, b, D in [(2, 2, 4), (3, 2, 4), (2, 1, 8), (4, 2, 4)]:
         inp = _one_choice(inst, P, D, b=b, tps=(1, 2))
         assert len(inp.regions) == 2
-        caps = bounds._extra_values_s(inp)[::3].tolist() + [math.inf]
-        times = bounds._sailor_stage_times_s(inp)
+        caps = bounds.parts._extra_values_s(inp)[::3].tolist() + [math.inf]
+        times = bounds.parts._sailor_stage_times_s(inp)
         thetas = sorted(set(times[np.isfinite(times)].tolist()))[::3]
         fresh = replace(inp)
-        grid = {(t, c): bounds._regions_fit_dp(fresh, t, c, True, bounds._crossing_variants_s(fresh))
+        grid = {(t, c): bounds.regions._regions_fit_dp(fresh, t, c, True, bounds.regions._crossing_variants_s(fresh))
                 for t in thetas for c in caps}
         for (t, c), fits in grid.items():
             assert not fits or all(grid[t2, c2] for t2, c2 in grid if t2 >= t and c2 >= c), (P, b, D, t, c)
@@ -381,7 +381,7 @@ def test_regions_fit_answers_settled_by_theta_and_cap_are_the_dps_own() -> None:
         points = list(grid)
         for j in rng.permutation(len(points)):
             t, c = points[j]
-            assert bounds._regions_fit(inp, t, c, True) == grid[t, c], (P, b, D, t, c)
+            assert bounds.regions._regions_fit(inp, t, c, True) == grid[t, c], (P, b, D, t, c)
             asked += 1
     assert capped >= 2 and asked >= 1000, (capped, asked)
 

@@ -9,14 +9,15 @@ Files, in the order data flows through them (each imports only the ones above it
   tables.py        the stage-cost tables of the blocks form: per (time class, stage, block count)
                    stage time, memory fit, all-reduce and update, built once with numpy and read
                    by the MILP rows, the bounds and the heuristics alike
-  bounds.py        lower bounds on T and cost; each function states its bound and why it holds
+  bounds/          lower bounds on T and cost, a file per family (its __init__ lists them); each
+                   function states its bound and why it holds
   evaluation.py    the model's own figures for a solution (`evaluate`) and the same solution
                    placed as the simulator places it (`evaluate_placed`)
   milp.py          the MILP: its math in the module docstring, `build`, `decode`, `warm_start`
   heuristics.py    the greedy warm start and `polish`
   stage_dp.py      the stage-DP heuristic over plans of homogeneous stages
 
-The planner (`hetplan.orchestration.planner`) drives them per outer choice: a bound (bounds.py) prunes the
+The planner (`hetplan.orchestration.planner`) drives them per outer choice: a bound (bounds/) prunes the
 choice or ranks it, the heuristics give an incumbent, the MILP (milp.py) is solved with that
 incumbent as a cutoff, and the search stops when the best bound left is within the gap.
 The names below are this package's public interface.

@@ -1,8 +1,8 @@
 """How the model composes one iteration, stated once. `evaluate` (evaluation.py) applies these
 functions to the numbers of a fixed plan, `build` (milp.py) to Pyomo variables and expressions,
-and the bounds (bounds.py) to lower bounds on the parts. Every function here is nondecreasing in
+and the bounds (bounds/) to lower bounds on the parts. Every function here is nondecreasing in
 each part it takes, so a composition of lower bounds on the parts is a lower bound on the whole:
-that is what makes each bound of bounds.py valid once its parts are.
+that is what makes each bound of bounds/ valid once its parts are.
 
   worker memory  stat + in_flight(i) x act of the units a worker of stage i holds <= cap[k]
                                                                         (`worker_bytes`)

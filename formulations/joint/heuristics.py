@@ -7,7 +7,7 @@ from typing import Iterator
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
 from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
 from hetplan.formulations.joint.evaluation import blocks_ranges, objective_within_limits, solution_blocks
-from hetplan.formulations.joint.bounds import _fastest_work_s, _gpus_per_type
+from hetplan.formulations.joint.bounds.parts import _fastest_work_s, _gpus_per_type
 from hetplan.formulations.joint.composition import iteration_time_s, worker_bytes
 
 

@@ -39,7 +39,8 @@ import numpy as np
 from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline
 from hetplan.formulations.joint.tables import (_cached_for, _class_extras, _class_figures, block_counts,
                                                blocks_identical)
-from hetplan.formulations.joint.bounds import _first_true_from, block_bands, in_region, stage_time_cap_s
+from hetplan.formulations.joint.bounds.parts import _first_true_from, in_region, stage_time_cap_s
+from hetplan.formulations.joint.bounds.stage_fit import block_bands
 from hetplan.formulations.joint.evaluation import better, blocks_ranges, evaluate, objective_within_limits
 
 # The product over (GPU type, region) of the usage axis lengths, past which usage is counted in

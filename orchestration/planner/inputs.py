@@ -377,7 +377,7 @@ def with_sync_table(inp: joint.JointInputs, tables: _Tables) -> joint.JointInput
         nbytes = tables.stage_grad_bytes(inp)
         entries = _sync_entries(tables, inp, nbytes)
         # each depth gets tables of its own (position, blocks) only: a bound that caches a figure of a
-        # whole table (`joint.bounds._per_table`) reads that depth's entries
+        # whole table (`joint.tables._per_table`) reads that depth's entries
         tabs = tables.sync_tables[key] = tuple(
             None if got is None else {(k, pos, n): got[k, pos, n] for k in range(inp.K) for pos, n in nbytes}
             for got in entries)
