@@ -1154,6 +1154,24 @@ def _largest_extra_s(inp: joint.JointInputs, sol, ev: dict, extra_in: dict, extr
     return s
 
 
+def _largest_region_extra_s(inp: joint.JointInputs, sol, ev: dict) -> float:
+    """A plan's largest all-reduce + update value with each stage's taken in its own region
+    (`bounds.parts._region_extras_s`, in one zone or spanning by whether the stage spans zones)."""
+    from hetplan.formulations.joint import bounds
+
+    tab, lay = joint.tables._class_tables(inp), joint.tables._pair_layout(inp)
+    pair = {pr: m for m, pr in enumerate(lay.pairs)}
+    extras = bounds.parts._region_extras_s(inp)
+    s = 0.0
+    for i, (a, b) in enumerate(sol.ranges):
+        n = b - a - (i == 0) - (i == inp.P - 1)
+        for k, p in enumerate(inp.pools):
+            if sol.replicas[i][k]:
+                table = extras[inp.regions.index(p.region)][1 if ev["span"][i] else 0]
+                s = max(s, float(table[tab.classes.index((p.gpu_type, p.tp)), pair[i, n]]))
+    return s
+
+
 def test_each_send_aware_cell_bounds_every_plan_of_its_cell():
     """Sailor's composition on tiny and tiny_regions (`_sailor_with_sends`): every plan's largest
     all-reduce + update table value s (`_ClassTables`, of each stage's classes and placement) puts
@@ -1335,15 +1353,52 @@ def test_crossing_sends_beyond_their_floors_lift_the_crossing_bound(monkeypatch)
             continue
         crossing = min(ev["T"] for _, ev in all_plans(inp, "blocks") if len(set().union(*ev["regions"])) > 1)
         for target in (0.95 * crossing, crossing, 1.05 * crossing):
+            # the excess alone: the regions' sum of stage times (`stage_sum`) covers those sends too
+            monkeypatch.setattr(bounds.regions, "_split_cells_bound_s",
+                                lambda *a, **k: split(*a, **{**k, "stage_sum": None}))
             got = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
             monkeypatch.setattr(bounds.regions, "_split_cells_bound_s",
-                                lambda *a, **k: split(*a, **{**k, "send_excess_s": 0.0}))
+                                lambda *a, **k: split(*a, **{**k, "stage_sum": None, "send_excess_s": 0.0}))
             without = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
             monkeypatch.setattr(bounds.regions, "_split_cells_bound_s", split)
             assert got <= crossing * (1 + 1e-9), (combo, target, got, crossing)
             lifted += got > without * (1 + 1e-9)
             checked += 1
     assert checked >= 30 and lifted >= 3, (checked, lifted)
+
+
+def test_regions_stage_sum_holds_for_every_plan_over_two_regions_and_lifts_the_crossing_bound(monkeypatch):
+    """`_regions_stage_sum_s` (the least sum of stage times with sends over the plans of a crossing
+    case) against every plan of tiny_regions and tiny_one_type_regions (its P3 D2 choices aside,
+    the suite's time) that uses both regions: at most the plan's sum of tau_i + p_i at its own
+    theta and largest all-reduce + update (each stage's in its region, `_region_extras_s`, which
+    is at most the plan's sigma + mu), in its case; and the crossing bound with it strictly above
+    the one without on some choice and target."""
+    from hetplan.formulations.joint import bounds
+
+    split = bounds.sends._split_cells_bound_s
+    checked = lifted = 0
+    for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
+        if inp.pools[-1].gpu_type == "A100-40" and combo.P * combo.D >= 6:
+            continue
+        plans = [(sol, ev) for sol, ev in all_plans(inp, "blocks") if len(set().union(*ev["regions"])) > 1]
+        for sol, ev in plans:
+            regions = [next(iter(r)) for r in ev["regions"]]
+            apart = regions[0] != regions[-1]
+            extra = _largest_region_extra_s(inp, sol, ev)
+            assert extra <= ev["sigma"] + ev["mu"] + 1e-12, (combo, sol, extra)  # the regions' floors hold
+            got = bounds.regions._regions_stage_sum_s(inp, ev["theta"] * (1 + 1e-12), extra * (1 + 1e-12), apart)
+            assert got <= sum(ev["tau"]) + sum(ev["p2p"]) + 1e-12, (combo, sol, got)
+            checked += 1
+        crossing = min(ev["T"] for _, ev in plans)
+        for target in (crossing, 1.05 * crossing):
+            with_sum = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
+            monkeypatch.setattr(bounds.regions, "_split_cells_bound_s",
+                                lambda *a, **k: split(*a, **{**k, "stage_sum": None}))
+            without = bounds.sailor_crossing_time_bound_s(dataclasses.replace(inp), target)
+            monkeypatch.setattr(bounds.regions, "_split_cells_bound_s", split)
+            lifted += with_sum > without * (1 + 1e-9)
+    assert checked >= 200 and lifted >= 3, (checked, lifted)
 
 
 def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
@@ -1359,14 +1414,12 @@ def test_regions_fit_holds_for_every_plan_over_two_regions_and_prunes_some():
     checked, pruned = 0, {}
     for combo, inp in sailor_choices(tiny_regions, tiny_one_type_regions):
         name = inp.pools[-1].gpu_type  # r2's type: V100 in tiny_regions, A100 in tiny_one_type_regions
-        tab = joint.tables._class_tables(inp)
-        extra_in, extra_span = (dict(zip(tab.keys, a.ravel().tolist())) for a in (tab.extra_in_s, tab.extra_span_s))
         small = name == "V100-16" or combo.P * combo.D < 6  # the one-type P3 D2: 3,504 plans, 3.6 s
         for sol, ev in all_plans(inp, "blocks") if small else ():
             regions = [next(iter(r)) for r in ev["regions"]]
             if len(set(regions)) < 2:
                 continue
-            s = _largest_extra_s(inp, sol, ev, extra_in, extra_span)
+            s = _largest_region_extra_s(inp, sol, ev)
             apart = regions[0] != regions[-1]
             inp._cache.pop("regions_fit", None)  # no answer carried over from another plan's theta
             assert bounds.regions._regions_fit(inp, ev["theta"] * (1 + 1e-12), s, apart), (combo, sol)
@@ -1562,7 +1615,7 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
     cell's plain bound in its place) on some choices, or the lift would add nothing."""
     from hetplan.formulations.joint import bounds
 
-    plain_cell = lambda inp, fits, cands, rest, stages_s, cap, target_s, excess_s=0.0: bounds.sends._send_aware_cell_s(  # noqa: E731
+    plain_cell = lambda inp, fits, cands, rest, stages_s, cap, target_s, excess_s=0.0, stage_sum=None: bounds.sends._send_aware_cell_s(  # noqa: E731
         inp, fits, cands, rest, stages_s, 0.0, target_s)
     lifted_cell = bounds.sends._lifted_send_cell_s
     checked = lifted = 0

@@ -237,25 +237,36 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     cap = np.array([inp.cap_bytes[k] for k in rep])[:, None]
     fits = worker_bytes(over_pairs(inp.stat_bytes), over_pairs(inp.act_bytes), nf) <= cap
     upd_s = over_pairs(inp.upd_s) + np.array([inp.upd_fixed(k) for k in rep])[:, None]
-    in_zone_s = span_s = np.zeros_like(time_s)  # without the tables (layer units that differ): no floor
-    if inp.sync_table is not None:
-        grid = _sync_by_pool(inp, lay, inp.sync_table)
-        in_zone_s = span_s = np.stack([grid[ks].min(axis=0) for ks in members])
-    if inp.span_sync_table is not None:
-        grid = _sync_by_pool(inp, lay, inp.span_sync_table)
-        span_s = np.stack([grid[ks].min(axis=0) for ks in members])
+    in_zone_s, span_s, extra_in, extra_span = class_extras_s(inp, members, upd_s)
     sync_s = np.minimum(in_zone_s, span_s)  # a floor wherever the stage sits
+    return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
+
+
+def class_extras_s(inp: JointInputs, members: list[list[int]], upd_s: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(C, M) arrays (all-reduce in one zone, all-reduce spanning zones, `_ClassTables.extra_in_s`,
+    `extra_span_s`) of classes whose pools are `members` (per class, its pools; the floors are the
+    least over them; with the all-reduce tables, inf for a class with none), `upd_s` their updates."""
+    lay = _pair_layout(inp)
+    C, M = len(members), len(lay.pairs)
+    in_zone_s = span_s = np.zeros((C, M))  # without the tables (layer units that differ): no floor
+
+    def least(grid: np.ndarray) -> np.ndarray:
+        return np.stack([grid[ks].min(axis=0) if ks else np.full(M, np.inf) for ks in members])
+    if inp.sync_table is not None:
+        in_zone_s = span_s = least(_sync_by_pool(inp, lay, inp.sync_table))
+    if inp.span_sync_table is not None:
+        span_s = least(_sync_by_pool(inp, lay, inp.span_sync_table))
     ends = (lay.stage == 0) | (lay.stage == inp.P - 1)
     # an end stage pays the tied embedding's all-reduce at least at the floor of every pool serving it
     # (the MILP's tied_pool rows): per class, the least over its pools
     ends_tied = [_ends_tied_s(inp, floors) for floors in inp.tied_pool_s] or [(0.0, 0.0)] * inp.K
-    tied = np.array([[min(ends_tied[k][j] for k in ks) for j in (0, 1)] for ks in members])
+    tied = np.array([[min((ends_tied[k][j] for k in ks), default=0.0) for j in (0, 1)] for ks in members])
     extra_in = in_zone_s + upd_s + np.where(ends, tied[:, :1], 0.0)
     if len(inp.zones) == 1:
         extra_span = extra_in
     else:
         extra_span = span_s + upd_s + np.where(ends, tied[:, 1:], 0.0)
-    return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
+    return in_zone_s, span_s, extra_in, extra_span
 
 
 def _sync_by_pool(inp: JointInputs, lay: _PairLayout, table: dict) -> np.ndarray:

@@ -18,7 +18,7 @@ from hetplan.formulations.joint.inputs import JointInputs, check_deadline, model
 from hetplan.formulations.joint.composition import (first_stage_sends, iteration_time_s, replica_rate_usd_per_s,
     worker_bytes)
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group, _most_replicas,
-    _pair_layout, _per_table, _shared_for, block_counts, blocks_identical)
+    _pair_layout, _per_table, _shared_for, block_counts, blocks_identical, class_extras_s)
 
 
 def time_upper_bound_s(inp: JointInputs) -> float:
@@ -182,13 +182,35 @@ def send_aware_applies(inp: JointInputs) -> bool:
 
 def _extra_values_s(inp: JointInputs) -> np.ndarray:
     """The distinct finite all-reduce + update values of the class tables (`_ClassTables.extra_in_s`
-    and `extra_span_s`; inf: a placement that does not exist), ascending: the caps the cells of
-    `sync_aware_time_bound_s` and `_send_aware_cells` are cut at."""
+    and `extra_span_s`; inf: a placement that does not exist) and, with several regions, of each
+    region's (`_region_extras_s`), ascending: the caps the cells of `sync_aware_time_bound_s` and
+    `_send_aware_cells` are cut at. A plan's largest all-reduce + update value, each stage's taken
+    in its own region, is one of them: its cell's cap admits it in the regions' test too."""
     def make(inp: JointInputs) -> np.ndarray:
         tab = _class_tables(inp)
-        caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel()]))
+        per_region = [] if len(inp.regions) < 2 else [a.ravel() for pair in _region_extras_s(inp).values() for a in pair]
+        caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel(), *per_region]))
         return caps[np.isfinite(caps)]
     return _cached_for(inp, "extra_values", make)
+
+
+def _region_extras_s(inp: JointInputs) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Region index -> (C, M) all-reduce + update floors of a stage in that region, in one zone and
+    spanning zones (`_ClassTables.extra_in_s`, `extra_span_s`), each the least over the class's
+    pools in the region: a stage's pools lie in its region (H5), and its all-reduce is at least
+    the floor of every pool it uses. The class tables take the least over every region (measured:
+    Sailor's OPT-350M on 64 + 64 A100 in two regions, P3 b2 D32, a last stage of TP 1 with 5 blocks:
+    0.5501 s in us-central1, 0.5843 s in us-west1; the least let `_regions_fit` place it in us-west1
+    under a cap of 0.5501 s, in a plan whose all-reduce there takes 0.5813 s)."""
+    def make(inp: JointInputs) -> dict:
+        tab = _class_tables(inp)
+        out = {}
+        for j, region in enumerate(inp.regions):
+            members = [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c and p.region == region]
+                       for c in tab.classes]
+            out[j] = class_extras_s(inp, members, tab.upd_s)[2:]
+        return out
+    return _cached_for(inp, "region_extras", make)
 
 
 def _spread(values: np.ndarray, count: int) -> list[float]:

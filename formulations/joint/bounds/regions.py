@@ -5,6 +5,7 @@ pays the link between them (`sailor_crossing_time_bound_s` for Sailor's composit
 the stages in order, each region's GPUs counted apart (`_regions_fit`)."""
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -15,7 +16,7 @@ from hetplan.formulations.joint.composition import first_stage_sends, iteration_
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group, _pair_layout,
     _per_inputs_cache)
 from hetplan.formulations.joint.bounds.parts import (_c_node_s, _gpus_per_type, _links_lower_bound_s,
-    _minplus_padded_index, _mu_lower_bound_s, _region_inputs, _sailor_class_sends_s, _sailor_send_floor_s,
+    _minplus_padded_index, _mu_lower_bound_s, _region_extras_s, _region_inputs, _sailor_class_sends_s, _sailor_send_floor_s,
     _sailor_stage_times_s, _send_figures, _sync_update_lower_bound_s)
 from hetplan.formulations.joint.bounds.work import _theta_work_bound_s
 from hetplan.formulations.joint.bounds.stage_fit import _least_tp, _monotone_in_theta_and_cap
@@ -55,7 +56,11 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
     and the last stage's gradient count twice in Sailor's p) add at least min_c (x_c - their own
     floor) each (measured: Sailor's OPT-350M on 64 + 64 A100 in two regions, P4 b2 D16, whose plan
     that the cells pictured, two TP 2 stages a region, pays 0.0324 and 0.0329 s over the crossing
-    where its class's floor is 0.0051 s: the choice's bound from 3.172 s to 3.217 s, the target)."""
+    where its class's floor is 0.0051 s: the choice's bound from 3.172 s to 3.217 s, the target).
+    With two regions, where that lift falls short, the sum is also taken with each region's GPUs
+    counted apart and every send at its own region's floors (`_regions_stage_sum_s`; measured on
+    the same scenario, P3 b2 D32: its strongest bound from 3.1897 s to 3.2171 s, over the target
+    3.2170 s, so its MILP no longer runs)."""
     times, x = _sailor_stage_times_s(inp), float(_sailor_crossing_sends_s(inp).min())
     excess = float((_sailor_crossing_sends_s(inp) - _sailor_class_sends_s(inp)).min())
     sum_tau, sync_update = sum_tau_lower_bound_s(inp), _sync_update_lower_bound_s(inp)
@@ -76,9 +81,10 @@ def sailor_crossing_time_bound_s(inp: JointInputs, target_s: float | None = None
             continue
         transfers = (inp.P - 1 - n) * _c_node_s(inp) + 2 * n * x + ends
         fits = _crossing_fit(inp, _times_fit(inp, *per_set), ends_apart=n == 1, receivers=receivers)
+        stage_sum = None if len(inp.regions) != 2 else functools.partial(_regions_stage_sum_s, inp, ends_apart=n == 1)
         out = min(out, _split_cells_bound_s(inp, fits, cands, sum_tau, transfers, sync_update,
                                             target_s if target_s is None else min(target_s, out), rest_floor,
-                                            lift=True, send_excess_s=2 * n * excess))
+                                            lift=True, send_excess_s=2 * n * excess, stage_sum=stage_sum))
     return out
 
 
@@ -223,15 +229,23 @@ def _regions_fit_dp(inp: JointInputs, theta_s: float, extra_cap_s: float, ends_a
 def _region_units(inp: JointInputs, theta_s: float, extra_cap_s: float, variants: dict) -> np.ndarray:
     """(V, M): per variant (region index j, ...) of `variants` and pair, the fewest units of D GPUs
     a replica takes of any type of region j within theta_s and extra_cap_s: `_gpus_per_replica`
-    for every variant at once (the regions' tests ask it thousands of times a search)."""
+    for every variant at once (the regions' tests ask it thousands of times a search), with region
+    j's own all-reduce + update floors (`_region_extras_s`) and its zones alone in the in-zone rule."""
     cache = _per_inputs_cache(inp, "region_units")
     if id(variants) not in cache:  # the dict is kept with its arrays: its id is not reused meanwhile
         types = sorted(_gpus_per_type(inp))
         per_region = _gpus_per_group(inp, "region")
         own = np.array([[g in per_region.get(inp.regions[j], {}) for g in types] for j, *_ in variants])
-        cache[id(variants)] = (variants, np.stack(list(variants.values())), own, tuple(types))
-    _, times, own, types = cache[id(variants)]
-    return np.where(own[:, :, None], _least_tp(inp, theta_s, types, extra_cap_s, times), np.inf).min(axis=1)
+        extras = _region_extras_s(inp)
+        extras_s = tuple(np.stack([extras[j][e] for j, *_ in variants]) for e in (0, 1))
+        zone_region = {p.zone: p.region for p in inp.pools}
+        zones = np.array([[zone_region[z] == inp.regions[j] for z in _gpus_per_group(inp, "zone")] for j, *_ in variants],
+                         dtype=float)
+        cache[id(variants)] = (variants, np.stack(list(variants.values())), own, tuple(types), extras_s, zones)
+    _, times, own, types, extras_s, zones = cache[id(variants)]
+    return np.where(own[:, :, None], _least_tp(inp, theta_s, types, extra_cap_s, times, extras_s, zones),
+                    np.inf).min(axis=1)
+
 
 
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
@@ -290,6 +304,98 @@ def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
             if ok.any():
                 return True
     return False
+
+
+REGION_SUM_STATES = 50_000  # the most (blocks placed, units of each region) states `_regions_stage_sum_s` keeps
+
+
+def _regions_stage_sum_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, ends_apart: bool) -> float:
+    """A lower bound on sum_i (tau_i + p_i), each stage's time with its sends, over the plans of one
+    case of the crossing bound over two regions (`ends_apart`: ends in different regions, else in
+    one region with two crossings or more) whose every tau_i + p_i is at most theta_cap_s and
+    whose every stage's all-reduce + update floor, taken in its region (`_region_extras_s`), is
+    at most extra_cap_s. A stage sits in one region (H5); with S the classes of its replicas and
+    u the least TP among them, each of its D replicas takes u GPUs or more, and tau_i + p_i is at
+    least the time with sends (`_crossing_variants_s`: crossings before and after it or not) of
+    the class of S with TP u, so of the least such time over the region's classes with TP <= u
+    that the caps allow. A dynamic program over the stages, as `_two_regions_dp` but valued: its
+    state (the regions of the stage before and this one, crossings so far odd, any, blocks
+    placed, units of D GPUs used in each region), its value the least sum; a region's units are
+    its GPUs of every type, merged. The sends over the crossings count at their region's floors,
+    which the sums of `capped_sum_tau_s` (types merged over the regions, each send at its class's
+    own floor) do not see (measured: Sailor's OPT-350M on 64 + 64 A100 in two regions, P3 b2 D32:
+    a TP 2 stage takes a region's 64 GPUs, so it is an end stage; the cell of the plans' largest
+    all-reduce + update 0.5563 s, at a slowest stage of 0.1518 s: 0.3843 s there, 0.4166 s here).
+    -inf (no bound) where the states would exceed REGION_SUM_STATES."""
+    cache = _per_inputs_cache(inp, "regions_stage_sum")
+    key = (theta_cap_s, extra_cap_s, ends_apart)
+    if key not in cache:
+        units, costs = _regions_stage_costs(inp, theta_cap_s, extra_cap_s)
+        cache[key] = _regions_stage_sum_dp(inp, units, costs, ends_apart)
+    return cache[key]
+
+
+def _regions_stage_costs(inp: JointInputs, theta_cap_s: float, extra_cap_s: float) -> tuple[list[int], dict]:
+    """(the TP degrees u, (region index, crossing before, crossing after) -> (len(u), M) the least
+    time with sends of the region's classes with TP <= u that fit in memory and the caps allow,
+    inf for none) of `_regions_stage_sum_s`."""
+    tab = _class_tables(inp)
+    tp = np.array([c[1] for c in tab.classes])
+    units = sorted({int(t) for t in tp})
+    extras = _region_extras_s(inp)
+    costs = {}
+    for (j, before, after), times in _crossing_variants_s(inp).items():
+        own = np.array([any(p.region == inp.regions[j] and (p.gpu_type, p.tp) == c for p in inp.pools)
+                        for c in tab.classes])
+        ok = tab.fits & own[:, None] & (times <= theta_cap_s) & (np.minimum(*extras[j]) <= extra_cap_s)
+        t = np.where(ok, times, np.inf)
+        costs[j, before, after] = np.stack([np.where(tp[:, None] <= u, t, np.inf).min(axis=0) for u in units])
+    return units, costs
+
+
+def _regions_stage_sum_dp(inp: JointInputs, units: list[int], costs: dict, ends_apart: bool) -> float:
+    """The dynamic program of `_regions_stage_sum_s`."""
+    lay, D, L = _pair_layout(inp), inp.D, inp.U - 2
+    per_region = _gpus_per_group(inp, "region")
+    caps = [sum(per_region.get(r, {}).values()) // D for r in inp.regions]
+    if inp.max_gpus is not None:
+        caps = [min(c, inp.max_gpus // D) for c in caps]
+    w0, w1 = caps[0] + 1, caps[1] + 1
+    if (L + 1) * w0 * w1 > REGION_SUM_STATES:
+        return -math.inf
+    prev = _minplus_padded_index(L + 1)  # prev[s, n] = s - n, or the inf row L + 1
+    starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
+    start = np.full((L + 2, w0 + 1, w1 + 1), np.inf)  # an inf row and column on each axis
+    start[0, 0, 0] = 0.0
+    states = {(r, r, False, False): start for r in (0, 1)}
+    for i in range(inp.P):
+        check_deadline()
+        at = slice(starts[i], starts[i + 1])
+        new: dict = {}
+        for (before, here, odd, crossed), best in states.items():
+            for after in ((0, 1) if i < inp.P - 1 else (here,)):
+                cost = costs[here, before != here, after != here][:, at]  # (units, pairs of stage i)
+                reach = np.full((L + 2, w0 + 1, w1 + 1), np.inf)
+                for k, u in enumerate(units):
+                    ok = np.isfinite(cost[k])
+                    if not ok.any():
+                        continue
+                    rows = prev[:, lay.count[at][ok]]  # (L + 1, pairs)
+                    # this region's units shift its axis: from w - u, or the inf column
+                    src0 = np.arange(w0) - (u if here == 0 else 0)
+                    src1 = np.arange(w1) - (u if here == 1 else 0)
+                    got = best[rows][:, :, np.where(src0 >= 0, src0, w0)][:, :, :, np.where(src1 >= 0, src1, w1)]
+                    np.minimum(reach[:L + 1, :w0, :w1], (got + cost[k, ok][None, :, None, None]).min(axis=1),
+                               out=reach[:L + 1, :w0, :w1])
+                cross = after != here
+                key = (here, after, odd ^ cross, crossed or cross)
+                if key in new:
+                    np.minimum(new[key], reach, out=new[key])
+                else:
+                    new[key] = reach
+        states = new
+    return float(min((best[L, :w0, :w1].min() for (_, _, odd, crossed), best in states.items()
+                      if odd == ends_apart and crossed), default=math.inf))
 
 
 def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:

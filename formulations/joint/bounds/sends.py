@@ -371,7 +371,7 @@ SPLIT_TESTS = 48  # DP tests `_split_cells_bound_s` may spend on splitting cells
 def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: float, transfers: float,
                          sync_update: float, target_s: float | None, rest_floor: float = 0.0,
                          lift: bool = False, decide: bool = False, send_excess_s: float = 0.0,
-                         bulk_fits=None, span: tuple[int, int] | None = None) -> float:
+                         bulk_fits=None, span: tuple[int, int] | None = None, stage_sum=None) -> float:
     """min over cells of `_send_aware_cell_s`, `fits(theta, cap)`. A cell is a range [a, b) of the
     ascending extra values v (`_extra_values_s`): the plans whose largest extra s is one of v[a..b-1]
     have sigma + mu >= max(v[a], sync_update, rest_floor) and fit within the cap v[b-1] (none for the
@@ -401,7 +401,8 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     `bulk_fits` (with a target): the test of `_bulk_inputs`; a final cell whose bound falls short
     of the target by less than BULK_WITHIN is split again, as the whole range is, with both tests
     (`_also_in_bulk`), and keeps the larger bound. `span`: the range (a, b) of extra values split,
-    all of them by default."""
+    all of them by default. `stage_sum(theta_cap, cap)`: another lower bound on the sum of stage
+    times with sends of the plans within those caps, for the send lift (`_lifted_send_cell_s`)."""
     def cell(floor: float, cap: float) -> tuple:  # (fits within the cap, the cell's rest, the cap)
         return lambda t, rate=math.inf: fits(t, cap, rate), max(sync_update, rest_floor, floor), cap
 
@@ -420,12 +421,14 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
             ruled = _cell_rules_out_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target)
             if ruled is not None:
                 return ruled
-        out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target, excess_s=send_excess_s)
+        out = _lifted_send_cell_s(inp, test, cands, rest, sum_tau + transfers, cap, target, excess_s=send_excess_s,
+                                  stage_sum=stage_sum)
         if out >= target:  # spares what follows: a replica-level DP, or up to 127 DP tests a cell
             return out
         if budget:
             return max(out, _send_aware_cell_s(inp, test, cands, rest, sum_tau + transfers, 0.0, target))
-        return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target, excess_s=send_excess_s))
+        return max(out, _lifted_send_cell_s(inp, test, cands, rest, lifted(cap), cap, target, excess_s=send_excess_s,
+                                            stage_sum=stage_sum))
 
     vals = _extra_values_s(inp)
     if target_s is None:
@@ -443,7 +446,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
             if bulk_fits is not None and target * (1 - BULK_WITHIN) <= got < target:
                 got = max(got, _split_cells_bound_s(inp, _also_in_bulk(fits, bulk_fits, vals), cands, sum_tau,
                                                     transfers, sync_update, target, rest_floor, lift, decide,
-                                                    send_excess_s, span=(a, b)))
+                                                    send_excess_s, span=(a, b), stage_sum=stage_sum))
             out = min(out, got)
             if decide and out < target_s:
                 return out
@@ -461,7 +464,7 @@ LIFT_SPLITS = 6  # halvings of `_lifted_send_cell_s`'s range of slowest stage ti
 
 
 def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, stages_s: float, cap: float,
-                        target_s: float, depth: int = LIFT_SPLITS, excess_s: float = 0.0) -> float:
+                        target_s: float, depth: int = LIFT_SPLITS, excess_s: float = 0.0, stage_sum=None) -> float:
     """A cell of `_split_cells_bound_s` (m > 1, a target), its stages and sends at least `stages_s`,
     lifted where the slowest stage time caps them: a plan whose theta lies in [cands[l], cands[h]]
     (cands: stage times with sends) has every tau_i + p_i <= cands[h], so sum_i (tau_i + p_i) >=
@@ -470,7 +473,8 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
     where a part's bound falls short. The fast classes that a small theta needs cannot serve every
     stage, so the stages they leave run slower and their sends count (measured: Sailor's OPT-350M
     on 2 zones of 128 A100 + 128 V100, P6 b2 D32: 1.2767 s before, 1.3192 s with it; the MILP's
-    optimum is 1.3734 s). `excess_s` is added to those sums (`_split_cells_bound_s`)."""
+    optimum is 1.3734 s). `excess_s` is added to those sums (`_split_cells_bound_s`); where they fall
+    short, `stage_sum(cands[h], cap)` (a lower bound on the same sum, none by default) is tried too."""
     def time_at(stages: float, j: int) -> float:
         return iteration_time_s(inp.m, stages, 0.0, cands[j] if j < len(cands) else math.inf, rest)
 
@@ -482,6 +486,8 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
         out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True) + excess_s), lo)
         if out < target_s:  # the replica-level DPs only where the units DP falls short
             out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, True, sends=True) + excess_s), lo)
+        if out < target_s and stage_sum is not None:
+            out = max(out, time_at(max(stages_s, stage_sum(cands[up], cap)), lo))
         if out >= target_s or d == 0 or lo == up:
             return out
         mid = (lo + up) // 2

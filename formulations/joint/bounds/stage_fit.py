@@ -145,12 +145,18 @@ def _gpus_per_replica(inp: JointInputs, theta_s: float, types: list[str], extra_
 
 
 def _least_tp(inp: JointInputs, theta_s: float, types: tuple[str, ...], extra_cap_s: float,
-              times_s: np.ndarray) -> np.ndarray:
+              times_s: np.ndarray, extras_s: tuple[np.ndarray, np.ndarray] | None = None,
+              zones: np.ndarray | None = None) -> np.ndarray:
     """(..., types, M): for stage times `times_s` (..., C, M) the least TP of each type at every
     pair within theta_s and extra_cap_s (inf: none), under the in-zone rule of `_gpus_per_replica`;
-    a stack of time arrays (`_region_units`) in one pass."""
+    a stack of time arrays (`_region_units`) in one pass. `extras_s`: the (in one zone, spanning
+    zones) extras to test against the cap, broadcast against `times_s` (the class tables' by
+    default); `zones` (..., Z): which zones the in-zone rule may count (all by default)."""
     tab = _class_tables(inp)
     order, tp, starts, has, per_zone = _classes_by_type(inp, types)
+    extra_in_s, extra_span_s = extras_s or (tab.extra_in_s, tab.extra_span_s)
+    if zones is not None:
+        per_zone = per_zone * zones[..., None]
 
     def least(mask: np.ndarray) -> np.ndarray:  # (..., C, M) allowed -> (..., types, M) least TP per pair
         out = np.full((*mask.shape[:-2], len(types), mask.shape[-1]), np.inf)
@@ -160,10 +166,10 @@ def _least_tp(inp: JointInputs, theta_s: float, types: tuple[str, ...], extra_ca
 
     ok = tab.fits & (times_s <= theta_s)
     if extra_cap_s < math.inf:
-        in_zone = ok & (tab.extra_in_s <= extra_cap_s)
+        in_zone = ok & (extra_in_s <= extra_cap_s)
         # the most replicas one zone holds, each type at its least TP (GPUs // inf = 0: none)
-        most = (per_zone[:, :, None] // least(in_zone)[..., None, :, :]).sum(axis=-2).max(axis=-2, initial=0.0)
-        ok = (in_zone & (most >= inp.D)[..., None, :]) | (ok & (tab.extra_span_s <= extra_cap_s))
+        most = (per_zone[..., :, :, None] // least(in_zone)[..., None, :, :]).sum(axis=-2).max(axis=-2, initial=0.0)
+        ok = (in_zone & (most >= inp.D)[..., None, :]) | (ok & (extra_span_s <= extra_cap_s))
     return least(ok)
 
 
