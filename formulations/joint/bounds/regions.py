@@ -248,16 +248,19 @@ def _region_units(inp: JointInputs, theta_s: float, extra_cap_s: float, variants
 
 
 
+def _region_unit_caps(inp: JointInputs) -> list[int]:
+    """Per region, the units of D GPUs it holds (its GPUs of every type, within the choice's cap)."""
+    per_region = _gpus_per_group(inp, "region")
+    caps = [sum(per_region.get(r, {}).values()) // inp.D for r in inp.regions]
+    return caps if inp.max_gpus is None else [min(c, inp.max_gpus // inp.D) for c in caps]
+
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
     """The dynamic program of `_regions_fit` over `units` (`_regions_fit_dp`). The states that
     share the regions of the stage before and this one read the same units, so their tables are
     stacked and each transition is one gather over all of them (half the time of a loop over
     states and unit values: c_gptneo_a100_5zones_32each's 897 DPs, 2.3 -> 1.2 s)."""
     lay, D, L = _pair_layout(inp), inp.D, inp.U - 2
-    per_region = _gpus_per_group(inp, "region")
-    caps = [sum(per_region.get(r, {}).values()) // D for r in inp.regions]  # units of D GPUs
-    if inp.max_gpus is not None:
-        caps = [min(c, inp.max_gpus // D) for c in caps]
+    caps = _region_unit_caps(inp)
     width = caps[0] + 1
     prev = _minplus_padded_index(L + 1)  # prev[s, n] = s - n, or the inf row L + 1
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
@@ -355,11 +358,8 @@ def _regions_stage_costs(inp: JointInputs, theta_cap_s: float, extra_cap_s: floa
 
 def _regions_stage_sum_dp(inp: JointInputs, units: list[int], costs: dict, ends_apart: bool) -> float:
     """The dynamic program of `_regions_stage_sum_s`."""
-    lay, D, L = _pair_layout(inp), inp.D, inp.U - 2
-    per_region = _gpus_per_group(inp, "region")
-    caps = [sum(per_region.get(r, {}).values()) // D for r in inp.regions]
-    if inp.max_gpus is not None:
-        caps = [min(c, inp.max_gpus // D) for c in caps]
+    lay, L = _pair_layout(inp), inp.U - 2
+    caps = _region_unit_caps(inp)
     w0, w1 = caps[0] + 1, caps[1] + 1
     if (L + 1) * w0 * w1 > REGION_SUM_STATES:
         return -math.inf
