@@ -328,7 +328,8 @@ def test_a_step_taken_ahead_stops_when_the_helper_answers(monkeypatch):
         stops.clear(), ran_on.clear(), let_on.clear()
         both = plan(tiny(), dataclasses.replace(opts, workers=2))
         assert not unstopped, (len(stops), len(ran_on), len(unstopped))
-        records = [[(r.P, r.b, r.D, r.status, r.lower_bound, r.objective) for r in res.records] for res in (both, alone)]
+        records = [[(r.P, r.b, r.D, r.status, r.lower_bound, r.objective) for r in res.records]
+                   for res in (both, alone)]
         assert records[0] == records[1]
         assert both.model_objective == alone.model_objective
         if stops:

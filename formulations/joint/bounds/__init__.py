@@ -28,7 +28,8 @@ from hetplan.formulations.joint.bounds.sends import (sailor_send_aware_time_boun
     binding_budget_usd)
 from hetplan.formulations.joint.bounds.sync_aware import sync_aware_time_bound_s
 from hetplan.formulations.joint.bounds.regions import sailor_crossing_time_bound_s, region_split_time_bound_s
-from hetplan.formulations.joint.bounds.tight import time_lower_bound_tight_s, sailor_region_split_bound_s, extra_ceiling_s
+from hetplan.formulations.joint.bounds.tight import (time_lower_bound_tight_s, sailor_region_split_bound_s,
+    extra_ceiling_s)
 from hetplan.formulations.joint.bounds.cost import (cost_lower_bound_usd, cost_lower_bound_dp_usd,
     theta_interval_cost_bound_usd, budget_time_lower_bound_s)
 from hetplan.formulations.joint.bounds import (parts, work, stage_fit, bottleneck, sum_tau, sends, sync_aware,

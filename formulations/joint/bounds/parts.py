@@ -188,7 +188,8 @@ def _extra_values_s(inp: JointInputs) -> np.ndarray:
     in its own region, is one of them: its cell's cap admits it in the regions' test too."""
     def make(inp: JointInputs) -> np.ndarray:
         tab = _class_tables(inp)
-        per_region = [] if len(inp.regions) < 2 else [a.ravel() for pair in _region_extras_s(inp).values() for a in pair]
+        per_region = [] if len(inp.regions) < 2 else [
+            a.ravel() for pair in _region_extras_s(inp).values() for a in pair]
         caps = np.unique(np.concatenate([tab.extra_in_s.ravel(), tab.extra_span_s.ravel(), *per_region]))
         return caps[np.isfinite(caps)]
     return _cached_for(inp, "extra_values", make)

@@ -16,8 +16,8 @@ from hetplan.formulations.joint.composition import first_stage_sends, iteration_
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group, _pair_layout,
     _per_inputs_cache)
 from hetplan.formulations.joint.bounds.parts import (_c_node_s, _gpus_per_type, _links_lower_bound_s,
-    _minplus_padded_index, _mu_lower_bound_s, _region_extras_s, _region_inputs, _sailor_class_sends_s, _sailor_send_floor_s,
-    _sailor_stage_times_s, _send_figures, _sync_update_lower_bound_s)
+    _minplus_padded_index, _mu_lower_bound_s, _region_extras_s, _region_inputs, _sailor_class_sends_s,
+    _sailor_send_floor_s, _sailor_stage_times_s, _send_figures, _sync_update_lower_bound_s)
 from hetplan.formulations.joint.bounds.work import _theta_work_bound_s
 from hetplan.formulations.joint.bounds.stage_fit import _least_tp, _monotone_in_theta_and_cap
 from hetplan.formulations.joint.bounds.bottleneck import bottleneck_lower_bound_s
@@ -239,13 +239,12 @@ def _region_units(inp: JointInputs, theta_s: float, extra_cap_s: float, variants
         extras = _region_extras_s(inp)
         extras_s = tuple(np.stack([extras[j][e] for j, *_ in variants]) for e in (0, 1))
         zone_region = {p.zone: p.region for p in inp.pools}
-        zones = np.array([[zone_region[z] == inp.regions[j] for z in _gpus_per_group(inp, "zone")] for j, *_ in variants],
-                         dtype=float)
+        zones = np.array([[zone_region[z] == inp.regions[j] for z in _gpus_per_group(inp, "zone")]
+                          for j, *_ in variants], dtype=float)
         cache[id(variants)] = (variants, np.stack(list(variants.values())), own, tuple(types), extras_s, zones)
     _, times, own, types, extras_s, zones = cache[id(variants)]
     return np.where(own[:, :, None], _least_tp(inp, theta_s, types, extra_cap_s, times, extras_s, zones),
                     np.inf).min(axis=1)
-
 
 
 def _region_unit_caps(inp: JointInputs) -> list[int]:
@@ -253,6 +252,7 @@ def _region_unit_caps(inp: JointInputs) -> list[int]:
     per_region = _gpus_per_group(inp, "region")
     caps = [sum(per_region.get(r, {}).values()) // inp.D for r in inp.regions]
     return caps if inp.max_gpus is None else [min(c, inp.max_gpus // inp.D) for c in caps]
+
 
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
     """The dynamic program of `_regions_fit` over `units` (`_regions_fit_dp`). The states that
