@@ -1487,6 +1487,56 @@ def test_crossing_bound_takes_each_region_its_own_send_floors():
     assert checked >= 12 and lifted >= 1, (checked, lifted)
 
 
+def _syncs_scaled_in(inp: joint.JointInputs, region: str, factor: float) -> joint.JointInputs:
+    """`inp` with the all-reduce table entries (in one zone, spanning, slowest pair) of `region`'s
+    pools `factor` times as long."""
+    scaled = {k for k, p in enumerate(inp.pools) if p.region == region}
+
+    def scale(table: dict | None) -> dict | None:
+        return None if table is None else {key: v * factor if key[0] in scaled else v for key, v in table.items()}
+    return dataclasses.replace(inp, sync_table=scale(inp.sync_table), span_sync_table=scale(inp.span_sync_table),
+                               repeat_sync_table=scale(inp.repeat_sync_table))
+
+
+def test_regions_fit_takes_each_region_its_own_all_reduce_floors(monkeypatch):
+    """With the all-reduce floors of r2's pools twice r1's (tiny_one_type_regions: A100 in both
+    regions), every plan over both regions still fits `_regions_fit` at its own bottleneck and
+    largest all-reduce + update (each stage's in its region), and `sailor_crossing_time_bound_s`
+    stays below its T; and the test rejects some (theta, cap) that it accepts with the class
+    tables' floors, the least over both regions (`parts._region_extras_s`)."""
+    from hetplan.formulations.joint import bounds
+
+    checked = rejected = 0
+    for combo, inp in sailor_choices(tiny_one_type_regions):
+        if combo.P * combo.D >= 6:  # the suite's time, as in the tests above
+            continue
+        slow = _syncs_scaled_in(inp, inp.pools[-1].region, 2.0)
+        plans = [(sol, ev) for sol, ev in all_plans(slow, "blocks") if len(set().union(*ev["regions"])) > 1]
+        for sol, ev in plans:
+            regions = [next(iter(r)) for r in ev["regions"]]
+            slow._cache.pop("regions_fit", None)
+            s = _largest_region_extra_s(slow, sol, ev)
+            assert s <= ev["sigma"] + ev["mu"] + 1e-12, (combo, sol, s)  # the regions' floors hold
+            assert bounds.regions._regions_fit(slow, ev["theta"] * (1 + 1e-12), s * (1 + 1e-12),
+                                               regions[0] != regions[-1]), (combo, sol)
+            checked += 1
+        crossing = min(ev["T"] for _, ev in plans)
+        for target in (None, crossing, 1.1 * crossing):
+            assert bounds.sailor_crossing_time_bound_s(dataclasses.replace(slow), target) <= crossing * (1 + 1e-9)
+        thetas = sorted({t for c in range(inp.P - 1) for t in
+                         bounds.regions._sailor_crossing_times_s(slow, (c,)).ravel().tolist() if math.isfinite(t)})
+        caps = bounds.parts._extra_values_s(slow).tolist()
+        own = dataclasses.replace(slow)
+        with monkeypatch.context() as m:
+            tab = joint.tables._class_tables(slow)
+            m.setattr(bounds.regions, "_region_extras_s",
+                      lambda inp: {j: (tab.extra_in_s, tab.extra_span_s) for j in range(len(inp.regions))})
+            merged = dataclasses.replace(slow)
+            accepted = {(t, c) for t in thetas for c in caps if bounds.regions._regions_fit(merged, t, c, True)}
+        rejected += sum(not bounds.regions._regions_fit(own, t, c, True) for t, c in accepted)
+    assert checked >= 100 and rejected >= 1, (checked, rejected)
+
+
 def test_split_cells_bound_every_plan_and_beat_the_fixed_grid_near_the_target():
     """`sailor_send_aware_time_bound_s` with a target splits its cells where they cannot rule the
     target out (`_split_cells_bound_s`): below the least T of tiny and tiny_regions' choices
