@@ -154,7 +154,7 @@ from pyomo.common.collections import ComponentMap
 from hetplan.formulations.joint.inputs import (COST_SCALE, JointInputs, JointSolution, LinkCost, TIME_UNITS_PER_S,
     model_coef)
 from hetplan.formulations.joint.tables import (_class_figures, _class_sync_update, block_counts, blocks_identical,
-    ends_forced, position, stage_sum, time_classes)
+    class_pools, ends_forced, position, stage_sum, time_classes)
 from hetplan.formulations.joint.bounds import rate_lower_bound_usd_per_s, stage_time_cap_s, time_upper_bound_s
 from hetplan.formulations.joint.evaluation import evaluate, group_of, repeated_groups, solution_blocks
 from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
@@ -357,7 +357,7 @@ def _block_constraints(m: pyo.ConcreteModel, inp: JointInputs, max_stage_time: f
         by_class[choices[j][0], c].append(j)
     m.replicas_of_choice = pyo.Constraint(range(len(choices)), rule=lambda m, j: sum(
         m.xc[j, c] for c in served[j]) == inp.D * m.z[j])
-    pools_of = {c: [k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c] for c in classes}
+    pools_of = dict(zip(classes, class_pools(inp, classes)))
     m.allow = pyo.Constraint(m.I, classes, rule=lambda m, i, *c: sum(m.x[i, k] for k in pools_of[c]) == sum(
         m.xc[j, c] for j in by_class[i, c]))
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline
 from hetplan.formulations.joint.tables import (_cached_for, _class_extras, _class_figures, block_counts,
-                                               blocks_identical)
+                                               blocks_identical, class_pools)
 from hetplan.formulations.joint.bounds.parts import _first_true_from, in_region, stage_time_cap_s
 from hetplan.formulations.joint.bounds.stage_fit import block_bands
 from hetplan.formulations.joint.evaluation import better, blocks_ranges, evaluate, objective_within_limits
@@ -216,7 +216,7 @@ def place(inp: JointInputs, stages: list[Choice]) -> JointSolution | None:
     left = {p.quota_key: p.avail_gpus for p in inp.pools}
     replicas, prev_zone = [], None
     for c, region, _ in stages:
-        ks = [k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c and p.region == region]
+        (ks,) = class_pools(inp, [c], region)
         row = _place_stage(inp, ks, c[1], left, prev_zone)
         if row is None:
             return None

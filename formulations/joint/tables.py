@@ -225,7 +225,7 @@ def _prefix_rows(rows) -> np.ndarray:
 def _make_class_tables(inp: JointInputs) -> _ClassTables:
     lay = _pair_layout(inp)
     classes = time_classes(inp)
-    members = [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c] for c in classes]
+    members = class_pools(inp, classes)
     rep = [ks[0] for ks in members]
 
     def over_pairs(rows) -> np.ndarray:  # (C, M) stage sums of a per-unit figure
@@ -240,6 +240,13 @@ def _make_class_tables(inp: JointInputs) -> _ClassTables:
     in_zone_s, span_s, extra_in, extra_span = class_extras_s(inp, members, upd_s)
     sync_s = np.minimum(in_zone_s, span_s)  # a floor wherever the stage sits
     return _ClassTables(classes, _table_keys(classes, inp), time_s, fits, sync_s, upd_s, extra_in, extra_span)
+
+
+def class_pools(inp: JointInputs, classes: list, region: str | None = None) -> list[list[int]]:
+    """Per time class (GPU type, TP) of `classes`, the indices of its pools (in `region` only, when
+    given)."""
+    return [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c and region in (None, p.region)]
+            for c in classes]
 
 
 def class_extras_s(inp: JointInputs, members: list[list[int]], upd_s: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -18,7 +18,7 @@ from hetplan.formulations.joint.inputs import JointInputs, check_deadline, model
 from hetplan.formulations.joint.composition import (first_stage_sends, iteration_time_s, replica_rate_usd_per_s,
     worker_bytes)
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group, _most_replicas,
-    _pair_layout, _per_table, _shared_for, block_counts, blocks_identical, class_extras_s)
+    _pair_layout, _per_table, _shared_for, block_counts, blocks_identical, class_extras_s, class_pools)
 
 
 def time_upper_bound_s(inp: JointInputs) -> float:
@@ -207,9 +207,7 @@ def _region_extras_s(inp: JointInputs) -> dict[int, tuple[np.ndarray, np.ndarray
         tab = _class_tables(inp)
         out = {}
         for j, region in enumerate(inp.regions):
-            members = [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c and p.region == region]
-                       for c in tab.classes]
-            out[j] = class_extras_s(inp, members, tab.upd_s)[2:]
+            out[j] = class_extras_s(inp, class_pools(inp, tab.classes, region), tab.upd_s)[2:]
         return out
     return _cached_for(inp, "region_extras", make)
 
@@ -261,9 +259,8 @@ def _least_per_class(inp: JointInputs, per_pool, region: str | None = None) -> n
     """(C,): the least of `per_pool(k)` over the pools k of each class (GPU type, TP) of
     `_class_tables`: what every pool of the class takes at least; with `region`, over the class's
     pools in that region only (inf for a class with none there)."""
-    return np.array([min((per_pool(k) for k, p in enumerate(inp.pools)
-                          if (p.gpu_type, p.tp) == c and region in (None, p.region)), default=math.inf)
-                     for c in _class_tables(inp).classes])
+    return np.array([min((per_pool(k) for k in ks), default=math.inf)
+                     for ks in class_pools(inp, _class_tables(inp).classes, region)])
 
 
 def _sailor_class_receives_s(inp: JointInputs) -> np.ndarray:

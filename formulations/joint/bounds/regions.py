@@ -14,7 +14,7 @@ import numpy as np
 from hetplan.formulations.joint.inputs import JointInputs, check_deadline
 from hetplan.formulations.joint.composition import first_stage_sends, iteration_time_s
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _gpus_per_group, _pair_layout,
-    _per_inputs_cache)
+    _per_inputs_cache, class_pools)
 from hetplan.formulations.joint.bounds.parts import (_c_node_s, _gpus_per_type, _links_lower_bound_s,
     _minplus_padded_index, _mu_lower_bound_s, _region_extras_s, _region_inputs, _sailor_class_sends_s,
     _sailor_send_floor_s, _sailor_stage_times_s, _send_figures, _sync_update_lower_bound_s)
@@ -346,11 +346,10 @@ def _regions_stage_costs(inp: JointInputs, theta_cap_s: float, extra_cap_s: floa
     tp = np.array([c[1] for c in tab.classes])
     units = sorted({int(t) for t in tp})
     extras = _region_extras_s(inp)
+    own = [np.array([bool(ks) for ks in class_pools(inp, tab.classes, r)]) for r in inp.regions]
     costs = {}
     for (j, before, after), times in _crossing_variants_s(inp).items():
-        own = np.array([any(p.region == inp.regions[j] and (p.gpu_type, p.tp) == c for p in inp.pools)
-                        for c in tab.classes])
-        ok = tab.fits & own[:, None] & (times <= theta_cap_s) & (np.minimum(*extras[j]) <= extra_cap_s)
+        ok = tab.fits & own[j][:, None] & (times <= theta_cap_s) & (np.minimum(*extras[j]) <= extra_cap_s)
         t = np.where(ok, times, np.inf)
         costs[j, before, after] = np.stack([np.where(tp[:, None] <= u, t, np.inf).min(axis=0) for u in units])
     return units, costs

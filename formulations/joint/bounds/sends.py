@@ -17,7 +17,7 @@ import numpy as np
 from hetplan.formulations.joint.inputs import JointInputs
 from hetplan.formulations.joint.composition import first_stage_sends, iteration_time_s, theta_for_time_s
 from hetplan.formulations.joint.tables import (_ClassTables, _cached_for, _class_tables, _pair_layout, _shared_for,
-    _sync_by_pool)
+    _sync_by_pool, class_pools)
 from hetplan.formulations.joint.bounds.parts import (_extra_values_s, _fastest_work_s, _first_true_from,
     _gpu_rate_usd_per_s, _gpus_per_type, _links_lower_bound_s, _sailor_class_receives_s, _sailor_class_sends_s,
     _sailor_send_floor_s, _sailor_stage_times_s, _spread, _sync_update_lower_bound_s)
@@ -124,7 +124,7 @@ def _with_repeat_floors(inp: JointInputs) -> _ClassTables:
     """`_class_tables(inp)` with each class's all-reduce floors (in one zone, spanning zones) raised
     to at least its pools' least `repeat_sync_table` entry (`_bulk_inputs`)."""
     tab, lay = _class_tables(inp), _pair_layout(inp)
-    members = [[k for k, p in enumerate(inp.pools) if (p.gpu_type, p.tp) == c] for c in tab.classes]
+    members = class_pools(inp, tab.classes)
 
     def least(table: dict) -> np.ndarray:  # (C, M): per class, its pools' least entry
         grid = _sync_by_pool(inp, lay, table)
