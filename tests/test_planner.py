@@ -556,6 +556,31 @@ def test_capped_sum_tau_holds_on_every_plan_and_the_strongest_bound_too():
     assert checked >= 10 and tighter >= 1, (checked, tighter)
 
 
+def test_budget_sum_tau_holds_on_every_plan_within_the_rate_and_sees_the_rate():
+    """`budget_sum_tau_s` against every plan whose slowest stage is within the cap and whose GPUs
+    cost at most the rate (`evaluate`'s rate, at the pools' own prices): below the least sum of
+    stage times of those plans, in asking orders that reuse its kept DP rows; and strictly above
+    `capped_sum_tau_s(strong=True)` somewhere, or the rate is not exercised."""
+    checked = tighter = 0
+    for combo, inp in _tiny_inputs():
+        plans = [(sum(ev["tau"]), max(ev["tau"]), ev["rate"]) for _, ev in all_plans(inp, "blocks")]
+        if not plans:
+            continue
+        rates = sorted({r for _, _, r in plans}, reverse=True)
+        for theta in sorted({t for _, t, _ in plans}):
+            cap = theta * (1 + 1e-9)  # the class tables sum the units in another order than evaluate
+            strong = joint.capped_sum_tau_s(inp, cap, strong=True)
+            for rate in rates:
+                within = [total for total, slowest, r in plans if slowest <= theta and r <= rate]
+                if not within:
+                    continue
+                got = joint.budget_sum_tau_s(inp, cap, math.inf, rate * (1 + 1e-12))
+                assert got <= min(within) * (1 + 1e-9), (combo, theta, rate, got, min(within))
+                tighter += got > strong * (1 + 1e-6)
+                checked += 1
+    assert checked >= 40 and tighter >= 1, (checked, tighter)
+
+
 def test_capped_sum_tau_kept_per_allowed_classes_equals_a_fresh_computation():
     """`capped_sum_tau_s` keeps its answers by the (stage, blocks, class) triples its caps allow:
     asked with many caps in a random order, every answer equals that of a copy of the inputs with
@@ -1693,6 +1718,32 @@ def test_lifted_send_cells_stay_below_the_optimum_and_lift_the_bound(monkeypatch
                 lifted += got > without * (1 + 1e-9)
                 checked += 1
     assert checked >= 80 and lifted >= 4, (checked, lifted)
+
+
+def test_the_budget_lift_of_the_send_cells_stays_below_the_affordable_optimum_and_lifts(monkeypatch):
+    """`_lifted_send_cell_s` under a budget also caps the GPUs' rate at the budget over its bound and
+    lifts the sum of stage times to `budget_sum_tau_s` there (BUDGET_LIFTS rounds): on tiny /
+    tiny_regions in Sailor's composition, with budgets at the cheapest plan, a third and half up the
+    plans' costs, and targets below and above the least T within the budget, the bound stays below
+    that least T, and it is above the bound without those rounds somewhere."""
+    from hetplan.formulations.joint import bounds
+
+    checked = lifted = 0
+    for combo, sailor in itertools.chain(sailor_choices(tiny, tiny_regions), sailor_choices(tiny, floor_s=0.03)):
+        evs = [ev for _, ev in all_plans(sailor, "blocks")]
+        costs = sorted(ev["cost"] for ev in evs)
+        for budget in (costs[0] * (1 + 1e-4), costs[len(costs) // 3], costs[len(costs) // 2]):
+            inp = dataclasses.replace(sailor, max_cost_usd=budget)
+            best = min(ev["T"] for ev in evs if ev["cost"] <= budget)
+            for target in (0.95 * best, 1.1 * best):
+                monkeypatch.setattr(bounds.sends, "BUDGET_LIFTS", 2)
+                got = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+                monkeypatch.setattr(bounds.sends, "BUDGET_LIFTS", 0)
+                without = bounds.sailor_send_aware_time_bound_s(dataclasses.replace(inp), target)
+                assert got <= best * (1 + 1e-9), (combo, budget, target, got, best)
+                lifted += got > without * (1 + 1e-9)
+                checked += 1
+    assert checked >= 100 and lifted >= 4, (checked, lifted)
 
 
 def test_the_send_aware_decision_is_the_bound_there_and_the_dp_runs_where_it_did(monkeypatch):

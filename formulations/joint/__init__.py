@@ -31,7 +31,8 @@ from hetplan.formulations.joint.bounds import (time_upper_bound_s, time_lower_bo
     fluid_gpu_seconds_s, least_work_by_type,
     blocks_coverable, bottleneck_lower_bound_s, stages_fit_dp, time_lower_bound_tight_s,
     region_split_time_bound_s, in_region, sync_aware_time_bound_s, extra_lower_bound_s, sum_tau_lower_bound_s,
-    capped_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd, rate_lower_bound_usd_per_s,
+    capped_sum_tau_s, budget_sum_tau_s, stage_time_cap_s, cost_lower_bound_usd, cost_lower_bound_dp_usd,
+    rate_lower_bound_usd_per_s,
     budget_time_lower_bound_s, binding_budget_usd, sailor_crossing_time_bound_s, sailor_region_split_bound_s,
     sailor_send_aware_time_bound_s, sailor_send_aware_rules_out_s, send_aware_applies, extra_floor_scope,
     extra_ceiling_s)
@@ -51,7 +52,7 @@ __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "Deadlin
            "bottleneck_lower_bound_s",
            "stages_fit_dp",
            "time_lower_bound_tight_s", "region_split_time_bound_s", "in_region", "sync_aware_time_bound_s",
-           "extra_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "stage_time_cap_s",
+           "extra_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "budget_sum_tau_s", "stage_time_cap_s",
            "cost_lower_bound_usd", "cost_lower_bound_dp_usd", "rate_lower_bound_usd_per_s",
            "budget_time_lower_bound_s", "binding_budget_usd", "sailor_send_aware_time_bound_s",
            "sailor_send_aware_rules_out_s", "send_aware_applies", "sailor_crossing_time_bound_s",

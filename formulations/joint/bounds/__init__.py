@@ -10,7 +10,8 @@ Files, each importing only the ones above it:
   work.py        the cheap bound: the GPUs' work over the slowest stage (`time_lower_bound_s`)
   stage_fit.py   whether the stages fit the GPUs at a slowest stage time (`stages_fit_dp`)
   bottleneck.py  the least slowest stage time: Hall counts, then the stage DP (`bottleneck_lower_bound_s`)
-  sum_tau.py     the least sum of stage times, under caps on each stage (`capped_sum_tau_s`)
+  sum_tau.py     the least sum of stage times, under caps on each stage (`capped_sum_tau_s`) and on
+                 the GPUs' rate (`budget_sum_tau_s`)
   sends.py       Sailor's send-aware bound, by cells of theta and of sigma + mu
   sync_aware.py  theta and sigma + mu together (`sync_aware_time_bound_s`), every region merged
   regions.py     plans in one region or crossing between regions
@@ -23,7 +24,7 @@ from hetplan.formulations.joint.bounds.parts import (time_upper_bound_s, sailor_
 from hetplan.formulations.joint.bounds.work import time_lower_bound_s
 from hetplan.formulations.joint.bounds.stage_fit import stages_fit_dp, block_bands
 from hetplan.formulations.joint.bounds.bottleneck import blocks_coverable, bottleneck_lower_bound_s
-from hetplan.formulations.joint.bounds.sum_tau import sum_tau_lower_bound_s, capped_sum_tau_s
+from hetplan.formulations.joint.bounds.sum_tau import sum_tau_lower_bound_s, capped_sum_tau_s, budget_sum_tau_s
 from hetplan.formulations.joint.bounds.sends import (sailor_send_aware_time_bound_s, sailor_send_aware_rules_out_s,
     binding_budget_usd)
 from hetplan.formulations.joint.bounds.sync_aware import sync_aware_time_bound_s
@@ -38,7 +39,8 @@ from hetplan.formulations.joint.bounds import (parts, work, stage_fit, bottlenec
 __all__ = ["time_upper_bound_s", "sailor_transfer_floor_s", "fluid_gpu_seconds_s", "least_work_by_type",
            "send_aware_applies", "in_region", "extra_lower_bound_s", "extra_floor_scope", "stage_time_cap_s",
            "rate_lower_bound_usd_per_s", "time_lower_bound_s", "stages_fit_dp", "block_bands", "blocks_coverable",
-           "bottleneck_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "sailor_send_aware_time_bound_s",
+           "bottleneck_lower_bound_s", "sum_tau_lower_bound_s", "capped_sum_tau_s", "budget_sum_tau_s",
+           "sailor_send_aware_time_bound_s",
            "sailor_send_aware_rules_out_s", "binding_budget_usd", "sync_aware_time_bound_s",
            "sailor_crossing_time_bound_s", "region_split_time_bound_s", "time_lower_bound_tight_s",
            "sailor_region_split_bound_s", "extra_ceiling_s", "cost_lower_bound_usd", "cost_lower_bound_dp_usd",

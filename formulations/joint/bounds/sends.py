@@ -23,7 +23,7 @@ from hetplan.formulations.joint.bounds.parts import (_extra_values_s, _fastest_w
     _sailor_send_floor_s, _sailor_stage_times_s, _spread, _sync_update_lower_bound_s)
 from hetplan.formulations.joint.bounds.stage_fit import stages_fit_dp
 from hetplan.formulations.joint.bounds.bottleneck import bottleneck_lower_bound_s
-from hetplan.formulations.joint.bounds.sum_tau import capped_sum_tau_s, sum_tau_lower_bound_s
+from hetplan.formulations.joint.bounds.sum_tau import budget_sum_tau_s, capped_sum_tau_s, sum_tau_lower_bound_s
 
 
 def sailor_send_aware_time_bound_s(inp: JointInputs, target_s: float | None = None,
@@ -388,7 +388,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
     tau >= 0.326 s alone, the optimum's 0.508 s) and the send lift runs again from there. That
     order spares the compute-only lift's replica-level DP in most cells (measured: Sailor's
     OPT-350M on 128 A100 + 384 V100, 341 of those DPs in a search, none after). Under a budget the
-    cell gets only the send lift, and before
+    cell gets only the send lift (with the budget's cap on the GPUs' rate), and before
     its bisection by ranges (`_send_aware_cell_s`, up to 127 DP tests a step), which it then
     spares where it rules the target out. (The compute-only lift under a budget had cost more
     than it gave: 32 A100 + 96 V100 under 0.5 USD went from gap 1.0 % in 24 s to 6.6 % at the
@@ -461,6 +461,7 @@ def _split_cells_bound_s(inp: JointInputs, fits, cands: list[float], sum_tau: fl
 
 
 LIFT_SPLITS = 6  # halvings of `_lifted_send_cell_s`'s range of slowest stage times
+BUDGET_LIFTS = 2  # rounds of `_lifted_send_cell_s`'s rate cap and sum under a budget
 
 
 def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float, stages_s: float, cap: float,
@@ -474,7 +475,13 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
     stage, so the stages they leave run slower and their sends count (measured: Sailor's OPT-350M
     on 2 zones of 128 A100 + 128 V100, P6 b2 D32: 1.2767 s before, 1.3192 s with it; the MILP's
     optimum is 1.3734 s). `excess_s` is added to those sums (`_split_cells_bound_s`); where they fall
-    short, `stage_sum(cands[h], cap)` (a lower bound on the same sum, none by default) is tried too."""
+    short, `stage_sum(cands[h], cap)` (a lower bound on the same sum, none by default) is tried too.
+    Under a budget that binds at the target, such a plan costs at least rate x T with T at least
+    the part's bound, so its rate is at most the budget over that bound, and the sum is at least
+    `budget_sum_tau_s` at that rate; a larger sum lowers the rate again (BUDGET_LIFTS rounds;
+    measured: Sailor's OPT-350M on 32 A100 + 96 V100 under 0.5 USD, P3 b4 D16: the choice's
+    strongest bound 5.1366 -> 5.4347 s, over the search's target of 5.4344 s, so its MILP (1.5 s)
+    no longer runs)."""
     def time_at(stages: float, j: int) -> float:
         return iteration_time_s(inp.m, stages, 0.0, cands[j] if j < len(cands) else math.inf, rest)
 
@@ -482,12 +489,23 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
     if hi < 0 or not fits(cands[hi]):
         return time_at(stages_s, hi + 1)
 
+    budget = binding_budget_usd(inp, target_s)
+
     def part(lo: int, up: int, d: int) -> float:
-        out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True) + excess_s), lo)
-        if out < target_s:  # the replica-level DPs only where the units DP falls short
-            out = time_at(max(stages_s, capped_sum_tau_s(inp, cands[up], cap, True, sends=True) + excess_s), lo)
-        if out < target_s and stage_sum is not None:
-            out = max(out, time_at(max(stages_s, stage_sum(cands[up], cap)), lo))
+        stages = max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True) + excess_s)
+        if time_at(stages, lo) < target_s:  # the replica-level DPs only where the units DP falls short
+            stages = max(stages, capped_sum_tau_s(inp, cands[up], cap, True, sends=True) + excess_s)
+        if time_at(stages, lo) < target_s and stage_sum is not None:
+            stages = max(stages, stage_sum(cands[up], cap))
+        for _ in range(BUDGET_LIFTS if budget is not None else 0):
+            if time_at(stages, lo) >= target_s:
+                break
+            rate = budget / time_at(stages, lo)
+            lifted = budget_sum_tau_s(inp, cands[up], cap, rate, sends=True) + excess_s
+            if lifted <= stages:
+                break
+            stages = lifted
+        out = time_at(stages, lo)
         if out >= target_s or d == 0 or lo == up:
             return out
         mid = (lo + up) // 2

@@ -13,8 +13,8 @@ import numpy as np
 from hetplan.formulations.joint.inputs import JointInputs, check_deadline
 from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _pair_layout, _per_inputs_cache,
     block_counts, blocks_identical)
-from hetplan.formulations.joint.bounds.parts import (_fastest_work_s, _gpus_per_type, _minplus_padded_index,
-    _sailor_stage_times_s)
+from hetplan.formulations.joint.bounds.parts import (_fastest_work_s, _gpu_rate_usd_per_s, _gpus_per_type,
+    _minplus_padded_index, _sailor_stage_times_s)
 from hetplan.formulations.joint.bounds.stage_fit import _replica_dp
 
 
@@ -221,7 +221,25 @@ def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False
     return float(values.max())
 
 
-def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: bool = False) -> float:
+def budget_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, max_rate_usd_per_s: float,
+                     sends: bool = False) -> float:
+    """A lower bound on sum_i tau_i over the plans within the caps of `capped_sum_tau_s` whose GPUs
+    cost at most `max_rate_usd_per_s` (a budget over a bound on T: cost >= rate x T). The replica
+    DPs of `capped_sum_tau_s(strong=True)` with the rate in their capacity: a plan holding at least
+    a GPUs of the exact type (at its least price p_a) and b of the others (p_b the least of theirs)
+    has b <= min(their GPUs, (rate - a p_a) / p_b), so the Lagrangian term of the others' GPUs takes
+    that capacity per a (`_replica_sum_tau_s`). Without it a tight budget goes unseen: the fast
+    stages a small sum needs are dear (measured: Sailor's OPT-350M on 32 A100 + 96 V100 under 0.5
+    USD, P3 b4 D16, stage times with sends within 0.2923 s: 0.625 s without the rate, 0.846 s at the
+    optimum's rate, whose sum is 0.858 s)."""
+    arr = _class_arrays(inp, sends)
+    allowed = np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
+    return max(_replica_sum_tau_s(inp, allowed, g, sends, max_rate_usd_per_s)
+               for g in (arr.types if len(arr.types) > 2 else arr.types[:1]))
+
+
+def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: bool = False,
+                       max_rate_usd_per_s: float = math.inf) -> float:
     """A lower bound on sum tau over the classes `allowed` (by the caps of `capped_sum_tau_s`) that
     counts the GPUs of type `left` exactly, replica by replica, and prices the GPUs of the other
     types (merged into one) at mu per GPU (Lagrangian: any mu >= 0 gives a bound; the dual is
@@ -229,24 +247,36 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: 
     holds x replicas of `left` at the least TP w_a among its classes no slower than tau, and D - x
     of the others at their least such TP w_b, in any mix: best'[s + n, a + x w_a] = min(best[s, a] +
     tau + mu (D - x) w_b) over x = 0..D (`_stage_contrib`), a <= the GPUs of `left`; the bound is
-    min_a best[L, a] - mu (the other GPUs)."""
+    min_a best[L, a] - mu room(a), room(a) the other GPUs, or fewer where `max_rate_usd_per_s`
+    leaves less for them (`budget_sum_tau_s`; a with no room left holds no plan)."""
     arr = _class_arrays(inp, sends)
-    t = np.where(allowed, arr.time_s, np.inf)
     gpus = _gpus_per_type(inp)
-    in_left = arr.gpu_of == arr.types.index(left)
-    cap_a, cap_b = gpus[left], sum(v for g, v in gpus.items() if g != left)
-    L, D = inp.U - 2, inp.D
-    stages = [_replica_stage_choices(inp, t[i], i, in_left, arr.tp) for i in range(inp.P)]
+    others = [g for g in gpus if g != left]
+    cap_a = gpus[left]
+    a = np.arange(cap_a + 1)
+    room = np.full(cap_a + 1, float(sum(gpus[g] for g in others)))
+    if max_rate_usd_per_s < math.inf:  # (1 + 1e-12): no plan lost to rounding
+        room = np.minimum(room, np.floor((max_rate_usd_per_s - a * _gpu_rate_usd_per_s(inp, [left]))
+                                         / _gpu_rate_usd_per_s(inp, others) * (1 + 1e-12)))
+    key = (np.packbits(allowed).tobytes(), left, sends)
+    cache = _per_inputs_cache(inp, "replica_sum_tau")  # the DP's rows per mu: the rate only reads them
+    if key not in cache:
+        t = np.where(allowed, arr.time_s, np.inf)
+        in_left = arr.gpu_of == arr.types.index(left)
+        finite = t[np.isfinite(t)]
+        cache[key] = ({}, [_replica_stage_choices(inp, t[i], i, in_left, arr.tp) for i in range(inp.P)],
+                      float(finite.min()) / inp.D if finite.size else math.inf)
+    rows, stages, unit = cache[key]
+    if unit == math.inf:
+        return math.inf
 
     def value(mu: float) -> float:
-        priced = [[((wa, mu * wb if wb < math.inf else wb), per_n) for (wa, wb), per_n in choices.items()]
-                  for choices in stages]
-        return float(_replica_dp(priced, L, cap_a + 1, D).min()) - mu * cap_b
+        if mu not in rows:
+            priced = [[((wa, mu * wb if wb < math.inf else wb), per_n) for (wa, wb), per_n in choices.items()]
+                      for choices in stages]
+            rows[mu] = _replica_dp(priced, inp.U - 2, cap_a + 1, inp.D)
+        return float(np.min(np.where(room >= 0, rows[mu] - mu * np.maximum(room, 0), np.inf)))
 
-    finite = t[np.isfinite(t)]
-    if finite.size == 0:
-        return math.inf
-    unit = float(finite.min()) / D
     out, last = value(0.0), -math.inf
     for k in range(0, 16, 2):  # rises, then flat or falling (concave in mu)
         v = value(unit * 2.0 ** k)
