@@ -256,8 +256,9 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: 
     a = np.arange(cap_a + 1)
     room = np.full(cap_a + 1, float(sum(gpus[g] for g in others)))
     if max_rate_usd_per_s < math.inf:  # (1 + 1e-12): no plan lost to rounding
-        room = np.minimum(room, np.floor((max_rate_usd_per_s - a * _gpu_rate_usd_per_s(inp, [left]))
-                                         / _gpu_rate_usd_per_s(inp, others) * (1 + 1e-12)))
+        left_over = max_rate_usd_per_s * (1 + 1e-12) - a * _gpu_rate_usd_per_s(inp, [left])
+        room = (np.minimum(room, np.floor(left_over / _gpu_rate_usd_per_s(inp, others) + 1e-9)) if others
+                else np.where(left_over >= 0, room, -1.0))  # one type: a alone must fit the rate
     key = (np.packbits(allowed).tobytes(), left, sends)
     cache = _per_inputs_cache(inp, "replica_sum_tau")  # the DP's rows per mu: the rate only reads them
     if key not in cache:
