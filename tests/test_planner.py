@@ -1976,25 +1976,49 @@ def test_a_milp_is_cut_off_at_the_target_and_closes_its_choice_there():
     assert checked >= 3, checked
 
 
-def test_crossing_bounds_hold_on_every_plan_by_its_regions():
+def tiny_regions_fast_wan():
+    """tiny_regions with a link between its regions of 5 GB/s and 1 ms: a crossing's boundary
+    (3.7 ms) is then about a stage's time, not far above every stage as on the default WAN."""
+    data = tiny_regions().model_dump(mode="json")
+    data["cluster"]["network"] = {"inter_region": {"kind": "wan", "bandwidth_GBps": 5.0, "latency_s": 1e-3}}
+    return instance_from_dict(data)
+
+
+def test_crossing_bounds_hold_on_every_plan_by_its_regions(monkeypatch):
     """Each crossing bound of `region_split_time_bound_s` against the plans it covers, by
-    enumeration on tiny_regions: the ends in different regions, or both ends in one region and a
-    stage in another."""
-    checked = {"apart": 0, "two": 0}
-    for combo, inp in combos_of(tiny_regions(), "max_throughput"):
+    enumeration on tiny_regions (its default WAN and a fast one): the ends in different regions, or
+    both ends in one region and a stage in another; without a target, and with targets around the
+    least T of those plans, where the sync-aware bound with theta at least a crossing's half joins
+    them (it must lift one of them somewhere, or it is not exercised)."""
+    checked, lifted = {"apart": 0, "two": 0}, 0
+    sync_aware = joint.bounds.regions.sync_aware_time_bound_s
+    choices = itertools.chain(combos_of(tiny_regions(), "max_throughput"),
+                              combos_of(tiny_regions_fast_wan(), "max_throughput"))
+    for combo, inp in choices:
         if inp.P < 2:
             continue
-        merged = joint.bounds.sync_aware._time_lower_bound_merged_s(inp, True, None)
-        ends_apart, two_hops = joint.bounds.regions._crossing_bounds_s(inp, merged)
+        plans = []
         for sol, ev in all_plans(inp, "blocks"):
             regions = [{inp.pools[k].region for k, n in enumerate(row) if n} for row in sol.replicas]
             if regions[0] != regions[-1]:
-                assert ends_apart <= ev["T"] * (1 + 1e-9), combo
-                checked["apart"] += 1
+                plans.append((0, ev["T"]))
             elif len(set().union(*regions)) > 1:
-                assert two_hops <= ev["T"] * (1 + 1e-9), combo
-                checked["two"] += 1
-    assert min(checked.values()) >= 5, checked
+                plans.append((1, ev["T"]))
+        if not plans:
+            continue
+        merged = joint.bounds.sync_aware._time_lower_bound_merged_s(inp, True, None)
+        least = min(t for _, t in plans)
+        for target in (None, 0.9 * least, least, 1.1 * least):
+            got = joint.bounds.regions._crossing_bounds_s(dataclasses.replace(inp), merged, target, True)
+            for case, t in plans:
+                assert got[case] <= t * (1 + 1e-9), (combo, target, case, got, t)
+                checked["apart" if case == 0 else "two"] += 1
+            if target is not None:
+                monkeypatch.setattr(joint.bounds.regions, "sync_aware_time_bound_s", lambda *a, **k: -math.inf)
+                without = joint.bounds.regions._crossing_bounds_s(dataclasses.replace(inp), merged, target, True)
+                monkeypatch.setattr(joint.bounds.regions, "sync_aware_time_bound_s", sync_aware)
+                lifted += any(g > w * (1 + 1e-9) for g, w in zip(got, without))
+    assert min(checked.values()) >= 5 and lifted >= 1, (checked, lifted)
 
 
 def test_a_search_without_a_milp_never_loads_pyomo():

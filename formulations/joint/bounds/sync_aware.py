@@ -47,7 +47,7 @@ def _time_lower_bound_merged_s(inp: JointInputs, exact: bool, target_s: float | 
 
 
 def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float | None = None,
-                            grid: int = 8, strongest: bool = False) -> float:
+                            grid: int = 8, strongest: bool = False, theta_floor_s: float = 0.0) -> float:
     """T >= sum tau + (P - 1) c_node + (m - 1) theta + s (sum tau >= `sum_tau_lower_bound_s`), where s = the largest extra value (`_ClassTables`) of
     the plan's (stage, class) pairs (<= sigma + mu) and theta its slowest stage: the DP
     (`stages_fit_dp`) must fit the blocks with both caps. This sees what the separate terms of
@@ -64,7 +64,10 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     ends where s alone reaches it; a feasible cell's theta*(s'_j) is bisected a few steps only
     (its lower end is a valid bound). A cell's theta is also at least the fastest (stage, class)
     pair whose extra reaches s_j, and sum tau is lifted to the least under the cell's caps
-    (`_lifted_cell_s`; only for cells within 10 % below the target when there is one)."""
+    (`_lifted_cell_s`; only for cells within 10 % below the target when there is one).
+    `theta_floor_s`: what every plan's theta is at least besides its slowest stage (a boundary:
+    theta >= c_i / 2, `composition.bottleneck_terms`); each cell's theta is at least it, a floor
+    that no stage time needs to reach (`region_split_time_bound_s`: the plans over two regions)."""
     tab = _class_tables(inp)
     sum_tau = sum_tau_lower_bound_s(inp)
     links = _links_lower_bound_s(inp)
@@ -83,12 +86,13 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
         slowest = arr.time_s[arr.extra_hi_s >= s_lo]
         j = max(j, _first_true(lambda t: t >= float(slowest.min()), thetas + [math.inf], 0)) if slowest.size \
             else len(thetas)
-        out = iteration_time_s(inp.m, sum_tau, links, thetas[j] if j < len(thetas) else math.inf, s_lo)
+        out = iteration_time_s(inp.m, sum_tau, links, max(thetas[j], theta_floor_s) if j < len(thetas) else math.inf,
+                               s_lo)
         if target_s is not None and not 0.9 * target_s <= out < target_s:
             return out  # reached, or too far below for the DPs to lift it there (a min-cost floor)
         goal = None if target_s is None else target_s - links - s_lo
         return max(out, _lifted_cell_s(inp, thetas, j, cap, sum_tau, goal, 8 if target_s is not None else 3,
-                                       strongest) + links + s_lo)
+                                       strongest, theta_floor_s) + links + s_lo)
 
     no_cap = cell(0, 0.0, math.inf)  # + s for s >= the last grid value
     s_end = caps[-1] if target_s is None else min(caps[-1], target_s - no_cap)
@@ -107,8 +111,8 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
         if target_s is not None:
             need = theta_for_time_s(inp.m, target_s, sum_tau, links, s_lo)  # theta must be below this to beat it
             below = _first_true(lambda t: t >= need, thetas + [math.inf], 0) - 1
-            if below < 0 or not fits(thetas[below]):
-                best = min(best, cell(below + 1, s_lo, cap))
+            if below < 0 or theta_floor_s >= need or not fits(thetas[below]):
+                best = min(best, cell(below + 1 if below >= 0 and theta_floor_s < need else 0, s_lo, cap))
                 continue
             hi = min(hi, below)
         elif not fits(thetas[hi]):
@@ -119,15 +123,17 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
 
 
 def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, sum_tau: float,
-                   goal: float | None = None, depth: int = 6, strong: bool = False) -> float:
+                   goal: float | None = None, depth: int = 6, strong: bool = False,
+                   theta_floor_s: float = 0.0) -> float:
     """min over the plans with theta >= thetas[j] and every extra <= cap of sum tau + (m - 1) theta.
     A plan's slowest stage takes one of `thetas`; if that is among thetas[lo:hi], its sum tau is
     >= `capped_sum_tau_s`(thetas[hi - 1], cap) and its theta >= thetas[lo]. The range is halved
     (at most `depth` times) until each part's bound reaches `goal` (the value the caller needs).
-    `strong`: a part the plain DP leaves below the goal also gets the replica-level DPs."""
+    `strong`: a part the plain DP leaves below the goal also gets the replica-level DPs. Theta is
+    at least `theta_floor_s` too (`sync_aware_time_bound_s`)."""
     def bound(lo: int, hi: int, d: int) -> float:
         def at(stages_s: float) -> float:  # the stages and the bottleneck's part of T
-            return iteration_time_s(inp.m, stages_s, 0.0, thetas[lo], 0.0)
+            return iteration_time_s(inp.m, stages_s, 0.0, max(thetas[lo], theta_floor_s), 0.0)
         out = at(max(sum_tau, capped_sum_tau_s(inp, thetas[hi - 1], cap)))
         if strong and (goal is None or out < goal):
             out = max(out, at(capped_sum_tau_s(inp, thetas[hi - 1], cap, True)))
