@@ -2021,6 +2021,44 @@ def test_crossing_bounds_hold_on_every_plan_by_its_regions(monkeypatch):
     assert min(checked.values()) >= 5 and lifted >= 1, (checked, lifted)
 
 
+def test_the_bound_census_keeps_every_choice_that_holds_a_plan_under_the_target(tmp_path):
+    """benchmarks/bound_census.py on tiny_regions_fast_wan, the target a tenth above its best
+    plan: every choice with a plan under the target (by enumeration) is reported under it, held
+    by some family; every choice reported closed has none; a choice held only by plans over both
+    regions has no plan under the target inside one region."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bound_census
+
+    inst = tiny_regions_fast_wan()
+    least: dict[tuple, tuple[float, float]] = {}  # choice -> (least T, least T inside one region)
+    for combo, inp in combos_of(inst, "max_throughput"):
+        for sol, ev in all_plans(inp, "blocks"):
+            one = len({inp.pools[k].region for row in sol.replicas for k, n in enumerate(row) if n}) == 1
+            t, t_one = least.get((combo.P, combo.b, combo.D), (math.inf, math.inf))
+            least[combo.P, combo.b, combo.D] = (min(t, ev["T"]), min(t_one, ev["T"]) if one else t_one)
+    target = 1.1 * min(t for t, _ in least.values())
+    path = tmp_path / "inst.json"
+    path.write_text(json.dumps(inst.model_dump(mode="json")))
+    only = [f"{P},{b},{D}" for P, b, D in least]
+    assert bound_census.main([str(path), "--target", str(target), "--only", *only,
+                              "--json", str(tmp_path / "out.json")]) == 0
+    rows = {(r["P"], r["b"], r["D"]): r for r in json.loads((tmp_path / "out.json").read_text())["rows"]}
+    under = 0
+    for choice, (t, t_one) in least.items():
+        r = rows[choice]
+        if t < target:
+            assert r["bound_s"] is not None and r["bound_s"] <= t * (1 + 1e-9) and r["short"], (choice, r, t)
+            under += 1
+        if r["short"] and not any(name.endswith("alone") or name == "merged" for name in r["short"]):
+            assert t_one >= target * (1 - 1e-9), (choice, r, t_one)
+    assert under >= 2, under
+    assert bound_census.main([str(path), "--objective", "-1"]) == 2
+
+
 def test_a_search_without_a_milp_never_loads_pyomo():
     """Pyomo takes about 0.5 s to import: the planner loads it only for a MILP. On the bundled
     a100_homogeneous the heuristics find the plan and the bounds close every other choice, so a
