@@ -112,7 +112,7 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
             need = theta_for_time_s(inp.m, target_s, sum_tau, links, s_lo)  # theta must be below this to beat it
             below = _first_true(lambda t: t >= need, thetas + [math.inf], 0) - 1
             if below < 0 or theta_floor_s >= need or not fits(thetas[below]):
-                best = min(best, cell(below + 1 if below >= 0 and theta_floor_s < need else 0, s_lo, cap))
+                best = min(best, cell(0 if theta_floor_s >= need else below + 1, s_lo, cap))  # (below >= -1)
                 continue
             hi = min(hi, below)
         elif not fits(thetas[hi]):
