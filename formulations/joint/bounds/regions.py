@@ -254,6 +254,41 @@ def _region_unit_caps(inp: JointInputs) -> list[int]:
     return caps if inp.max_gpus is None else [min(c, inp.max_gpus // inp.D) for c in caps]
 
 
+# The states of the DPs over stages on two regions (`_two_regions_dp`, `_regions_stage_sum_dp`):
+# (region of the stage before, region of this one, crossings so far odd, any crossing so far).
+def _first_states(shape: tuple[int, ...]) -> dict:
+    """Before stage 0: in either region, no crossing yet, nothing placed (a table of `shape`, 0 at
+    its origin, inf elsewhere)."""
+    start = np.full(shape, np.inf)
+    start[(0,) * len(shape)] = 0.0
+    return {(r, r, False, False): start for r in (0, 1)}
+
+
+def _next_regions(inp: JointInputs, i: int, here: int) -> tuple[int, ...]:
+    """The regions stage i + 1 may take (the last stage has none after it: its own)."""
+    return (0, 1) if i < inp.P - 1 else (here,)
+
+
+def _state_after(here: int, odd: bool, crossed: bool, after: int) -> tuple:
+    """The state of the next stage, in region `after`, from this one's."""
+    cross = after != here
+    return here, after, odd ^ cross, crossed or cross
+
+
+def _keep_least(states: dict, key: tuple, table: np.ndarray) -> None:
+    """states[key] = the elementwise least of it and `table`."""
+    if key in states:
+        np.minimum(states[key], table, out=states[key])
+    else:
+        states[key] = table
+
+
+def _in_case(state: tuple, ends_apart: bool) -> bool:
+    """Whether a plan that ends in `state` is of the case: its ends in different regions (an odd
+    number of crossings), or in one region with a crossing."""
+    return state[2] == ends_apart and state[3]
+
+
 def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
     """The dynamic program of `_regions_fit` over `units` (`_regions_fit_dp`). The states that
     share the regions of the stage before and this one read the same units, so their tables are
@@ -264,11 +299,8 @@ def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
     width = caps[0] + 1
     prev = _minplus_padded_index(L + 1)  # prev[s, n] = s - n, or the inf row L + 1
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
-    start = np.full((L + 1, width), np.inf)
-    start[0, 0] = 0.0
-    # (region of the stage before, of this one, crossings so far odd, any) -> (blocks, units of
-    # region 0) -> the fewest units of region 1
-    states = {(r, r, False, False): start for r in (0, 1)}
+    # a state -> (blocks, units of region 0) -> the fewest units of region 1
+    states = _first_states((L + 1, width))
     for i in range(inp.P):
         check_deadline()
         at = slice(starts[i], starts[i + 1])
@@ -280,7 +312,7 @@ def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
             stack = np.full((len(members), L + 2, width + 1), np.inf)  # with an inf row and column
             for j, (_, best) in enumerate(members):
                 stack[j, :L + 1, :width] = best
-            for after in ((0, 1) if i < inp.P - 1 else (here,)):
+            for after in _next_regions(inp, i, here):
                 u_row = units[here, before != here, after != here][at]
                 ok = np.isfinite(u_row)
                 if not ok.any():
@@ -291,16 +323,11 @@ def _two_regions_dp(inp: JointInputs, units: dict, ends_apart: bool) -> bool:
                     reach = stack[:, rows[:, :, None], np.where(src >= 0, src, width)[None]].min(axis=2)
                 else:  # region 1's units add to the value
                     reach = (stack[:, rows, :width] + u[None, None, :, None]).min(axis=2)
-                cross = after != here
                 for j, ((odd, crossed), _) in enumerate(members):
-                    key = (here, after, odd ^ cross, crossed or cross)
-                    if key in new:
-                        np.minimum(new[key], reach[j], out=new[key])
-                    else:
-                        new[key] = reach[j]
+                    _keep_least(new, _state_after(here, odd, crossed, after), reach[j])
         states = new
-    for (_, _, odd, crossed), best in states.items():
-        if odd == ends_apart and crossed:
+    for state, best in states.items():
+        if _in_case(state, ends_apart):
             ok = best[L] <= caps[1]
             if inp.max_gpus is not None:
                 ok &= best[L] + np.arange(width) <= inp.max_gpus // D
@@ -364,15 +391,13 @@ def _regions_stage_sum_dp(inp: JointInputs, units: list[int], costs: dict, ends_
         return -math.inf
     prev = _minplus_padded_index(L + 1)  # prev[s, n] = s - n, or the inf row L + 1
     starts = np.searchsorted(lay.stage, np.arange(inp.P + 1))
-    start = np.full((L + 2, w0 + 1, w1 + 1), np.inf)  # an inf row and column on each axis
-    start[0, 0, 0] = 0.0
-    states = {(r, r, False, False): start for r in (0, 1)}
+    states = _first_states((L + 2, w0 + 1, w1 + 1))  # an inf row and column on each axis
     for i in range(inp.P):
         check_deadline()
         at = slice(starts[i], starts[i + 1])
         new: dict = {}
         for (before, here, odd, crossed), best in states.items():
-            for after in ((0, 1) if i < inp.P - 1 else (here,)):
+            for after in _next_regions(inp, i, here):
                 cost = costs[here, before != here, after != here][:, at]  # (units, pairs of stage i)
                 reach = np.full((L + 2, w0 + 1, w1 + 1), np.inf)
                 for k, u in enumerate(units):
@@ -386,15 +411,10 @@ def _regions_stage_sum_dp(inp: JointInputs, units: list[int], costs: dict, ends_
                     got = best[rows][:, :, np.where(src0 >= 0, src0, w0)][:, :, :, np.where(src1 >= 0, src1, w1)]
                     np.minimum(reach[:L + 1, :w0, :w1], (got + cost[k, ok][None, :, None, None]).min(axis=1),
                                out=reach[:L + 1, :w0, :w1])
-                cross = after != here
-                key = (here, after, odd ^ cross, crossed or cross)
-                if key in new:
-                    np.minimum(new[key], reach, out=new[key])
-                else:
-                    new[key] = reach
+                _keep_least(new, _state_after(here, odd, crossed, after), reach)
         states = new
-    return float(min((best[L, :w0, :w1].min() for (_, _, odd, crossed), best in states.items()
-                      if odd == ends_apart and crossed), default=math.inf))
+    return float(min((best[L, :w0, :w1].min() for state, best in states.items() if _in_case(state, ends_apart)),
+                     default=math.inf))
 
 
 def _sailor_crossing_sends_s(inp: JointInputs) -> np.ndarray:
