@@ -12,17 +12,18 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
     sailor_p2p, tied_at, tied_egress_bytes)
 
 
-def sailor_sends(inp: JointInputs, c: list[float], used: list[list[bool]], zones: list[set], regions: list[set]
+def sailor_sends(inp: JointInputs, c: list[float], used: list[list[int]], zones: list[set], regions: list[set]
                  ) -> tuple[list[float], list[float], list[float]]:
     """(send, A, G) of a fixed assignment, as `_sailor_send_rows` computes them: per stage its send
-    floor, A for stages 0..P-2, G for stages 1..P-1 (`zones`, `regions`: those each stage uses); a
-    send is also at least the receive floor of every pool of the stage it goes to."""
-    send = [max([inp.send_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
-    recv = [max([inp.recv_floor(k) for k in range(inp.K) if used[i][k]] + [0.0]) for i in range(inp.P)]
+    floor, A for stages 0..P-2, G for stages 1..P-1 (`used`: the pools each stage uses; `zones`,
+    `regions`: the zones and regions it uses); a send is also at least the receive floor of every
+    pool of the stage it goes to."""
+    send = [max([inp.send_floor(k) for k in ks] + [0.0]) for ks in used]
+    recv = [max([inp.recv_floor(k) for k in ks] + [0.0]) for ks in used]
 
     def away(i: int, j: int) -> float:  # stage i's send floor to stage j: its pools' floors away
-        return max([inp.send_away(k)[0] for k in range(inp.K) if used[i][k] and inp.pools[k].zone not in zones[j]]
-                   + [inp.send_away(k)[1] for k in range(inp.K) if used[i][k] and inp.pools[k].region not in regions[j]]
+        return max([inp.send_away(k)[0] for k in used[i] if inp.pools[k].zone not in zones[j]]
+                   + [inp.send_away(k)[1] for k in used[i] if inp.pools[k].region not in regions[j]]
                    + [0.0])
     return (send, [max(c[i] / 2, send[i], recv[i + 1], away(i, i + 1)) for i in range(inp.P - 1)],
             [max(c[i - 1] / 2, send[i], recv[i - 1], away(i, i - 1)) for i in range(1, inp.P)])
@@ -42,12 +43,10 @@ def to_plan(sol: JointSolution, inp: JointInputs, name: str = "hetplan") -> Plan
 def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     """The MILP's figures (T, cost and their parts) for a fixed assignment: what its rows compute, a
     relaxation of `evaluate_placed` (module docstring)."""
-    y = {(i, l): 1 if sol.ranges[i][0] <= l < sol.ranges[i][1] else 0 for i in range(inp.P) for l in range(inp.U)}
-    used = [[sol.replicas[i][k] > 0 for k in range(inp.K)] for i in range(inp.P)]
-    tau = [max(sum(inp.step_s[k][l] for l in range(*sol.ranges[i])) for k in range(inp.K) if used[i][k])
-           for i in range(inp.P)]
-    zones = [{inp.pools[k].zone for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
-    regions = [{inp.pools[k].region for k in range(inp.K) if used[i][k]} for i in range(inp.P)]
+    used = [[k for k, n in enumerate(row) if n > 0] for row in sol.replicas]  # per stage the pools it uses
+    tau = [max(sum(inp.step_s[k][l] for l in range(*sol.ranges[i])) for k in used[i]) for i in range(inp.P)]
+    zones = [{inp.pools[k].zone for k in ks} for ks in used]
+    regions = [{inp.pools[k].region for k in ks} for ks in used]
     span = [1 if len(z) > 1 else 0 for z in zones]
     dr = [1 if regions[i] != regions[i + 1] else 0 for i in range(inp.P - 1)]
     dz = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] and span[i + 1])) else 0
@@ -63,7 +62,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     er = 1 if regions[0] != regions[last] else 0
     tied = {0: 0.0, last: 0.0}
     if inp.P > 1:
-        ends = [k for k in range(inp.K) if used[0][k] or used[last][k]] if inp.tied_pool_s else []
+        ends = set(used[0]) | set(used[last]) if inp.tied_pool_s else ()
         t = max((tied_at(inp.tied_pool_s[k], ez, er) for k in ends), default=0.0)
         tied = {0: t, last: t}
     else:
@@ -74,16 +73,16 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
         table = inp.span_sync_table if span[i] else inp.sync_table
         own = [0.0]  # the staircase form (layer units that differ) has no all-reduce floor
         if counts is not None and table is not None:
-            own += [model_coef(table[k, position(inp, i), counts[i]]) for k in range(inp.K) if used[i][k]]
+            own += [model_coef(table[k, position(inp, i), counts[i]]) for k in used[i]]
         if counts is not None and inp.repeat_sync_table is not None:
             twice = repeated_groups(inp, sol.replicas[i])
-            own += [model_coef(inp.repeat_sync_table[k, position(inp, i), counts[i]]) for k in range(inp.K)
-                    if used[i][k] and group_of(inp, k) in twice]
+            own += [model_coef(inp.repeat_sync_table[k, position(inp, i), counts[i]]) for k in used[i]
+                    if group_of(inp, k) in twice]
         sync.append(max(own) + tied.get(i, 0.0))
     mu = max(sum(inp.upd_s[k][l] for l in range(*sol.ranges[i])) + inp.upd_fixed(k)
-             for i in range(inp.P) for k in range(inp.K) if used[i][k])
+             for i in range(inp.P) for k in used[i])
     T = iteration_time_s(inp.m, sum(tau), pipeline_transfers_s(inp, c, p2p), theta, max(sync) + mu)
-    rate = sum(replica_rate_usd_per_s(inp.pools[k]) * sol.replicas[i][k] for i in range(inp.P) for k in range(inp.K))
+    rate = sum(replica_rate_usd_per_s(inp.pools[k]) * sol.replicas[i][k] for i in range(inp.P) for k in used[i])
     pz, pr = inp.egress_zone_usd_per_GB / 1e9, inp.egress_region_usd_per_GB / 1e9
     egress = sum(pipeline_egress_bytes(inp) * (pz * dz_all[i] + (pr - pz) * dr[i]) for i in range(inp.P - 1))
     egress += sum(ring_factor(inp) * pz * len(zones[i]) * sum(inp.grad_bytes[l] for l in range(*sol.ranges[i]))
@@ -92,7 +91,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     return {"ez": ez, "er": er, "T": T, "cost": iteration_cost_usd(rate, T, egress), "egress": egress, "rate": rate,
             "tau": tau, "c": c,
             "p2p": p2p, "send": send, "A": A, "G": G, "theta": theta,
-            "sync": sync, "sigma": max(sync), "mu": mu, "y": y, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
+            "sync": sync, "sigma": max(sync), "mu": mu, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
 
 
@@ -124,8 +123,9 @@ def repeated_groups(inp: JointInputs, row: tuple[int, ...]) -> set[tuple[str, st
     """The (zone, GPU type) groups holding two or more of a stage's replicas (`row`: per pool)."""
     count: dict[tuple[str, str], int] = {}
     for k, n in enumerate(row):
-        g = group_of(inp, k)
-        count[g] = count.get(g, 0) + n
+        if n:
+            g = group_of(inp, k)
+            count[g] = count.get(g, 0) + n
     return {g for g, n in count.items() if n >= 2}
 
 

@@ -649,8 +649,9 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         if not _block_start(m, inp, sol, start):
             return None
     else:
-        for (i, l), val in ev["y"].items():
-            start[m.y[i, l]] = val
+        for i, (first, end) in enumerate(sol.ranges):
+            for l in range(inp.U):
+                start[m.y[i, l]] = 1 if first <= l < end else 0
         for i in range(inp.P - 1):
             for l in range(inp.U):
                 start[m.a[i, l]] = 1 if l < sol.ranges[i][1] else 0
