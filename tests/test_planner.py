@@ -772,6 +772,27 @@ def test_replica_dp_matches_the_full_table_dp():
     assert banded > 50  # enough cases reach the last row for the comparison to mean something
 
 
+def test_priced_out_only_rejects_what_the_replica_dp_rejects():
+    """`stage_fit._priced_out` (a price on the right resource's GPUs) is a necessary condition of
+    `_replica_dp`'s fit: on random GPUs per replica over the pairs of real choices, whenever it
+    says no plan fits, the exact DP finds none within the capacities; and it does say so often."""
+    rng = np.random.default_rng(7)
+    fit_dp = joint.bounds.stage_fit
+    rejected = exact_rejects = 0
+    for combo, inp in list(_tiny_inputs()) + list(combos_of(tiny(nodes=4), "max_throughput")):
+        M = len(joint.tables._pair_layout(inp).pairs)
+        for _ in range(40):
+            w_a, w_b = (np.where(rng.random(M) < 0.85, rng.choice([1.0, 2.0, 4.0], M), np.inf) for _ in range(2))
+            cap_a, cap_b = int(rng.integers(0, 3 * inp.D * inp.P)), int(rng.integers(0, 3 * inp.D * inp.P))
+            last = fit_dp._replica_dp(fit_dp._stage_entries(inp, w_a, w_b), inp.U - 2, cap_a + 1, inp.D)
+            fits = bool((last <= cap_b).any())
+            out = fit_dp._priced_out(inp, w_a, w_b, cap_a, cap_b)
+            assert not (out and fits), (combo, w_a, w_b, cap_a, cap_b)
+            rejected += out
+            exact_rejects += not fits
+    assert rejected >= exact_rejects / 2 > 50, (rejected, exact_rejects)
+
+
 def test_region_split_and_forced_ends_hold_on_every_plan():
     """Two regions: the region-split time bound, the forced cross-zone tied all-reduce (ez = 1) and
     the zone-aware sigma + mu bound against enumeration of every plan; the split must be strictly
