@@ -128,6 +128,7 @@ def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
     values = [best]  # after each stage: the plan is read back from these (`_read_back`)
     bands = block_bands([[n for (_, _, n), _ in row] for row in options], L)
     scratch = np.empty(best[0].size)
+    moves = _moves(inp, space)
     for i, row in enumerate(options):
         check_deadline()
         # best over the previous stage's region, per target region: staying, or crossing at a price
@@ -135,15 +136,13 @@ def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
         new = np.full(shape, np.inf)
         (lo, hi), (q0, q1) = bands[i], bands[i + 1]
         for (c, region, n), val in row:
-            r = regions.index(region)
-            axis, u = 1 + space.keys.index((c[0], region)), space.units(c[1])
+            r, dst_u, src_u = moves[c, region]
             s0, s1 = max(lo, q0 - n), min(hi, q1 - n)  # rows that can reach, and can still complete
-            if u >= shape[axis + 1] or s0 > s1:
+            if dst_u is None or s0 > s1:
                 continue
-            dst, src = _shifted(shape, n, axis, u, (s0, s1))
-            target = new[(r, *dst)]  # a view: the minimum writes through
+            target = new[(r, slice(s0 + n, s1 + n + 1), *dst_u)]  # a view: the minimum writes through
             tmp = scratch[:target.size].reshape(target.shape)
-            np.add(entering[r][src], val, out=tmp)
+            np.add(entering[r][(slice(s0, s1 + 1), *src_u)], val, out=tmp)
             np.minimum(target, tmp, out=target)
         best = new
         values.append(best)
@@ -167,15 +166,23 @@ def _entering(best: np.ndarray, r: int, step: float) -> np.ndarray:
     return out
 
 
-def _shifted(shape: tuple, n: int, axis: int, u: int, rows: tuple[int, int]) -> tuple[tuple, tuple]:
-    """(destination, source) slices of a choice that adds n blocks and u usage units on `axis`,
-    from the source rows of blocks placed rows = (first, last)."""
-    dst = [slice(None)] * (len(shape) - 1)
-    src = [slice(None)] * (len(shape) - 1)
-    s0, s1 = rows
-    dst[0], src[0] = slice(s0 + n, s1 + n + 1), slice(s0, s1 + 1)
-    dst[axis], src[axis] = slice(u, None), slice(0, shape[axis + 1] - u)
-    return tuple(dst), tuple(src)
+def _moves(inp: JointInputs, space: _Space) -> dict:
+    """(time class, region) -> (its region's index, the usage axes' destination and source slices
+    of a stage on that class: u units more on its (GPU type, region) axis), or (r, None, None) when
+    one stage's units exceed the axis. The same for every cap, so once per inputs (the DP's inner
+    loop reads it for every choice)."""
+    def make(inp: JointInputs) -> dict:
+        out = {}
+        for c, region in {(c, region) for row in _all_options(inp, "time") for (c, region, _), *_ in row}:
+            r, axis, u = inp.regions.index(region), space.keys.index((c[0], region)), space.units(c[1])
+            if u >= space.dims[axis]:
+                out[c, region] = (r, None, None)
+                continue
+            dst, src = [slice(None)] * len(space.dims), [slice(None)] * len(space.dims)
+            dst[axis], src[axis] = slice(u, None), slice(0, space.dims[axis] - u)
+            out[c, region] = (r, tuple(dst), tuple(src))
+        return out
+    return _cached_for(inp, "dp_moves", make)
 
 
 def _read_back(options: list, values: list, space: _Space, regions: list[str], at: tuple, step: float,
