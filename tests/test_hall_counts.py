@@ -41,7 +41,7 @@ def _case(seed: int):
                            by_mem=np.zeros((len(pools), P)), tp=np.array([p.tp for p in pools], dtype=np.int64),
                            gpus=gpus, pools_of_type={g: np.array([k for k, p in enumerate(pools) if p.gpu_type == g])
                                                      for g in names})
-    return SimpleNamespace(D=D, max_gpus=max_gpus, pools=tuple(pools)), tab, caps
+    return SimpleNamespace(D=D, max_gpus=max_gpus, pools=tuple(pools), _cache={}), tab, caps
 
 
 def test_hall_counts_bound_the_positions_served_and_are_exact_with_one():
@@ -52,6 +52,8 @@ def test_hall_counts_bound_the_positions_served_and_are_exact_with_one():
         if levels.size == 0:
             continue
         counts = _hall_counts(inp, tab, caps, levels)
+        # the counts kept per inputs (by each level's TP matrix) answer the same levels again
+        assert np.array_equal(_hall_counts(inp, tab, caps, levels[::-1])[::-1], counts)
         names = list(tab.pools_of_type)
         for v, count in zip(levels, counts):
             tp = np.array([[min((tab.tp[k] for k in tab.pools_of_type[g] if caps[k, j] >= v), default=np.inf)
