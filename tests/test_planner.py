@@ -772,13 +772,14 @@ def test_replica_dp_matches_the_full_table_dp():
     assert banded > 50  # enough cases reach the last row for the comparison to mean something
 
 
-def test_priced_out_only_rejects_what_the_replica_dp_rejects():
-    """`stage_fit._priced_out` (a price on the right resource's GPUs) is a necessary condition of
-    `_replica_dp`'s fit: on random GPUs per replica over the pairs of real choices, whenever it
-    says no plan fits, the exact DP finds none within the capacities; and it does say so often."""
+def test_priced_only_rejects_and_certifies_what_the_replica_dp_does():
+    """`stage_fit._priced` (prices on the right resource's GPUs) against `_replica_dp`'s fit, on
+    random GPUs per replica over the pairs of real choices: whenever it says no plan fits, the
+    exact DP finds none within the capacities; every plan it offers is one the DP's last row holds
+    (some a <= its left GPUs with at most its right GPUs); and it says each often."""
     rng = np.random.default_rng(7)
     fit_dp = joint.bounds.stage_fit
-    rejected = exact_rejects = 0
+    rejected = exact_rejects = certified = exact_fits = 0
     for combo, inp in list(_tiny_inputs()) + list(combos_of(tiny(nodes=4), "max_throughput")):
         M = len(joint.tables._pair_layout(inp).pairs)
         for _ in range(40):
@@ -786,11 +787,16 @@ def test_priced_out_only_rejects_what_the_replica_dp_rejects():
             cap_a, cap_b = int(rng.integers(0, 3 * inp.D * inp.P)), int(rng.integers(0, 3 * inp.D * inp.P))
             last = fit_dp._replica_dp(fit_dp._stage_entries(inp, w_a, w_b), inp.U - 2, cap_a + 1, inp.D)
             fits = bool((last <= cap_b).any())
-            out = fit_dp._priced_out(inp, w_a, w_b, cap_a, cap_b)
+            out, plans = fit_dp._priced(inp, w_a, w_b, cap_a, cap_b)
             assert not (out and fits), (combo, w_a, w_b, cap_a, cap_b)
+            for a, b in plans:
+                assert a <= cap_a and b <= cap_b and last[int(a)] <= b, (combo, w_a, w_b, cap_a, cap_b, a, b)
             rejected += out
             exact_rejects += not fits
+            certified += bool(plans)
+            exact_fits += fits
     assert rejected >= exact_rejects / 2 > 50, (rejected, exact_rejects)
+    assert certified >= exact_fits / 3 > 50, (certified, exact_fits)
 
 
 def test_region_split_and_forced_ends_hold_on_every_plan():

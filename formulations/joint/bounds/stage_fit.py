@@ -206,64 +206,118 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
         if max_rate_usd_per_s < math.inf:
             cap = min(cap, math.floor(max_rate_usd_per_s / _gpu_rate_usd_per_s(inp, left) * (1 + 1e-12)))
         return table["units"] <= cap // D
+    rate_a, rate_b = _gpu_rate_usd_per_s(inp, left), _gpu_rate_usd_per_s(inp, right)
+    if table["last"] is None:  # plans of whole stages are known to fit the GPUs: one within the limits settles it
+        if any((inp.max_gpus is None or a + b <= inp.max_gpus)
+               and a * rate_a + b * rate_b <= max_rate_usd_per_s * (1 + 1e-12) for a, b in table["plans"]):
+            return len(right) < 2 or _weighted(inp, table, need, gpus, right, cap_a)
+        table["last"] = _replica_dp(_stage_entries(inp, table["w_a"], table["w_b"]), inp.U - 2, cap_a + 1, D)
     last = table["last"]  # last[a]: fewest right-GPUs with a left-GPUs
     ok = last <= cap_b
     if inp.max_gpus is not None:
         ok &= last + np.arange(cap_a + 1) <= inp.max_gpus
     if max_rate_usd_per_s < math.inf:
         with np.errstate(invalid="ignore"):  # inf GPUs x a price: not ok anyway
-            rate = np.arange(cap_a + 1) * _gpu_rate_usd_per_s(inp, left) + last * _gpu_rate_usd_per_s(inp, right)
+            rate = np.arange(cap_a + 1) * rate_a + last * rate_b
         ok &= rate <= max_rate_usd_per_s * (1 + 1e-12)
     if not ok.any():
         return False
-    if len(right) >= 2 and table["weighted"] is None:  # the same for every rate: asked once
+    return len(right) < 2 or _weighted(inp, table, need, gpus, right, cap_a)
+
+
+def _weighted(inp: JointInputs, table: dict, need: dict, gpus: dict, right: list[str], cap_a: int) -> bool:
+    """`_weighted_right_fits` of a table, the same for every rate: asked once."""
+    if table["weighted"] is None:
         table["weighted"] = _weighted_right_fits(inp, need, gpus, right, table["w_a"], cap_a)
-    return len(right) < 2 or table["weighted"]
+    return table["weighted"]
 
 
 def _two_resource_table(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> dict:
     """The rate-free part of `_two_resource_dp`, once per (GPUs-per-replica table, split): "units",
     the fewest units of D GPUs when the right resource serves no pair, else "last" (`_replica_dp`'s
-    last row); "w_a" the left's GPUs per replica; "weighted" the answer of `_weighted_right_fits`
-    once asked (None before)."""
+    last row; None while "plans", (left, right) GPUs of plans of whole stages within both
+    resources, `_priced`, may settle the questions without it); "w_a", "w_b" the resources' GPUs
+    per replica; "weighted" the answer of `_weighted_right_fits` once asked (None before)."""
     key = (tuple(need[g].tobytes() for g in sorted(need)), tuple(left), tuple(right))
     cache = _per_inputs_cache(inp, "two_resource")
     if key not in cache:
         none = np.full(len(_pair_layout(inp).pairs), np.inf)
         w_a = np.min([need[g] for g in left], axis=0) if left else none
         w_b = np.min([need[g] for g in right], axis=0) if right else none
-        entry = {"w_a": w_a, "units": None, "last": None, "weighted": None}
+        entry = {"w_a": w_a, "w_b": w_b, "units": None, "last": None, "plans": [], "weighted": None}
         cap_a = sum(gpus[g] for g in left)
         if not np.isfinite(w_b).any():
             entry["units"] = _least_units_dp(inp, w_a)
-        elif _priced_out(inp, w_a, w_b, cap_a, sum(gpus[g] for g in right)):
-            entry["last"] = np.full(cap_a + 1, np.inf)
         else:
-            entry["last"] = _replica_dp(_stage_entries(inp, w_a, w_b), inp.U - 2, cap_a + 1, inp.D)
+            out, entry["plans"] = _priced(inp, w_a, w_b, cap_a, sum(gpus[g] for g in right))
+            if out:
+                entry["last"] = np.full(cap_a + 1, np.inf)
+            elif not entry["plans"]:
+                entry["last"] = _replica_dp(_stage_entries(inp, w_a, w_b), inp.U - 2, cap_a + 1, inp.D)
         cache[key] = entry
     return cache[key]
 
 
-def _priced_out(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, cap_a: float, cap_b: float) -> bool:
-    """A necessary condition of `_replica_dp`'s fit, one price at a time: a plan with x_i replicas of
-    stage i on the left (w_a GPUs each) and D - x_i on the right (w_b each) uses A <= cap_a and
-    B <= cap_b GPUs, so for any lam >= 0, D sum_i min(w_a, lam w_b)(i, n_i) <= A + lam B <= cap_a +
-    lam cap_b, and the least left side over the block counts is a one-resource DP
-    (`_least_units_dp`). True when some lam breaks it: then no plan fits. The prices are the
-    ratios w_a / w_b of the pairs (TP degrees: powers of 2), where the left side bends, PRICES of
-    them at most. Measured (Sailor's OPT-350M on 2 zones x (128 A100 + 128 V100), a search in one
-    process): 2,283 tables priced in 0.195 s, 1,176 of them out; the other 1,107 DPs took 0.547 s."""
+def _priced(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, cap_a: float, cap_b: float
+            ) -> tuple[bool, list[tuple[float, float]]]:
+    """What prices on the right resource's GPUs tell of `_replica_dp`'s fit, without it: (out,
+    plans). A plan with x_i replicas of stage i on the left (w_a GPUs each) and D - x_i on the right
+    (w_b each) uses A <= cap_a and B <= cap_b GPUs, so for any lam >= 0, D sum_i min(w_a, lam
+    w_b)(i, n_i) <= A + lam B <= cap_a + lam cap_b, and the least left side over the block counts is
+    a one-resource DP (`_price_dp`); `out` when some lam breaks it: then no plan fits. Else each
+    price's least plan puts every stage wholly on its cheaper side, a plan of the DP's space:
+    `plans`, the (A, B) of those within both resources, each a fit (the DP would find it). The
+    prices are the ratios w_a / w_b of the pairs (TP degrees: powers of 2), where the left side
+    bends, PRICES of them at most. Measured (Sailor's OPT-350M on 2 zones x (128 A100 + 128 V100),
+    a search in one process): of 2,283 tables 1,176 are priced out and 616 hold such a plan; the
+    prices took 0.315 s and the other 491 DPs 0.265 s, where the 1,107 DPs without plans took 0.556 s
+    (on OPT-350M over 32 A100 + 96 V100, where fewer hold one: 0.131 + 0.271 -> 0.210 + 0.226 s)."""
     both = np.isfinite(w_a) & np.isfinite(w_b)
     lams = np.unique(w_a[both] / w_b[both])
     if lams.size == 0:
-        return False
+        return False, []
     if lams.size > PRICES:  # spread over the range
         lams = lams[np.linspace(0, lams.size - 1, PRICES).round().astype(int)]
-    costs = np.minimum(w_a[None, :], lams[:, None] * w_b[None, :])
-    return bool((_least_units_dp(inp, costs) * inp.D > (cap_a + lams * cap_b) * (1 + 1e-12)).any())
+    units, a, b = _price_dp(inp, w_a, w_b, lams)
+    if (units * inp.D > (cap_a + lams * cap_b) * (1 + 1e-12)).any():
+        return True, []
+    return False, [(x, y) for x, y in zip(a.tolist(), b.tolist()) if x <= cap_a and y <= cap_b]
 
 
-PRICES = 7  # the most prices `_priced_out` tries
+def _price_dp(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, lams: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per price lam: the least sum over the stages of min(w_a, lam w_b)(i, n_i) over the block
+    counts (`_least_units_dp`'s DP, one per price), and the left and right GPUs (D replicas a stage, on its
+    cheaper side) of the plan that reaches it."""
+    L, P, D = inp.U - 2, inp.P, inp.D
+    lay, N = _pair_layout(inp), L + 1
+    left = w_a[None, :] <= lams[:, None] * w_b[None, :]  # (prices, pairs)
+    cost = np.where(left, w_a[None, :], lams[:, None] * w_b[None, :])
+    per_stage = np.full((len(lams), P, N), np.inf)
+    per_stage[:, lay.stage, lay.count] = cost
+    gpus_a, gpus_b = np.zeros_like(per_stage), np.zeros_like(per_stage)
+    gpus_a[:, lay.stage, lay.count] = np.where(left, D * w_a[None, :], 0.0)
+    gpus_b[:, lay.stage, lay.count] = np.where(left, 0.0, D * w_b[None, :])
+    prev = _minplus_padded_index(N)
+    best = np.full((len(lams), N + 1), np.inf)  # row N stays inf (where prev points for s < n)
+    best[:, 0] = 0.0
+    at = np.arange(len(lams))
+    picks = []  # per stage, (prices, s): the block count of the best way to s blocks
+    for i in range(P):
+        cand = best[:, prev] + per_stage[:, i, None, :]  # (prices, s, n)
+        picks.append(cand.argmin(axis=2))
+        best[:, :N] = cand.min(axis=2)
+    used_a, used_b, s = np.zeros(len(lams)), np.zeros(len(lams)), np.full(len(lams), L)
+    for i in range(P - 1, -1, -1):  # the plan back from L blocks placed
+        n = picks[i][at, s]
+        used_a += gpus_a[at, i, n]
+        used_b += gpus_b[at, i, n]
+        s = s - n
+    ok = np.isfinite(best[:, L])
+    return best[:, L], np.where(ok, used_a, np.inf), np.where(ok, used_b, np.inf)
+
+
+PRICES = 7  # the most prices `_priced` tries
 
 
 def _stage_entries(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray) -> list:
@@ -358,22 +412,21 @@ def block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
     return out
 
 
-def _least_units_dp(inp: JointInputs, w: np.ndarray):
+def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
     """The fewest units of D GPUs P stages need to hold the L blocks when stage i with n blocks
     takes w[pair (i, n)] units (inf: not allowed): a min-plus dynamic program over stages on the
-    blocks placed (one resource, so no GPU axis is needed). `w` (M,) gives a float; a stack
-    (..., M) of weights gives an array of their answers, in one pass."""
+    blocks placed (one resource, so no GPU axis is needed)."""
     L, P = inp.U - 2, inp.P
     lay = _pair_layout(inp)
     N = L + 1
-    per_stage = np.full((*w.shape[:-1], P, N), np.inf)
-    per_stage[..., lay.stage, lay.count] = w
+    per_stage = np.full((P, N), np.inf)
+    per_stage[lay.stage, lay.count] = w
     prev = _minplus_padded_index(N)
-    best = np.full((*w.shape[:-1], N + 1), np.inf)  # best[s]: fewest units with s blocks placed; best[N] stays inf
-    best[..., 0] = 0.0
+    best = np.full(N + 1, np.inf)  # best[s]: fewest units with s blocks placed; best[N] stays inf
+    best[0] = 0.0
     for i in range(P):
-        best[..., :N] = (best[..., prev] + per_stage[..., i, None, :]).min(axis=-1)
-    return float(best[L]) if w.ndim == 1 else best[..., L]
+        best[:N] = (best[prev] + per_stage[i][None, :]).min(axis=1)
+    return float(best[L])
 
 
 def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray:
