@@ -84,8 +84,9 @@ class _SailorIteration:
     def _compute(self, s: int) -> tuple[float, float]:
         """(fwd, bwd) of the replica with the largest fwd + bwd."""
         stage, best = self.plan.stages[s], (0.0, 0.0)
+        units = range(stage.layer_start, stage.layer_end)
         for gpu_type, tp in dict.fromkeys((rep.gpu_type, rep.tp) for rep in stage.replicas):  # alike: alike times
-            times = [self.est.time.layer_time(gpu_type, u, self.mbs, tp) for u in range(stage.layer_start, stage.layer_end)]
+            times = [self.est.time.layer_time(gpu_type, u, self.mbs, tp) for u in units]
             f, b = sum(t.fwd_s for t in times), sum(t.bwd_s for t in times)
             if f + b > sum(best):
                 best = (f, b)
