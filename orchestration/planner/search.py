@@ -910,6 +910,18 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
     return result
 
 
+# Native options of the choices' MILPs, per back-end. HiGHS restarts its root search when presolve at
+# the root has fixed enough integer columns; on the planner's MILPs, which mostly prove that no plan
+# beats the cutoff, the restart only did the root's cuts and heuristics again (measured, HiGHS 1.16,
+# the choice alone at its search's cutoff: Sailor's GPT-Neo on 5 zones x 32 A100, P3 b2 D32, 0.93 ->
+# 0.55 s, and its search 2.44 / 2.45 -> 2.04 / 1.98 s; OPT-350M on 32 A100 + 96 V100, P3 b4 D16
+# without its budget, 2.24 -> 0.80 s; unchanged within noise: on 2 zones x (128 A100 + 128 V100)
+# P6 b2 D32, 4.97 / 4.87 s against 5.02 / 4.95 s; the searches of autohet_3type, a100_v100_one_zone
+# and of OPT-350M over 2 zones under a budget (two MILPs) to their gap, of zorse_4type_2region at 30
+# and 60 s and of large_5type_2k at 60 s: the same plans and gaps).
+CHOICE_MILP_OPTIONS: dict[str, dict] = {"highs": {"mip_allow_restart": False}}
+
+
 @dataclass(frozen=True)
 class _MilpSettings:
     backend: str
@@ -981,7 +993,8 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         res = solve(model, backend=milp.backend, warm_start=start,
                     options=SolveOptions(time_limit_s=max(min(limit_s - spent_s, left), 0.1),
                                          rel_gap=_milp_gap(milp, lead, target), diagnose_infeasible=False,
-                                         interrupt=interrupt))  # a cutoff makes infeasible normal
+                                         interrupt=interrupt,  # a cutoff makes infeasible normal
+                                         solver_options=dict(CHOICE_MILP_OPTIONS.get(milp.backend, {}))))
         rec.solve_s, spent_s = rec.solve_s + res.solve_s, spent_s + res.solve_s
         if budget or not res.status.has_solution or (
                 joint.evaluate(inp, joint.decode(model, inp))["cost"] <= inp.max_cost_usd):
