@@ -207,7 +207,7 @@ def _two_resource_dp(inp: JointInputs, need: dict, gpus: dict, left: list[str], 
             cap = min(cap, math.floor(max_rate_usd_per_s / _gpu_rate_usd_per_s(inp, left) * (1 + 1e-12)))
         return table["units"] <= cap // D
     rate_a, rate_b = _gpu_rate_usd_per_s(inp, left), _gpu_rate_usd_per_s(inp, right)
-    if table["last"] is None:  # plans of whole stages are known to fit the GPUs: one within the limits settles it
+    if table["last"] is None:  # the DP's row only where no plan of whole stages within the limits settles it
         if any((inp.max_gpus is None or a + b <= inp.max_gpus)
                and a * rate_a + b * rate_b <= max_rate_usd_per_s * (1 + 1e-12) for a, b in table["plans"]):
             return len(right) < 2 or _weighted(inp, table, need, gpus, right, cap_a)
@@ -234,10 +234,12 @@ def _weighted(inp: JointInputs, table: dict, need: dict, gpus: dict, right: list
 
 def _two_resource_table(inp: JointInputs, need: dict, gpus: dict, left: list[str], right: list[str]) -> dict:
     """The rate-free part of `_two_resource_dp`, once per (GPUs-per-replica table, split): "units",
-    the fewest units of D GPUs when the right resource serves no pair, else "last" (`_replica_dp`'s
-    last row; None while "plans", (left, right) GPUs of plans of whole stages within both
-    resources, `_priced`, may settle the questions without it); "w_a", "w_b" the resources' GPUs
-    per replica; "weighted" the answer of `_weighted_right_fits` once asked (None before)."""
+    the fewest units of D GPUs when the right resource serves no pair, else "plans", the (left,
+    right) GPUs of plans of whole stages within both resources (`_priced`), and "last",
+    `_replica_dp`'s last row (all inf where the prices rule every plan out; else None until a
+    question that no plan settles, when `_two_resource_dp` computes it); "w_a", "w_b" the
+    resources' GPUs per replica; "weighted" the answer of `_weighted_right_fits` once asked (None
+    before)."""
     key = (tuple(need[g].tobytes() for g in sorted(need)), tuple(left), tuple(right))
     cache = _per_inputs_cache(inp, "two_resource")
     if key not in cache:
@@ -252,8 +254,6 @@ def _two_resource_table(inp: JointInputs, need: dict, gpus: dict, left: list[str
             out, entry["plans"] = _priced(inp, w_a, w_b, cap_a, sum(gpus[g] for g in right))
             if out:
                 entry["last"] = np.full(cap_a + 1, np.inf)
-            elif not entry["plans"]:
-                entry["last"] = _replica_dp(_stage_entries(inp, w_a, w_b), inp.U - 2, cap_a + 1, inp.D)
         cache[key] = entry
     return cache[key]
 

@@ -157,8 +157,7 @@ def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_
     `sends` (Sailor's composition): the same over the stage times with their sends
     (`_class_arrays`), a lower bound on sum_i (tau_i + p_i) over the plans whose theta (which is
     at least every tau_i + p_i there) is within theta_cap_s."""
-    arr = _class_arrays(inp, sends)
-    allowed = np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
+    allowed = _allowed(inp, theta_cap_s, extra_cap_s, sends)
     # the caps act through the (stage, blocks, class) triples they allow alone: the searches ask
     # with many caps that allow the same ones (measured: 28 % of the replica DPs' time repeated)
     return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong, sends)
@@ -174,11 +173,24 @@ def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, s
         out = _capped_sum_tau_kept(inp, allowed, packed, False, sends) if strong else \
             _capped_sum_tau_s(inp, allowed, sends)
         if strong and out < math.inf:
-            types = _class_arrays(inp).types
-            for g in (types if len(types) > 2 else types[:1]):
-                out = max(out, _replica_sum_tau_s(inp, allowed, g, sends))
+            out = max(out, _replica_splits_s(inp, allowed, sends))
         cache[key] = out
     return cache[key]
+
+
+def _allowed(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, sends: bool) -> np.ndarray:
+    """The (class, pair) entries of `_class_arrays` within the caps on a stage's time and extra."""
+    arr = _class_arrays(inp, sends)
+    return np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
+
+
+def _replica_splits_s(inp: JointInputs, allowed: np.ndarray, sends: bool,
+                      max_rate_usd_per_s: float = math.inf) -> float:
+    """The largest `_replica_sum_tau_s` over the splits of the GPU types into one type and the
+    rest (with two types, one split: the other is the same two resources)."""
+    types = _class_arrays(inp, sends).types
+    return max(_replica_sum_tau_s(inp, allowed, g, sends, max_rate_usd_per_s)
+               for g in (types if len(types) > 2 else types[:1]))
 
 
 def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False) -> float:
@@ -232,10 +244,7 @@ def budget_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, m
     stages a small sum needs are dear (measured: Sailor's OPT-350M on 32 A100 + 96 V100 under 0.5
     USD, P3 b4 D16, stage times with sends within 0.2923 s: 0.625 s without the rate, 0.846 s at the
     optimum's rate, whose sum is 0.858 s)."""
-    arr = _class_arrays(inp, sends)
-    allowed = np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
-    return max(_replica_sum_tau_s(inp, allowed, g, sends, max_rate_usd_per_s)
-               for g in (arr.types if len(arr.types) > 2 else arr.types[:1]))
+    return _replica_splits_s(inp, _allowed(inp, theta_cap_s, extra_cap_s, sends), sends, max_rate_usd_per_s)
 
 
 def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: bool = False,
