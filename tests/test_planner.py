@@ -556,6 +556,40 @@ def test_capped_sum_tau_holds_on_every_plan_and_the_strongest_bound_too():
     assert checked >= 10 and tighter >= 1, (checked, tighter)
 
 
+def test_capped_sum_tau_stopped_where_it_reaches_agrees_with_the_whole_search():
+    """`capped_sum_tau_s(strong=True, reaches=...)`: the bounds its search passes on the way (the
+    plain DP's, then the replica DPs' per price) are read with a test that never reaches. At
+    thresholds on and between them and above the whole bound, asked in a random order with the
+    whole bound and other thresholds kept in between, the answer is the whole bound where that
+    does not reach the threshold, else at least the threshold and at most the whole bound; it is
+    the same as a copy of the inputs with nothing kept gives (no answer depends on what was asked
+    before); and it stops short of the whole bound somewhere, or nothing is exercised."""
+    rng = np.random.default_rng(5)
+    checked = short = 0
+    for combo, inp in _tiny_inputs():
+        arr = joint.bounds.sum_tau._class_arrays(inp)
+        for theta in np.unique(arr.time_s[np.isfinite(arr.time_s)]).tolist() + [math.inf]:
+            passed: list[float] = []
+            whole = joint.capped_sum_tau_s(dataclasses.replace(inp), theta, strong=True,
+                                           reaches=lambda s: passed.append(s) or False)
+            if not math.isfinite(whole):
+                continue
+            assert whole == joint.capped_sum_tau_s(dataclasses.replace(inp), theta, strong=True)
+            levels = sorted(set(passed) | {whole * 1.01})
+            levels += [(a + b) / 2 for a, b in zip(levels, levels[1:])]
+            for threshold in rng.permutation(levels).tolist():
+                reaches = lambda s, t=threshold: s >= t  # noqa: E731
+                got = joint.capped_sum_tau_s(inp, theta, strong=True, reaches=reaches)
+                fresh = joint.capped_sum_tau_s(dataclasses.replace(inp), theta, strong=True, reaches=reaches)
+                assert got == fresh, (combo, theta, threshold, got, fresh)
+                assert got == whole if whole < threshold else threshold <= got <= whole, (combo, theta, got)
+                short += got < whole
+                checked += 1
+                if rng.integers(2):
+                    assert joint.capped_sum_tau_s(inp, theta, strong=True) == whole
+    assert checked >= 40 and short >= 1, (checked, short)
+
+
 def test_budget_sum_tau_holds_on_every_plan_within_the_rate_and_sees_the_rate():
     """`budget_sum_tau_s` against every plan whose slowest stage is within the cap and whose GPUs
     cost at most the rate (`evaluate`'s rate, at the pools' own prices): below the least sum of

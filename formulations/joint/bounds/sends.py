@@ -492,16 +492,19 @@ def _lifted_send_cell_s(inp: JointInputs, fits, cands: list[float], rest: float,
     budget = binding_budget_usd(inp, target_s)
 
     def part(lo: int, up: int, d: int) -> float:
+        def reaches(sum_s: float) -> bool:  # whether a sum of stage times rules the part out
+            return time_at(sum_s + excess_s, lo) >= target_s
+
         stages = max(stages_s, capped_sum_tau_s(inp, cands[up], cap, sends=True) + excess_s)
         if time_at(stages, lo) < target_s:  # the replica-level DPs only where the units DP falls short
-            stages = max(stages, capped_sum_tau_s(inp, cands[up], cap, True, sends=True) + excess_s)
+            stages = max(stages, capped_sum_tau_s(inp, cands[up], cap, True, sends=True, reaches=reaches) + excess_s)
         if time_at(stages, lo) < target_s and stage_sum is not None:
             stages = max(stages, stage_sum(cands[up], cap))
         for _ in range(BUDGET_LIFTS if budget is not None else 0):
             if time_at(stages, lo) >= target_s:
                 break
             rate = budget / time_at(stages, lo)
-            lifted = budget_sum_tau_s(inp, cands[up], cap, rate, sends=True) + excess_s
+            lifted = budget_sum_tau_s(inp, cands[up], cap, rate, sends=True, reaches=reaches) + excess_s
             if lifted <= stages:
                 break
             stages = lifted

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -138,7 +139,8 @@ def _make_sum_tau_prices(inp: JointInputs) -> tuple[float, np.ndarray]:
 
 
 def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_s: float = math.inf,
-                     strong: bool = False, sends: bool = False) -> float:
+                     strong: bool = False, sends: bool = False, reaches: Callable[[float], bool] | None = None
+                     ) -> float:
     """A lower bound on sum_i tau_i over the plans whose stages all run within theta_cap_s and whose
     (stage, class) extras (`_ClassTables.extra_in_s`, or `_ClassTables.extra_span_s` where smaller) are within
     extra_cap_s (blocks form). A DP over (blocks placed, GPUs used in units of D) keeps the GPU
@@ -156,26 +158,37 @@ def capped_sum_tau_s(inp: JointInputs, theta_cap_s: float = math.inf, extra_cap_
 
     `sends` (Sailor's composition): the same over the stage times with their sends
     (`_class_arrays`), a lower bound on sum_i (tau_i + p_i) over the plans whose theta (which is
-    at least every tau_i + p_i there) is within theta_cap_s."""
+    at least every tau_i + p_i there) is within theta_cap_s.
+
+    `reaches(sum)` (with `strong`): whether a sum is all the caller needs, monotone in the sum; the
+    search stops at its first bound that reaches it (the plain DP's, then each split's per price
+    mu), which is then returned: a bound still, maybe below what the whole search gives."""
     allowed = _allowed(inp, theta_cap_s, extra_cap_s, sends)
     # the caps act through the (stage, blocks, class) triples they allow alone: the searches ask
     # with many caps that allow the same ones (measured: 28 % of the replica DPs' time repeated)
-    return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong, sends)
+    return _capped_sum_tau_kept(inp, allowed, np.packbits(allowed).tobytes(), strong, sends, reaches)
 
 
 def _capped_sum_tau_kept(inp: JointInputs, allowed: np.ndarray, packed: bytes, strong: bool,
-                         sends: bool = False) -> float:
+                         sends: bool = False, reaches: Callable[[float], bool] | None = None) -> float:
     """`capped_sum_tau_s` once per (allowed classes, `packed` their bits, strong, sends); the
-    strong one starts from the plain one of the same classes."""
+    strong one starts from the plain one. Only a search that ran to its end is kept: where the
+    whole bound does not reach what a caller's `reaches` asks (a monotone test), neither does any
+    earlier bound of its search, which then runs to the end as well; where it does, the search
+    runs again to its first bound that reaches, from the replica DPs' kept rows. So a bound never
+    depends on what was asked before (the helper process and the main one agree)."""
     cache = _per_inputs_cache(inp, "capped_sum_tau")
     key = (packed, strong, sends)
-    if key not in cache:
-        out = _capped_sum_tau_kept(inp, allowed, packed, False, sends) if strong else \
-            _capped_sum_tau_s(inp, allowed, sends)
-        if strong and out < math.inf:
-            out = max(out, _replica_splits_s(inp, allowed, sends))
+    got = cache.get(key)
+    if got is not None and (reaches is None or not reaches(got)):
+        return got
+    out = _capped_sum_tau_kept(inp, allowed, packed, False, sends) if strong else \
+        _capped_sum_tau_s(inp, allowed, sends)
+    if strong and out < math.inf and (reaches is None or not reaches(out)):
+        out = max(out, _replica_splits_s(inp, allowed, sends, reaches=reaches))
+    if not strong or reaches is None or not reaches(out):
         cache[key] = out
-    return cache[key]
+    return out
 
 
 def _allowed(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, sends: bool) -> np.ndarray:
@@ -184,13 +197,18 @@ def _allowed(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, sends: bo
     return np.isfinite(arr.time_s) & (arr.time_s <= theta_cap_s) & (arr.extra_s <= extra_cap_s)
 
 
-def _replica_splits_s(inp: JointInputs, allowed: np.ndarray, sends: bool,
-                      max_rate_usd_per_s: float = math.inf) -> float:
+def _replica_splits_s(inp: JointInputs, allowed: np.ndarray, sends: bool, max_rate_usd_per_s: float = math.inf,
+                      reaches: Callable[[float], bool] | None = None) -> float:
     """The largest `_replica_sum_tau_s` over the splits of the GPU types into one type and the
-    rest (with two types, one split: the other is the same two resources)."""
+    rest (with two types, one split: the other is the same two resources); with `reaches`, the
+    first that reaches it."""
     types = _class_arrays(inp, sends).types
-    return max(_replica_sum_tau_s(inp, allowed, g, sends, max_rate_usd_per_s)
-               for g in (types if len(types) > 2 else types[:1]))
+    out = -math.inf
+    for g in types if len(types) > 2 else types[:1]:
+        out = max(out, _replica_sum_tau_s(inp, allowed, g, sends, max_rate_usd_per_s, reaches))
+        if reaches is not None and reaches(out):
+            break
+    return out
 
 
 def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False) -> float:
@@ -234,7 +252,7 @@ def _capped_sum_tau_s(inp: JointInputs, allowed: np.ndarray, sends: bool = False
 
 
 def budget_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, max_rate_usd_per_s: float,
-                     sends: bool = False) -> float:
+                     sends: bool = False, reaches: Callable[[float], bool] | None = None) -> float:
     """A lower bound on sum_i tau_i over the plans within the caps of `capped_sum_tau_s` whose GPUs
     cost at most `max_rate_usd_per_s` (a budget over a bound on T: cost >= rate x T). The replica
     DPs of `capped_sum_tau_s(strong=True)` with the rate in their capacity: a plan holding at least
@@ -243,12 +261,13 @@ def budget_sum_tau_s(inp: JointInputs, theta_cap_s: float, extra_cap_s: float, m
     that capacity per a (`_replica_sum_tau_s`). Without it a tight budget goes unseen: the fast
     stages a small sum needs are dear (measured: Sailor's OPT-350M on 32 A100 + 96 V100 under 0.5
     USD, P3 b4 D16, stage times with sends within 0.2923 s: 0.625 s without the rate, 0.846 s at the
-    optimum's rate, whose sum is 0.858 s)."""
-    return _replica_splits_s(inp, _allowed(inp, theta_cap_s, extra_cap_s, sends), sends, max_rate_usd_per_s)
+    optimum's rate, whose sum is 0.858 s). `reaches`: as in `capped_sum_tau_s`."""
+    return _replica_splits_s(inp, _allowed(inp, theta_cap_s, extra_cap_s, sends), sends, max_rate_usd_per_s, reaches)
 
 
 def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: bool = False,
-                       max_rate_usd_per_s: float = math.inf) -> float:
+                       max_rate_usd_per_s: float = math.inf, reaches: Callable[[float], bool] | None = None
+                       ) -> float:
     """A lower bound on sum tau over the classes `allowed` (by the caps of `capped_sum_tau_s`) that
     counts the GPUs of type `left` exactly, replica by replica, and prices the GPUs of the other
     types (merged into one) at mu per GPU (Lagrangian: any mu >= 0 gives a bound; the dual is
@@ -257,7 +276,8 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: 
     of the others at their least such TP w_b, in any mix: best'[s + n, a + x w_a] = min(best[s, a] +
     tau + mu (D - x) w_b) over x = 0..D (`_stage_contrib`), a <= the GPUs of `left`; the bound is
     min_a best[L, a] - mu room(a), room(a) the other GPUs, or fewer where `max_rate_usd_per_s`
-    leaves less for them (`budget_sum_tau_s`; a with no room left holds no plan)."""
+    leaves less for them (`budget_sum_tau_s`; a with no room left holds no plan). `reaches`: the
+    search of mu stops at the first bound that reaches it (`capped_sum_tau_s`)."""
     arr = _class_arrays(inp, sends)
     gpus = _gpus_per_type(inp)
     others = [g for g in gpus if g != left]
@@ -289,6 +309,8 @@ def _replica_sum_tau_s(inp: JointInputs, allowed: np.ndarray, left: str, sends: 
 
     out, last = value(0.0), -math.inf
     for k in range(0, 16, 2):  # rises, then flat or falling (concave in mu)
+        if reaches is not None and reaches(out):
+            break
         v = value(unit * 2.0 ** k)
         out = max(out, v)
         if v <= last + 1e-12 * abs(last):

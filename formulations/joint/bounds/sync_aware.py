@@ -136,7 +136,8 @@ def _lifted_cell_s(inp: JointInputs, thetas: list[float], j: int, cap: float, su
             return iteration_time_s(inp.m, stages_s, 0.0, max(thetas[lo], theta_floor_s), 0.0)
         out = at(max(sum_tau, capped_sum_tau_s(inp, thetas[hi - 1], cap)))
         if strong and (goal is None or out < goal):
-            out = max(out, at(capped_sum_tau_s(inp, thetas[hi - 1], cap, True)))
+            out = max(out, at(capped_sum_tau_s(inp, thetas[hi - 1], cap, True,
+                                               reaches=None if goal is None else lambda s: at(s) >= goal)))
         if d == 0 or hi - lo == 1 or (goal is not None and out >= goal):
             return out
         mid = (lo + hi) // 2
