@@ -16,9 +16,11 @@ Floor (`allreduce_floor_s`, what the planner's bounds read when placement is not
 time grows with its members, its bytes-per-second term with 1 / B_min and its latency term with
 alpha_max. Members on one node ring over that node's link. Members on L >= 2 nodes: the flat ring
 has an edge that crosses nodes (B_min <= that link's bandwidth, alpha_max >= its latency), and the
-hierarchical one costs at least its ring between the L >= 2 leaders, over such links. So the time
-is at least the ring over max(2, L_min) members (L_min: the fewest nodes that hold them; all members
-for the flat ring) at the fastest crossing link and its least latency.
+hierarchical one costs at least its ring between the L >= 2 leaders, over such links, plus the
+ring inside its fullest node, which holds ceil(k / L) members or more, over the fastest intra-node
+link there. So the flat ring takes at least the ring over all k members at the fastest crossing link
+and its least latency, and the hierarchical one at least the least over L from max(2, L_min) (L_min:
+the fewest nodes that hold them) of that inside ring plus the ring over L such leaders.
 """
 from __future__ import annotations
 
@@ -35,6 +37,34 @@ def ring_allreduce_time_s(nbytes: float, members: int, bandwidth_Bps: float, lat
     if members <= 1 or nbytes <= 0:
         return 0.0
     return 2 * (members - 1) / members * nbytes / bandwidth_Bps + 2 * (members - 1) * latency_s
+
+
+def _hierarchical_floor_lines(members: int, nodes: list[tuple[Endpoint, int]], least: int,
+                              cross: tuple[float, float]) -> list[tuple[float, float]]:
+    """(seconds per byte, seconds) of the hierarchical all-reduce's floor (module docstring) on L
+    nodes, each L worth trying: on L nodes of `nodes` (endpoint, slots), L >= `least`, the fullest
+    holds ceil(members / L) or more, so its inside ring takes at least that ring over the fastest
+    intra-node link of a node with as many slots, and the leaders ring over L at `cross` (bandwidth
+    B/s, latency s) at least. Both rings are affine in the bytes (`ring_allreduce_time_s`). For one
+    value of ceil(members / L) the least L is the fastest, so only those L are listed; an L whose
+    fullest node has no node with the slots holds no placement and is left out."""
+    def line(k: int, bandwidth_Bps: float, latency_s: float) -> tuple[float, float]:
+        return 2 * (k - 1) / k / bandwidth_Bps, 2 * (k - 1) * latency_s
+
+    out = []
+    for used in sorted({-(-members // k) for k in range(1, members + 1)} | {least}):
+        if not least <= used <= min(members, len(nodes)):
+            continue
+        most = -(-members // used)
+        per_byte, fixed = line(used, *cross)
+        if most > 1:
+            links = [e.intra_node for e, slots in nodes if slots >= most and e.intra_node is not None]
+            if not links:
+                continue
+            a, b = line(most, max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links))
+            per_byte, fixed = per_byte + a, fixed + b
+        out.append((per_byte, fixed))
+    return out
 
 
 def ring_order(members: list[Endpoint]) -> list[Endpoint]:
@@ -127,9 +157,13 @@ class AlphaBetaComm:
             links = [self.link(a[0], b[-1]) for a in by_zone.values() for b in by_zone.values()
                      if (a is not b or len(a) >= 2) and spans_pair(spans, a[0], b[-1])]
             if links:
-                # hierarchical: a ring between the leaders of the nodes used, at least min_nodes of them
-                count = members if self.allreduce == "ring" else max(2, spread, min(min_nodes, members))
-                rings.append((count, max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links)))
+                cross = (max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links))
+                if self.allreduce != "hierarchical":
+                    rings.append((members, *cross))
+                if self.allreduce != "ring":
+                    lines = _hierarchical_floor_lines(members, nodes, max(2, spread, min(min_nodes, members)), cross)
+                    return [min([ring_allreduce_time_s(n, *r) for r in rings]
+                                + [a * n + b if n > 0 else 0.0 for a, b in lines], default=math.inf) for n in sizes]
         if not rings:
             return [math.inf] * len(sizes)
         return [min(ring_allreduce_time_s(n, *r) for r in rings) for n in sizes]

@@ -199,6 +199,51 @@ def test_alpha_beta_allreduce_floor_bounds_every_placement_on_at_least_min_nodes
     assert rises > 0 or mode == "ring"
 
 
+@pytest.mark.parametrize("mode", ["hierarchical", "best"])
+def test_alpha_beta_allreduce_floor_counts_the_fullest_nodes_inside_ring(mode):
+    """On three 4-GPU nodes in one zone, `AlphaBetaComm.allreduce_floor_s` is at most
+    `allreduce_time_s` of every list of members on them (by enumeration), and equals the least of
+    them for some (members, min_nodes): the hierarchical all-reduce's fullest node holds
+    ceil(members / nodes used) of them and rings inside first. The floor of the leaders' ring
+    alone (what the floor was before) is below it somewhere, or the inside ring is not exercised."""
+    import itertools
+
+    from hetplan.estimators.network import AlphaBetaComm, ring_allreduce_time_s
+    from hetplan.formulations.stage_cost import node_endpoint
+    from hetplan.instance import instance_from_dict
+
+    inst = instance_from_dict({
+        "name": "three-nodes",
+        "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 4, "count": 3,
+                                     "zone": "us-central1-a", "price_per_gpu_hour_usd": 3.0}]},
+        "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8}})
+    comm = AlphaBetaComm(inst.cluster.network, allreduce=mode)
+    eps = [node_endpoint(n) for n in inst.nodes]
+    nodes = [(e, 4) for e in eps]
+    inter = inst.cluster.network.inter_node
+    sizes = [1e3, 3e6, 7e8]
+    checked = exact = above_leaders = 0
+    for members in range(2, 13):
+        for min_nodes in (1, 2, 3):
+            floors = comm.allreduce_floor_s(nodes, members, sizes, "node", min_nodes)
+            least = [math.inf] * len(sizes)
+            for seq in itertools.combinations_with_replacement(range(len(eps)), members):
+                if any(seq.count(i) > 4 for i in seq) or len(set(seq)) < min_nodes:
+                    continue
+                for j, (n, floor) in enumerate(zip(sizes, floors)):
+                    t = comm.allreduce_time_s([eps[i] for i in seq], n)
+                    assert floor <= t * (1 + 1e-12), (mode, members, min_nodes, seq, n)
+                    least[j] = min(least[j], t)
+                    checked += 1
+            exact += any(f == pytest.approx(t, rel=1e-12) for f, t in zip(floors, least) if t < math.inf)
+            spread = -(-members // 4)
+            leaders = max(2, spread, min(min_nodes, members))
+            if members > 4 or min_nodes >= 2:  # on two nodes or more: the old floor was the leaders' ring
+                above_leaders += floors[-1] > ring_allreduce_time_s(sizes[-1], leaders, inter.bandwidth_GBps * 1e9,
+                                                                    inter.latency_s) * (1 + 1e-9)
+    assert checked > 800 and exact > 0 and above_leaders > 0, (checked, exact, above_leaders)
+
+
 def _spans_as(spans: str, places: set) -> bool:
     """Whether a list over these (region, zone) places spans as `spans` says (estimators.base.SPANS)."""
     regions = [r for r, _ in places]
