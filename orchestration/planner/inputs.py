@@ -510,32 +510,44 @@ def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int
 
 def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
     """Per pool k: lower bounds on the tied-embedding all-reduce of the first and last stage (2 D
-    members, factor x bytes / t_k each: the ring's least TP is at most t_k when pool k serves an
-    end) when both ends sit in one zone, in zones of one region (ez = 1) or in two regions (er = 1):
-    the estimator's floor over every placement of that kind. The ring fits on one node only where a
-    node of k's type holds t_k + (2 D - 1) t_least GPUs (t_least: the least TP of the type); else
-    it spans two nodes or more. Empty without a tied embedding."""
+    members) when both ends sit in one zone, in zones of one region (ez = 1) or in two regions (er =
+    1): the estimator's floor over every placement of that kind. The ring's least TP t is at most
+    t_k when pool k serves an end, each member carries factor x bytes / t and takes t GPUs or more,
+    so the least over those t of the floor at that size, with every node holding num_gpus // t
+    members at most, bounds it (as for a stage's own all-reduce, `_least_sync_floors_s`; measured on
+    spot_trace_2type, OPT-350M with both ends on TP 2 replicas over 4-GPU nodes: the last stage's
+    all-reduce floor 0.01089 -> 0.01309 s, the placed figure; counted as TP 1 members, two nodes
+    held the ring). The ring fits on one node only where a node of k's type holds t_k + (2 D - 1)
+    t_least GPUs (t_least: the least TP of the type); else it spans two nodes or more. Empty without
+    a tied embedding."""
     if tied_bytes <= 0:
         return ()
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
     if key not in tables._tied:
         kinds = [(p.tp, _fits_one_node(tables, pools, p, 2 * D)) for p in pools]
-        floors = {kind: _tied_floors_s(tables, pools, D, tied_bytes / kind[0], 1 if kind[1] else 2)
-                  for kind in dict.fromkeys(kinds)}
+        least_tps = sorted({p.tp for p in pools})
+        floors = {(tp, one): tuple(_finite(min(col)) for col in zip(*(
+                      _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one else 2, t)
+                      for t in least_tps if t <= tp)))
+                  for tp, one in dict.fromkeys(kinds)}
         tables._tied[key] = tuple(floors[kind] for kind in kinds)
     return tables._tied[key]
 
 
-def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float,
-                   min_nodes: int) -> tuple[float, float, float]:
+def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float, min_nodes: int,
+                   least_tp: int) -> tuple[float, float, float]:
+    """(one zone, zones of a region, two regions) floors of `tied_floors_s` for members of TP
+    `least_tp` or more, each carrying `shard_bytes` (before the sync factor); inf where no placement."""
     size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
     zones = sorted({p.zone for p in pools})
     regions = sorted({p.region for p in pools})
-    node = min(tables.floor_s(tables.nodes(pools, zone=z), 2 * D, size, min_nodes=min_nodes)[0] for z in zones)
-    zone = min((tables.floor_s(tables.nodes(pools, region=r), 2 * D, size, spans="zone")[0] for r in regions
-                if len({p.zone for p in pools if p.region == r}) > 1), default=node)
-    region = tables.floor_s(tables.nodes(pools), 2 * D, size, spans="region")[0] if len(regions) > 1 else zone
-    return _finite(node), _finite(zone), _finite(region)
+    node = min(tables.floor_s(tables.nodes(pools, zone=z, least_tp=least_tp), 2 * D, size, min_nodes=min_nodes)[0]
+               for z in zones)
+    zone = min((tables.floor_s(tables.nodes(pools, region=r, least_tp=least_tp), 2 * D, size, spans="zone")[0]
+                for r in regions if len({p.zone for p in pools if p.region == r}) > 1), default=node)
+    region = tables.floor_s(tables.nodes(pools, least_tp=least_tp), 2 * D, size, spans="region")[0] \
+        if len(regions) > 1 else zone
+    return node, zone, region
 
 
 def _finite(floor_s: float) -> float:
