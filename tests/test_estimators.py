@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from hetplan.catalog import LinkSpec, ModelArch, model_presets
+from hetplan.catalog import LinkSpec, model_presets
 from hetplan.estimators.analytic import AnalyticMemory, ring_allreduce_s, state_bytes, zero_divisors
 from hetplan.estimators.base import SPANS, Endpoint, NodeKind, bottleneck_floor_s
 from hetplan.estimators.cost import CloudCost
@@ -161,6 +161,22 @@ def test_analytic_time_roofline_and_tp(a100_v100):
     assert math.isclose(est.time.layer_time("A100-40", 1, 4, 1).fwd_s, lt.fwd_s)  # cached, stable
 
 
+def _alpha_beta_on_nodes(per_node: int, count: int, mode: str) -> tuple:
+    """(instance, `AlphaBetaComm` in `mode`, node endpoints, (endpoint, slots) per node) of `count`
+    A100 nodes of `per_node` GPUs in one zone."""
+    from hetplan.estimators.network import AlphaBetaComm
+    from hetplan.formulations.stage_cost import node_endpoint
+    from hetplan.instance import instance_from_dict
+
+    inst = instance_from_dict({
+        "name": "nodes",
+        "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": per_node, "count": count,
+                                     "zone": "us-central1-a", "price_per_gpu_hour_usd": 3.0}]},
+        "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8}})
+    eps = [node_endpoint(n) for n in inst.nodes]
+    return inst, AlphaBetaComm(inst.cluster.network, allreduce=mode), eps, [(e, per_node) for e in eps]
+
+
 @pytest.mark.parametrize("mode", ["ring", "hierarchical", "best"])
 def test_alpha_beta_allreduce_floor_bounds_every_placement_on_at_least_min_nodes(mode):
     """`AlphaBetaComm.allreduce_floor_s` with `min_nodes` is at most `allreduce_time_s` of every list
@@ -169,18 +185,7 @@ def test_alpha_beta_allreduce_floor_bounds_every_placement_on_at_least_min_nodes
     ring joins one leader per node used)."""
     import itertools
 
-    from hetplan.estimators.network import AlphaBetaComm
-    from hetplan.formulations.stage_cost import node_endpoint
-    from hetplan.instance import instance_from_dict
-
-    inst = instance_from_dict({
-        "name": "four-nodes",
-        "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 4,
-                                     "zone": "us-central1-a", "price_per_gpu_hour_usd": 3.0}]},
-        "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8}})
-    comm = AlphaBetaComm(inst.cluster.network, allreduce=mode)
-    eps = [node_endpoint(n) for n in inst.nodes]
-    nodes = [(e, 2) for e in eps]
+    _, comm, eps, nodes = _alpha_beta_on_nodes(2, 4, mode)
     sizes = [1e3, 3e6, 7e8]
     checked, rises = 0, 0
     for members in (2, 3, 4, 5, 6):
@@ -208,18 +213,9 @@ def test_alpha_beta_allreduce_floor_counts_the_fullest_nodes_inside_ring(mode):
     alone (what the floor was before) is below it somewhere, or the inside ring is not exercised."""
     import itertools
 
-    from hetplan.estimators.network import AlphaBetaComm, ring_allreduce_time_s
-    from hetplan.formulations.stage_cost import node_endpoint
-    from hetplan.instance import instance_from_dict
+    from hetplan.estimators.network import ring_allreduce_time_s
 
-    inst = instance_from_dict({
-        "name": "three-nodes",
-        "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 4, "count": 3,
-                                     "zone": "us-central1-a", "price_per_gpu_hour_usd": 3.0}]},
-        "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8}})
-    comm = AlphaBetaComm(inst.cluster.network, allreduce=mode)
-    eps = [node_endpoint(n) for n in inst.nodes]
-    nodes = [(e, 4) for e in eps]
+    inst, comm, eps, nodes = _alpha_beta_on_nodes(4, 3, mode)
     inter = inst.cluster.network.inter_node
     sizes = [1e3, 3e6, 7e8]
     checked = exact = above_leaders = 0
