@@ -517,9 +517,9 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
     members at most, bounds it (as for a stage's own all-reduce, `_least_sync_floors_s`; measured on
     spot_trace_2type's P11 b1 D4 plan, OPT-350M with both ends on TP 2 replicas over 4-GPU nodes:
     the last stage's all-reduce with the tied one 0.01089 -> 0.01292 s in the model, 0.01309 s
-    placed; counted as TP 1 members, two nodes held the ring). The ring fits on one node only where a node of k's type holds t_k + (2 D - 1)
-    t_least GPUs (t_least: the least TP of the type); else it spans two nodes or more. Empty without
-    a tied embedding."""
+    placed; counted as TP 1 members, two nodes held the ring). The ring fits on one node only where
+    a node of k's type holds t_k + (2 D - 1) t_least GPUs (t_least: the least TP of the type); else
+    it spans two nodes or more. Empty without a tied embedding."""
     if tied_bytes <= 0:
         return ()
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
