@@ -33,15 +33,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hetplan.bundled import bundled_instance_path
-from hetplan.errors import HetplanError
 from hetplan.estimators import build_estimators
 from hetplan.formulations.joint.bounds import parts, regions, sync_aware, tight
-from hetplan.instance import Instance, load_instance
+from hetplan.instance import Instance
 from hetplan.orchestration.planner import PlannerOptions
 from hetplan.orchestration.planner.inputs import _quotas, _Tables, enumerate_combos, with_sync_table
 from hetplan.orchestration.planner.search import _prepare_one, _splittable_tps
 from hetplan.orchestration.planner.steps import _tight_bound
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables import max_throughput_instance  # noqa: E402
 
 
 def families_short(inp, target_s: float) -> list[str]:
@@ -142,14 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=20, help="rows of the table (least bound first)")
     ap.add_argument("--json", type=Path, help="also write the rows and the summary here")
     args = ap.parse_args(argv)
-    path = Path(args.instance)
-    try:
-        instance = load_instance(path if path.exists() else bundled_instance_path(args.instance))
-    except HetplanError as e:
-        print(f"bound_census: {e}", file=sys.stderr)
-        return 2
-    if instance.objective.kind != "max_throughput":
-        print("bound_census: max-throughput instances only", file=sys.stderr)
+    instance = max_throughput_instance(args.instance, "bound_census")
+    if instance is None:
         return 2
     target = args.target if args.target is not None else args.objective * (1 - args.rel_gap)
     if not (math.isfinite(target) and target > 0):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -41,3 +42,22 @@ def objective_ratio(objective: str, base: Any, het: Any) -> float | None:
     if objective == "min_cost":
         return base.cost_usd / het.cost_usd
     return het.iters_per_s / base.iters_per_s
+
+
+def max_throughput_instance(text: str, script: str) -> Any | None:
+    """The instance in file `text`, or the bundled one of that name, when its objective is max
+    throughput; None, with one line on stderr naming `script`, otherwise."""
+    from hetplan.bundled import bundled_instance_path
+    from hetplan.errors import HetplanError
+    from hetplan.instance import load_instance
+
+    path = Path(text)
+    try:
+        instance = load_instance(path if path.exists() else bundled_instance_path(text))
+    except HetplanError as e:
+        print(f"{script}: {e}", file=sys.stderr)
+        return None
+    if instance.objective.kind != "max_throughput":
+        print(f"{script}: max-throughput instances only", file=sys.stderr)
+        return None
+    return instance

@@ -2120,6 +2120,53 @@ def test_the_bound_census_keeps_every_choice_that_holds_a_plan_under_the_target(
     assert bound_census.main([str(path), "--objective", "-1"]) == 2
 
 
+def test_fixed_counts_benchmark_finds_each_count_vectors_best_plan(tmp_path):
+    """benchmarks/fixed_counts.py on tiny_regions_fast_wan: for every block-count vector of a few
+    outer choices, the MILP with the counts fixed returns the least T in the model over the plans
+    with those counts (by enumeration, within the MILP's 0.1 % gap); with a cutoff between two of
+    those least values, infeasible for the vectors whose least T is above it; the stage DP's row is
+    one of those plans; counts that are no layout exit 2."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fixed_counts
+
+    inst = tiny_regions_fast_wan()
+    path = tmp_path / "inst.json"
+    path.write_text(json.dumps(inst.model_dump(mode="json")))
+    checked = infeasible = 0
+    for P, b, D in ((2, 1, 2), (3, 2, 1), (3, 1, 2)):
+        inp = fixed_counts.choice_inputs(inst, P, b, D)
+        least: dict[tuple[int, ...], float] = {}
+        for sol, ev in all_plans(inp, "blocks"):
+            counts = fixed_counts.counts_of(sol)
+            least[counts] = min(least.get(counts, math.inf), ev["T"])
+        vectors = [c for c in itertools.product(*(joint.block_counts(inp, i) for i in range(P)))
+                   if sum(c) == inp.U - 2]
+        values = sorted(set(least.values()))
+        for cutoff in (None, (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2):
+            out = tmp_path / f"P{P}b{b}D{D}.json"
+            args = [] if cutoff is None else ["--cutoff", str(cutoff)]
+            assert fixed_counts.main([str(path), "--choice", f"{P},{b},{D}", "--json", str(out), *args,
+                                      "--counts", *(",".join(map(str, c)) for c in vectors)]) == 0
+            dp, *rows = json.loads(out.read_text())["rows"]
+            if dp["status"] == "plan":
+                assert least[tuple(dp["counts"])] <= dp["model_s"] * (1 + 1e-9), (P, b, D, dp)
+            for r in rows:
+                t = least.get(tuple(r["counts"]), math.inf)
+                if cutoff is not None and t > cutoff or t == math.inf:
+                    assert r["status"] == "infeasible", (P, b, D, cutoff, r, t)
+                    infeasible += 1
+                else:
+                    assert r["status"] == "optimal" and t * (1 - 1e-9) <= r["model_s"] <= t * (1 + 1e-3), \
+                        (P, b, D, cutoff, r, t)
+                    checked += 1
+    assert checked >= 16 and infeasible >= 6, (checked, infeasible)
+    assert fixed_counts.main([str(path), "--choice", "2,1,2", "--counts", "9,9"]) == 2
+
+
 def test_a_search_without_a_milp_never_loads_pyomo():
     """Pyomo takes about 0.5 s to import: the planner loads it only for a MILP. On the bundled
     a100_homogeneous the heuristics find the plan and the bounds close every other choice, so a
