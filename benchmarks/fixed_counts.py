@@ -59,12 +59,6 @@ def choice_inputs(instance, P: int, b: int, D: int) -> joint.JointInputs:
     return inp
 
 
-def counts_of(sol: joint.JointSolution) -> tuple[int, ...]:
-    """The blocks per stage of a blocks-form solution (the embedding and the head not counted)."""
-    units = [end - start for start, end in sol.ranges]
-    return (units[0] - 1, *units[1:-1], units[-1] - 1)
-
-
 def check_counts(inp: joint.JointInputs, counts: tuple[int, ...]) -> str | None:
     """Why `counts` is not a layout of the choice, or None."""
     if len(counts) != inp.P:
@@ -104,7 +98,7 @@ def dp_row(inp: joint.JointInputs) -> dict:
     seconds = time.perf_counter() - t0
     if found is None:
         return row_of(inp, "stage DP", (), "no plan", None, 0.0, seconds)
-    return row_of(inp, "stage DP", counts_of(found[1]), "plan", found[1], 0.0, seconds)
+    return row_of(inp, "stage DP", tuple(joint.solution_blocks(inp, found[1])), "plan", found[1], 0.0, seconds)
 
 
 def show(rows: list[dict], title: str) -> None:

@@ -2141,7 +2141,7 @@ def test_fixed_counts_benchmark_finds_each_count_vectors_best_plan(tmp_path):
         inp = fixed_counts.choice_inputs(inst, P, b, D)
         least: dict[tuple[int, ...], float] = {}
         for sol, ev in all_plans(inp, "blocks"):
-            counts = fixed_counts.counts_of(sol)
+            counts = tuple(joint.solution_blocks(inp, sol))
             least[counts] = min(least.get(counts, math.inf), ev["T"])
         vectors = [c for c in itertools.product(*(joint.block_counts(inp, i) for i in range(P)))
                    if sum(c) == inp.U - 2]
