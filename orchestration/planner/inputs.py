@@ -439,17 +439,17 @@ def _repeat_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, 
     two or more replicas of its (zone, GPU type), whether it spans zones or not: the least over the
     stage's possible least TP t <= t_k of the estimator's `repeat_floor_s` at factor x bytes / t
     (its members sit in the pool's region); None for an estimator without one."""
-    floors = tables.repeat_floor_s(inp.pools, pool, inp.D, [factor * n / t for t in _least_tps(inp, pool)
+    floors = tables.repeat_floor_s(inp.pools, pool, inp.D, [factor * n / t for t in _least_tps(inp.pools, pool.tp)
                                                             for n in nbytes])
     if floors is None:
         return None
     return [min(floors[j::len(nbytes)]) for j in range(len(nbytes))]
 
 
-def _least_tps(inp: joint.JointInputs, pool: joint.Pool) -> list[int]:
-    """The least TP a stage holding a replica of `pool` can have: every TP degree of the pools up
-    to pool k's own."""
-    return sorted({p.tp for p in inp.pools if p.tp <= pool.tp})
+def _least_tps(pools: tuple, tp: int) -> list[int]:
+    """The least TP a stage (or a ring) holding a replica of TP `tp` can have: every TP degree of
+    the pools up to `tp`."""
+    return sorted({p.tp for p in pools if p.tp <= tp})
 
 
 def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, nbytes: list[float],
@@ -465,7 +465,7 @@ def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Po
     one_zone, span = [math.inf] * len(nbytes), [math.inf] * len(nbytes)
     one_node = _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone)  # both by the least TP: valid for every t
     min_nodes = max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone))
-    for t in _least_tps(inp, pool):
+    for t in _least_tps(inp.pools, pool.tp):
         sizes = [factor * n / t for n in nbytes]
         if one_node:
             one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type, least_tp=t), inp.D,
@@ -525,10 +525,9 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
     if key not in tables._tied:
         kinds = [(p.tp, _fits_one_node(tables, pools, p, 2 * D)) for p in pools]
-        least_tps = sorted({p.tp for p in pools})
         floors = {(tp, one): tuple(_finite(min(col)) for col in zip(*(
                       _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one else 2, t)
-                      for t in least_tps if t <= tp)))
+                      for t in _least_tps(pools, tp))))
                   for tp, one in dict.fromkeys(kinds)}
         tables._tied[key] = tuple(floors[kind] for kind in kinds)
     return tables._tied[key]
