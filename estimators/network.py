@@ -146,6 +146,7 @@ class AlphaBetaComm:
         if members <= 1:
             return [0.0] * len(sizes)
         rings = []  # (ring members, bandwidth B/s, latency s): each a lower bound of one placement kind
+        lines = []  # (seconds per byte, seconds): the hierarchical one's on L nodes (`_hierarchical_floor_lines`)
         if spans == "node" and min_nodes <= 1:
             rings += [(members, e.intra_node.bandwidth_GBps * 1e9, e.intra_node.latency_s)
                       for e, slots in nodes if slots >= members and e.intra_node is not None]
@@ -162,8 +163,5 @@ class AlphaBetaComm:
                     rings.append((members, *cross))
                 if self.allreduce != "ring":
                     lines = _hierarchical_floor_lines(members, nodes, max(2, spread, min(min_nodes, members)), cross)
-                    return [min([ring_allreduce_time_s(n, *r) for r in rings]
-                                + [a * n + b if n > 0 else 0.0 for a, b in lines], default=math.inf) for n in sizes]
-        if not rings:
-            return [math.inf] * len(sizes)
-        return [min(ring_allreduce_time_s(n, *r) for r in rings) for n in sizes]
+        return [min([ring_allreduce_time_s(n, *r) for r in rings] + [a * n + b if n > 0 else 0.0 for a, b in lines],
+                    default=math.inf) for n in sizes]
