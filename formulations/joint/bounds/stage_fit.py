@@ -287,34 +287,45 @@ def _priced(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, cap_a: float, ca
 def _price_dp(inp: JointInputs, w_a: np.ndarray, w_b: np.ndarray, lams: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per price lam: the least sum over the stages of min(w_a, lam w_b)(i, n_i) over the block
-    counts (`_least_units_dp`'s DP, one per price), and the left and right GPUs (D replicas a stage, on its
-    cheaper side) of the plan that reaches it."""
+    counts (`_stages_minplus`, a row per price), and the left and right GPUs (D replicas a stage, on
+    its cheaper side) of the plan that reaches it."""
     L, P, D = inp.U - 2, inp.P, inp.D
-    lay, N = _pair_layout(inp), L + 1
+    lay = _pair_layout(inp)
     left = w_a[None, :] <= lams[:, None] * w_b[None, :]  # (prices, pairs)
-    cost = np.where(left, w_a[None, :], lams[:, None] * w_b[None, :])
-    per_stage = np.full((len(lams), P, N), np.inf)
-    per_stage[:, lay.stage, lay.count] = cost
-    gpus_a, gpus_b = np.zeros_like(per_stage), np.zeros_like(per_stage)
+    least, picks = _stages_minplus(inp, np.where(left, w_a[None, :], lams[:, None] * w_b[None, :]), picks=True)
+    gpus_a, gpus_b = np.zeros((len(lams), P, L + 1)), np.zeros((len(lams), P, L + 1))
     gpus_a[:, lay.stage, lay.count] = np.where(left, D * w_a[None, :], 0.0)
     gpus_b[:, lay.stage, lay.count] = np.where(left, 0.0, D * w_b[None, :])
-    prev = _minplus_padded_index(N)
-    best = np.full((len(lams), N + 1), np.inf)  # row N stays inf (where prev points for s < n)
-    best[:, 0] = 0.0
     at = np.arange(len(lams))
-    picks = []  # per stage, (prices, s): the block count of the best way to s blocks
-    for i in range(P):
-        cand = best[:, prev] + per_stage[:, i, None, :]  # (prices, s, n)
-        picks.append(cand.argmin(axis=2))
-        best[:, :N] = cand.min(axis=2)
     used_a, used_b, s = np.zeros(len(lams)), np.zeros(len(lams)), np.full(len(lams), L)
     for i in range(P - 1, -1, -1):  # the plan back from L blocks placed
         n = picks[i][at, s]
         used_a += gpus_a[at, i, n]
         used_b += gpus_b[at, i, n]
         s = s - n
-    ok = np.isfinite(best[:, L])
-    return best[:, L], np.where(ok, used_a, np.inf), np.where(ok, used_b, np.inf)
+    ok = np.isfinite(least)
+    return least, np.where(ok, used_a, np.inf), np.where(ok, used_b, np.inf)
+
+
+def _stages_minplus(inp: JointInputs, cost: np.ndarray, picks: bool = False) -> tuple[np.ndarray, list]:
+    """The min-plus dynamic program over stages on the blocks placed, for each row of `cost` (B,
+    pairs): stage i holding n blocks costs cost[., pair (i, n)] (inf: not allowed). (B,) the least
+    total over the layouts of the L blocks, and with `picks`, per stage the (B, s) block count of
+    the best way to s blocks placed (the read-back's), else []."""
+    L, P = inp.U - 2, inp.P
+    lay, N = _pair_layout(inp), L + 1
+    per_stage = np.full((len(cost), P, N), np.inf)
+    per_stage[:, lay.stage, lay.count] = cost
+    prev = _minplus_padded_index(N)
+    best = np.full((len(cost), N + 1), np.inf)  # column N stays inf (where prev points for s < n)
+    best[:, 0] = 0.0
+    chosen = []
+    for i in range(P):
+        cand = best[:, prev] + per_stage[:, i, None, :]  # (B, s, n)
+        if picks:
+            chosen.append(cand.argmin(axis=2))
+        best[:, :N] = cand.min(axis=2)
+    return best[:, L], chosen
 
 
 PRICES = 7  # the most prices `_priced` tries
@@ -414,19 +425,9 @@ def block_bands(counts: list[list[int]], L: int) -> list[tuple[int, int]]:
 
 def _least_units_dp(inp: JointInputs, w: np.ndarray) -> float:
     """The fewest units of D GPUs P stages need to hold the L blocks when stage i with n blocks
-    takes w[pair (i, n)] units (inf: not allowed): a min-plus dynamic program over stages on the
-    blocks placed (one resource, so no GPU axis is needed)."""
-    L, P = inp.U - 2, inp.P
-    lay = _pair_layout(inp)
-    N = L + 1
-    per_stage = np.full((P, N), np.inf)
-    per_stage[lay.stage, lay.count] = w
-    prev = _minplus_padded_index(N)
-    best = np.full(N + 1, np.inf)  # best[s]: fewest units with s blocks placed; best[N] stays inf
-    best[0] = 0.0
-    for i in range(P):
-        best[:N] = (best[prev] + per_stage[i][None, :]).min(axis=1)
-    return float(best[L])
+    takes w[pair (i, n)] units (inf: not allowed): `_stages_minplus` on one row (one resource, so
+    no GPU axis is needed)."""
+    return float(_stages_minplus(inp, w[None, :])[0][0])
 
 
 def _stage_contrib(best: np.ndarray, wa: float, wb: float, D: int) -> np.ndarray:
