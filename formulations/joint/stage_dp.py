@@ -114,7 +114,7 @@ def stage_dp(inp: JointInputs, theta_s: float, value: str = "time",
     also keeps the last stage's region: a pipeline boundary between regions adds its transfer
     time (value "time") and is allowed only when it fits in theta_s (links are full duplex:
     c / 2 <= theta, as in the model). `extra_cap_s`: see `_options`."""
-    space = _Space(inp)
+    space = _cached_for(inp, "dp_space", _Space)  # per inputs, as `_moves` (which reads it) is
     options = _options(inp, theta_s, value, extra_cap_s)
     if any(not row for row in options):
         return None
