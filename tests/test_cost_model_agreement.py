@@ -483,6 +483,31 @@ def test_boundary_on_one_node_slower_than_the_network() -> None:
         assert_below(ev["c"][0], rep.stages[0].send_fwd_s + rep.stages[0].send_bwd_s, "boundary 0 -> 1")
 
 
+def test_boundary_whose_pairs_cannot_share_a_node() -> None:
+    """C3: a pair shares a node only in one (GPU type, zone) with both TP groups on it; where some
+    pool of one side has no such partner on the other side, the boundary is between nodes, and the
+    model says so (`composition.apart`): exact, not the NVLink floor."""
+    inst = tiny([group("a", A100, 2, count=2), group("v", V100, 2)], tied=False)
+    for left, right in (((A100, 2), (A100, 2)), ((A100, 2), (A100, 1)), ((A100, 1), (V100, 1))):
+        ev, rep = both(inst, pipeline([(0, 2, [(*left, "r1-a")]), (2, 4, [(*right, "r1-a")])], 1, 2))
+        assert ev["dn"] == [1]
+        assert_close(ev["c"][0], rep.stages[0].send_fwd_s + rep.stages[0].send_bwd_s, f"boundary {left} -> {right}")
+    ev, rep = both(inst, pipeline([(0, 2, [(A100, 1, "r1-a")]), (2, 4, [(A100, 1, "r1-a")])], 1, 2))
+    assert ev["dn"] == [0]  # both on the first node, over its NVLink
+    assert_close(ev["c"][0], rep.stages[0].send_fwd_s + rep.stages[0].send_bwd_s, "boundary on one node")
+
+
+def test_boundary_first_fit_puts_on_two_nodes() -> None:
+    """C3: two TP 1 replicas per stage on 2-GPU nodes: first fit fills the first node with stage
+    0, so stage 1 takes the second; every pair could share a node, but not under first fit
+    (`composition._crowded`). On 4-GPU nodes all four fit on one node."""
+    for per_node, dn in ((2, 1), (4, 0)):
+        inst = tiny([group("a", A100, per_node, count=2)], tied=False)
+        ev, rep = both(inst, pipeline([(0, 2, [(A100, 1, "r1-a")] * 2), (2, 4, [(A100, 1, "r1-a")] * 2)], 1, 1))
+        assert ev["dn"] == [dn]
+        assert_close(ev["c"][0], rep.stages[0].send_fwd_s + rep.stages[0].send_bwd_s, f"{per_node}-GPU nodes")
+
+
 def test_tied_allreduce_of_end_stages_on_one_node() -> None:
     """C2 (b): the end stages share a node."""
     inst = tiny([group("a", A100, 2), group("v", V100, 1)], network={"inter_node": NO_LATENCY})

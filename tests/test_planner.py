@@ -57,6 +57,13 @@ def tiny_one_type_regions(objective="max_throughput"):
                                                     _node_group("w", "A100-40", "r2-a", 3.0)], objective)
 
 
+def tiny_one_zone(objective="max_throughput"):
+    """Two A100 nodes and a V100 node in one zone: a boundary is between two nodes where the GPU
+    types differ or a TP 2 replica fills its node (`composition.apart`), on one node otherwise."""
+    return _tiny_instance("tiny-one-zone", [_node_group("a", "A100-40", "r1-a", 3.0, 2),
+                                            _node_group("v", "V100-16", "r1-a", 1.0)], objective)
+
+
 def all_plans(inp: joint.JointInputs, layers: str = "staircase"):
     """Every contiguous split x every multiset of D pools per stage within the quotas, memory, one
     region per stage and the budget: (solution, the model's figures `joint.evaluate`).
@@ -108,7 +115,7 @@ def combos_of(inst, objective, max_cost=None, max_stages=3):
             yield combo, with_sync_table(inp, tables)
 
 
-@pytest.mark.parametrize("instance", [tiny, tiny_regions])
+@pytest.mark.parametrize("instance", [tiny, tiny_regions, tiny_one_zone])
 @pytest.mark.parametrize("layers", ["blocks", "staircase"])
 @pytest.mark.parametrize("backend", ["highs", "scip"])
 def test_joint_milp_matches_brute_force_per_outer_choice(backend, layers, instance):
@@ -131,6 +138,36 @@ def test_joint_milp_matches_brute_force_per_outer_choice(backend, layers, instan
         assert joint.objective_value(inp, res.objective) == pytest.approx(truth, rel=1e-6), combo
         checked += 1
     assert checked >= 4
+
+
+def test_every_plan_is_a_point_of_the_milp_with_its_boundaries():
+    """The MILP's boundary rows (`joint.milp._apart_rows`) admit every plan with the figures
+    `evaluate` gives it: on two 4-GPU nodes of one type, TP 1, 2 and 4, every plan's full
+    assignment (`warm_start`) is feasible, including those whose left TP is above the right one,
+    where first fit's rule does not apply (dn = 0 though their GPUs overfill a node)."""
+    from hetplan.solvers import model_view, warmstart
+    group = dict(_node_group("a", "A100-40", "r1-a", 3.0, 2), gpus_per_node=4)
+    inst = _tiny_instance("two-4-gpu-nodes", [group], "max_throughput")
+    est, quotas = build_estimators(inst), _quotas(inst, PlannerOptions())
+    tables = _Tables(inst, est)
+    dn_counts, inverted_together = collections.Counter(), 0
+    for combo in enumerate_combos(inst, quotas, PlannerOptions(max_stages=3, microbatch_sizes=(1,))):
+        inp = joint_inputs(inst, tables, quotas, combo, "max_throughput", None, None, (1, 2, 4))
+        if inp is None or combo.D != 2:
+            continue
+        inp = with_sync_table(inp, tables)
+        model = joint.build(inp, layers="blocks")
+        view = model_view.extract(model)
+        for sol, ev in all_plans(inp, "blocks"):
+            assert warmstart.check(view, joint.warm_start(model, inp, sol)).feasible, (combo, sol.replicas)
+            dn_counts.update(ev["dn"])
+            for i in range(inp.P - 1):
+                left, right = sol.replicas[i], sol.replicas[i + 1]
+                tps = [inp.pools[k].tp for k in range(inp.K)]
+                if (max(t for t, n in zip(tps, left) if n) > min(t for t, n in zip(tps, right) if n)
+                        and sum(t * (a + b) for t, a, b in zip(tps, left, right)) > 4 and not ev["dn"][i]):
+                    inverted_together += 1
+    assert dn_counts[0] and dn_counts[1] and inverted_together
 
 
 def test_min_cost_scip_minlp_equals_highs_linearisation():

@@ -6,7 +6,9 @@ that is what makes each bound of bounds/ valid once its parts are.
 
   worker memory  stat + in_flight(i) x act of the units a worker of stage i holds <= cap[k]
                                                                         (`worker_bytes`)
-  boundary       c_i = c_node + (c_zone - c_node) dz_i + (c_region - c_zone) dr_i   (`boundary_s`)
+  boundary       c_i = c_node + (c_inter - c_node) dn_i + (c_zone - c_inter) dz_i + (c_region - c_zone) dr_i
+                 dn_i = 1 where some pair over the boundary is surely on two nodes (`apart`)
+                                                                        (`boundary_s`)
   Sailor's sends p_i from A and G (`sailor_p2p`)
   bottleneck     theta >= tau_i and c_i / 2, or with Sailor's composition tau_i + p_i
                                                                         (`bottleneck_terms`)
@@ -32,20 +34,64 @@ def worker_bytes(stat, act, in_flight: int):
     return stat + in_flight * act
 
 
-def boundary_s(inp: JointInputs, dz, dr):
-    """One boundary's activation + gradient transfer per microbatch: c_node, plus the step to c_zone
-    where it crosses zones (dz), plus the step to c_region where it crosses regions (dr)."""
-    c_node, c_zone, c_region = _link_times_s(inp)
-    return c_node + (c_zone - c_node) * dz + (c_region - c_zone) * dr
+def boundary_s(inp: JointInputs, dn, dz, dr):
+    """One boundary's activation + gradient transfer per microbatch: c_node, plus the step to c_inter
+    where some pair is surely on two nodes (dn), to c_zone where one crosses zones (dz), to c_region
+    where one crosses regions (dr). dr implies dz, and dz implies dn."""
+    c_node, c_inter, c_zone, c_region = _link_times_s(inp)
+    return c_node + (c_inter - c_node) * dn + (c_zone - c_inter) * dz + (c_region - c_zone) * dr
 
 
-def _link_times_s(inp: JointInputs) -> tuple[float, float, float]:
-    """(c_node, c_zone, c_region), once per inputs: `evaluate` asks for them at every boundary of
-    every plan the heuristics score."""
+def _link_times_s(inp: JointInputs) -> tuple[float, float, float, float]:
+    """(c_node, c_inter, c_zone, c_region), once per inputs: `evaluate` asks for them at every
+    boundary of every plan the heuristics score. c_inter is the least transfer between two nodes
+    (`JointInputs.inter`), at most c_zone and c_region, which are floors on pairs that cross."""
     got = inp._cache.get("link_times_s")
     if got is None:
-        got = inp._cache["link_times_s"] = tuple(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region))
+        c_node, c_zone, c_region = (inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region))
+        c_inter = c_node if inp.inter is None else max(c_node, min(inp.p2p_s(inp.inter), c_zone, c_region))
+        got = inp._cache["link_times_s"] = (c_node, c_inter, c_zone, c_region)
     return got
+
+
+def may_share_node(a: Pool, b: Pool) -> bool:
+    """Whether a replica of pool a and one of pool b can sit on one node: the same GPU type and
+    zone, and both TP groups on one node of it (`Pool.node_gpus`; not known: they can)."""
+    return a.quota_key == b.quota_key and (a.node_gpus is None or a.tp + b.tp <= a.node_gpus)
+
+
+def apart(inp: JointInputs, left, right) -> int:
+    """dn of a boundary between stages with `left` and `right` replicas per pool: 1 where some pair
+    over it is surely on two nodes. Replicas pair up over a boundary (equal shares), so
+      - a pool of one side that shares a node with no pool the other side uses has its pairs on two
+        nodes (`may_share_node`: a physical rule);
+      - (first fit, the planner's placement) in a (GPU type, zone) q whose left replicas' TPs are
+        each at most every right replica's TP in q, pairs that all share nodes put all of q's
+        replicas of both sides on one node: the first right replica of q (the least TP) takes the
+        first node N with room for it, every left replica of q found room at N or before it (N had
+        room for a TP at least as large all along), every later right one none before N; so they
+        share only where their GPUs fit on one node (`_crowded`)."""
+    if inp.inter is None:
+        return 0
+    used_l, used_r = [k for k, n in enumerate(left) if n], [k for k, n in enumerate(right) if n]
+
+    def alone(ks, others) -> bool:
+        return any(not any(may_share_node(inp.pools[k], inp.pools[o]) for o in others) for k in ks)
+    if alone(used_l, used_r) or alone(used_r, used_l):
+        return 1
+    return 1 if any(_crowded(inp, q, left, right) for q in {inp.pools[k].quota_key for k in used_l}) else 0
+
+
+def _crowded(inp: JointInputs, q: tuple[str, str], left, right) -> bool:
+    """Whether q's replicas of both sides (each side uses q) cannot all share nodes under first fit
+    (`apart`): no left TP above a right one, and more GPUs than q's largest node has."""
+    ks = [k for k, p in enumerate(inp.pools) if p.quota_key == q]
+    node_gpus = inp.pools[ks[0]].node_gpus
+    if node_gpus is None:
+        return False
+    tps = [inp.pools[k].tp for k in ks]
+    ordered = max(t for t, k in zip(tps, ks) if left[k]) <= min(t for t, k in zip(tps, ks) if right[k])
+    return ordered and sum(t * (left[k] + right[k]) for t, k in zip(tps, ks)) > node_gpus
 
 
 def sailor_p2p(A: list, G: list) -> list:

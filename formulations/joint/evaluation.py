@@ -7,7 +7,7 @@ from __future__ import annotations
 from hetplan.plan import Plan, Replica, Stage, validate_plan
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, model_coef
 from hetplan.formulations.joint.tables import position
-from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
+from hetplan.formulations.joint.composition import (apart, boundary_s, bottleneck_terms, iteration_cost_usd,
     iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor,
     sailor_p2p, tied_at, tied_egress_bytes)
 
@@ -53,7 +53,8 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
           for i in range(inp.P - 1)]
     dz_all = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] or span[i + 1])) else 0
               for i in range(inp.P - 1)]
-    c = [boundary_s(inp, dz[i], dr[i]) for i in range(inp.P - 1)]
+    dn = [max(dz[i], apart(inp, sol.replicas[i], sol.replicas[i + 1])) for i in range(inp.P - 1)]
+    c = [boundary_s(inp, dn[i], dz[i], dr[i]) for i in range(inp.P - 1)]
     send, A, G = sailor_sends(inp, c, used, zones, regions) if inp.sailor else ([], [], [])
     p2p = sailor_p2p(A, G) if inp.sailor else [0.0] * inp.P
     theta = max(bottleneck_terms(inp, tau, c, p2p))
@@ -91,7 +92,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     return {"ez": ez, "er": er, "T": T, "cost": iteration_cost_usd(rate, T, egress), "egress": egress, "rate": rate,
             "tau": tau, "c": c,
             "p2p": p2p, "send": send, "A": A, "G": G, "theta": theta,
-            "sync": sync, "sigma": max(sync), "mu": mu, "span": span, "dz": dz, "dr": dr, "dz_all": dz_all,
+            "sync": sync, "sigma": max(sync), "mu": mu, "span": span, "dn": dn, "dz": dz, "dr": dr, "dz_all": dz_all,
             "zones": zones, "regions": regions}
 
 

@@ -117,6 +117,10 @@ class Pool:
     tp: int
     avail_gpus: int  # GPUs of this type in this zone, shared by the pools of every TP degree
     price_per_gpu_hour_usd: float
+    # the most GPUs one node of this type in this zone has; None: not known. Where it is known, the
+    # pools of one (type, zone) come in ascending TP, so that `to_plan` lists (and first fit places)
+    # a stage's replicas of one group by ascending TP (`composition.apart` reads that order)
+    node_gpus: int | None = None
 
     @property
     def quota_key(self) -> tuple[str, str]:
@@ -191,6 +195,9 @@ class JointInputs:
     # replica, place or size: a fit depends on the receiver's TP group too (a TP 4 sender to a TP 2
     # receiver is about as slow as a TP 2 sender); empty: none
     recv_floor_s: tuple[float, ...] = ()
+    # (the hetplan composition) the fastest boundary transfer between two different nodes, for the
+    # boundaries some pair of which is surely on two nodes (`composition.apart`); None: `node`
+    inter: LinkCost | None = None
     # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a
     # decoded plan placed as the simulator places it (`evaluate_placed`); None for hand-made inputs
     costs: StageCosts | None = field(default=None, repr=False, compare=False)

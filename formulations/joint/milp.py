@@ -17,12 +17,13 @@ Parameters (from the estimators, for microbatch b and TP t_k)
   act[k,l]   activation bytes of unit l for one microbatch on a worker of pool k
   cap[k]     GPU capacity minus framework overhead;  nf[i] = min(P - i, m) microbatches in flight (1F1B)
   avail[k]   GPUs of pool k;  price[k] USD per GPU-hour;  gb[l] gradient bytes of unit l (all TP shards)
-  c_node, c_zone, c_region   activation + gradient transfer seconds per microbatch over a boundary
+  c_node, c_inter, c_zone, c_region   activation + gradient transfer seconds per microbatch over a boundary
   m = B / (D b) microbatches per iteration
 Variables
   y[i,l] in {0,1}  unit l on stage i;           x[i,k] in Z+  replicas of pool k on stage i
   u[i,k] in {0,1}  pool k used by stage i;      v[i,z], rho[i,r] in {0,1} stage i uses zone z / sits in region r
   span[i] in {0,1} stage i spans several zones; dz[i], dr[i] in {0,1} boundary i -> i+1 crosses zones / regions
+  dn[i] in {0,1} boundary i -> i+1 has a pair on two nodes
   tau[i] >= 0 stage step time; theta >= 0 steady-state bottleneck; c[i] >= 0 boundary time
   sync[i] >= 0 gradient all-reduce of stage i; sigma = max_i sync[i]; mu = max update time; T iteration time
 Constraints
@@ -45,7 +46,10 @@ Constraints
                dz[i] >= dr[i]
                dz_all[i] >= v[i,z] + v[i+1,z'] - 1 - span[i] - span[i+1],  dz_all[i] >= dr[i]  (z != z')
                dr[i] >= rho[i,r] + rho[i+1,r'] - 1 (r != r')
-               c[i] = c_node + (c_zone - c_node) dz[i] + (c_region - c_zone) dr[i]
+               dn[i] >= u[i,k] - sum_{k' may share a node with k} u[i+1,k'] (and from stage i + 1),
+               dn[i] >= dz[i], and first fit's rule on the GPUs of a (type, zone) q on both sides
+               (`_apart_rows`): some pair is surely on two nodes (`composition.apart`)
+               c[i] = c_node + (c_inter - c_node) dn[i] + (c_zone - c_inter) dz[i] + (c_region - c_zone) dr[i]
   ends:        ez >= v[0,z] + v[P-1,z'] - 1, ez >= span[0], ez >= span[P-1]; er likewise with rho:
                the tied-embedding all-reduce between first and last stage crosses zones / regions
   bottleneck:  theta >= tau[i];  theta >= c[i] / 2              (links are full duplex)
@@ -107,7 +111,9 @@ Relaxed, because the model does not place replicas on nodes (first fit does, in 
   - a stage's time is its slowest replica's fwd + bwd (the simulator adds the slowest fwd and the
     slowest bwd, which may come from different replicas);
   - c_node is the fastest boundary transfer inside a zone, between two nodes or two GPUs of one node
-    (`planner.inputs._Tables.effective_link`); c_zone, c_region the fastest pair of their class;
+    (`planner.inputs._Tables.effective_link`), c_inter the fastest between two nodes, c_zone,
+    c_region the fastest pair of their class; a boundary whose pairs may all share nodes (dn = 0)
+    takes c_node, though first fit may still put them on two nodes (stages of many replicas do);
   - all-reduces are the communication estimator's floor over every placement the stage's pools
     allow (`planner.with_sync_table`, `planner.tied_floors_s`, `allreduce_floor_s` of the estimator:
     one node of the pool's type, or >= 2 nodes of its zone, or of its region when spanning zones),
@@ -158,8 +164,8 @@ from hetplan.formulations.joint.tables import (_class_figures, _class_sync_updat
 from hetplan.formulations.joint.bounds import rate_lower_bound_usd_per_s, stage_time_cap_s, time_upper_bound_s
 from hetplan.formulations.joint.evaluation import evaluate, group_of, repeated_groups, solution_blocks
 from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
-    iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor, sailor_p2p,
-    tied_at, tied_egress_bytes, worker_bytes)
+    iteration_time_s, may_share_node, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s,
+    ring_factor, sailor_p2p, tied_at, tied_egress_bytes, worker_bytes)
 
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
@@ -253,7 +259,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         send_away_s=tuple(tuple(v * ms for v in row) for row in inp.send_away_s),
         recv_floor_s=tuple(v * ms for v in inp.recv_floor_s),
         node=link(inp.node), zone=link(inp.zone),
-        region=link(inp.region),
+        region=link(inp.region), inter=None if inp.inter is None else link(inp.inter),
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
         sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
@@ -399,6 +405,7 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
     # ... so the boundary takes c_region even where both sides span zones (the simulator's transfers
     # all go over the region link there)
     m.cross_region_time = pyo.Constraint(B, rule=lambda m, i: m.dz[i] >= m.dr[i])
+    _apart_rows(m, inp, B)
     last = inp.P - 1
     m.ez = pyo.Var(domain=pyo.Binary)
     m.er = pyo.Var(domain=pyo.Binary)
@@ -415,9 +422,42 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
         m.er.setlb(1)
 
 
+def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
+    """dn[i] (`composition.apart`): 1 where some pair over boundary i is surely on two nodes:
+      dn[i] >= dz[i]                                     (a pair in two zones is on two nodes)
+      dn[i] >= u[i,k] - sum_{k' may share with k} u[i+1,k'], and the same from stage i + 1
+      gpus[i,q] - n_q <= M_q (dn[i] + sum_{k, k' of q: t_k > t_k'} w[i,k,k']),  w[i,k,k'] <= u[i,k], u[i+1,k']
+    with gpus[i,q] = sum_{k of q} t_k (x[i,k] + x[i+1,k]), n_q the GPUs of q's largest node and
+    M_q = min(2 D max_k t_k, avail_q) - n_q: the first-fit rule (`composition._crowded`), off where a
+    left TP of q is above a right one (w = 1)."""
+    m.dn = pyo.Var(B, domain=pyo.Binary)
+    m.apart_zone = pyo.Constraint(B, rule=lambda m, i: m.dn[i] >= m.dz[i])
+    if inp.inter is None:
+        return
+    mates = [[o for o in m.K if may_share_node(inp.pools[k], inp.pools[o])] for k in m.K]
+    m.apart = pyo.Constraint(B, m.K, [0, 1], rule=lambda m, i, k, side: m.dn[i] >= (
+        m.u[i + side, k] - sum(m.u[i + 1 - side, o] for o in mates[k])))
+    groups: dict = {}
+    for k, p in enumerate(inp.pools):
+        if p.node_gpus is not None:
+            groups.setdefault(p.quota_key, []).append(k)
+    rows = [(q, ks, min(2 * inp.D * max(inp.pools[k].tp for k in ks), inp.pools[ks[0]].avail_gpus)
+             - inp.pools[ks[0]].node_gpus) for q, ks in groups.items()]
+    rows = [(q, ks, big) for q, ks, big in rows if big > 0]
+    inversions = [(i, kl, kr) for i in B for _, ks, _ in rows for kl in ks for kr in ks
+                  if inp.pools[kl].tp > inp.pools[kr].tp]
+    m.inverted = pyo.Var(inversions, domain=pyo.NonNegativeReals)
+    m.inverted_left = pyo.Constraint(inversions, rule=lambda m, i, kl, kr: m.inverted[i, kl, kr] <= m.u[i, kl])
+    m.inverted_right = pyo.Constraint(inversions, rule=lambda m, i, kl, kr: m.inverted[i, kl, kr] <= m.u[i + 1, kr])
+    m.crowded = pyo.Constraint(B, range(len(rows)), rule=lambda m, i, j: sum(
+        inp.pools[k].tp * (m.x[i, k] + m.x[i + 1, k]) for k in rows[j][1]) - inp.pools[rows[j][1][0]].node_gpus
+        <= rows[j][2] * (m.dn[i] + sum(m.inverted[i, kl, kr] for kl in rows[j][1] for kr in rows[j][1]
+                                       if (i, kl, kr) in m.inverted)))
+
+
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     B = range(inp.P - 1)
-    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, m.dz[i], m.dr[i]))
+    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, m.dn[i], m.dz[i], m.dr[i]))
     tau, c = [m.tau[i] for i in m.I], [m.c[i] for i in B]
     p2p = _sailor_send_rows(m, inp) if inp.sailor else [0.0] * inp.P
     terms = bottleneck_terms(inp, tau, c, p2p)
@@ -676,7 +716,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.ring_egress[i]] = ring_factor(inp) * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
-        start[m.dz_all[i]] = ev["dz_all"][i]
+        start[m.dz_all[i]], start[m.dn[i]] = ev["dz_all"][i], ev["dn"][i]
     if hasattr(m, "send"):  # Sailor's composition with P > 1
         for i in range(inp.P):
             start[m.send[i]] = ev["send"][i]

@@ -111,7 +111,7 @@ class _Tables:
         if key not in self._rows:
             rows: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [])
             for (g, z), (avail, per_node, price, region) in ordered:
-                for t in tp_choices:
+                for t in sorted(tp_choices):  # a group's pools by ascending TP, as `joint.Pool` says
                     if not self.usable(g, t, b, per_node, avail):
                         continue
                     s_b, a_b, c_b = self.mem(g, t, b, D)
@@ -122,7 +122,8 @@ class _Tables:
                         upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
                         send, recv = self.send_floor_s(g, z, t, b), _finite(self.send_floor_s(g, z, t, b, receiving=True))
                         away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
-                    for row, value in zip(rows, (joint.Pool(g, z, region, t, avail, price), self.step(g, t, b),
+                    pool = joint.Pool(g, z, region, t, avail, price, node_gpus=max(self.node_sizes(z, g), default=None))
+                    for row, value in zip(rows, (pool, self.step(g, t, b),
                                                  upd, s_b, a_b, c_b, fixed, send, away, recv)):
                         row.append(value)
             if not self.sailor:  # JointInputs.upd_fixed_s, send_floor_s, send_away_s, recv_floor_s stay empty
@@ -223,14 +224,15 @@ class _Tables:
 
     def effective_link(self, kind: str, b: int) -> joint.LinkCost | None:
         """One microbatch's boundary transfer inside a zone ("node": between two nodes or two GPUs of
-        one node), between two zones of a region ("zone") or two regions, timed by the communication
-        estimator (the simulator's) between the fastest pair found: a lower bound on the transfer of
-        every placement, exact at this message size (the time, not the link, is what the model
-        reads: `JointInputs.p2p_s`); None when the cluster has no such pair."""
+        one node; "inter": between two nodes anywhere), between two zones of a region ("zone") or two regions,
+        timed by the communication estimator (the simulator's) between the fastest pair found: a
+        lower bound on the transfer of every placement, exact at this message size (the time, not
+        the link, is what the model reads: `JointInputs.p2p_s`); None when the cluster has no such
+        pair."""
         key = (kind, b)
         if key not in self._links:
             times = [self._least_send_s(a, c, b) for a in self._group_firsts() for c in self._receivers(a)
-                     if spans_pair(kind, a, c)]
+                     if (c is not a if kind == "inter" else spans_pair(kind, a, c))]
             best = min([t for t in times if t < math.inf], default=None)
             self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
         return self._links[key]
@@ -352,7 +354,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
         tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
         composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send,
-        send_away_s=away, recv_floor_s=recv)
+        send_away_s=away, recv_floor_s=recv, inter=None if tables.sailor else tables.effective_link("inter", combo.b))
     return inp
 
 

@@ -49,7 +49,7 @@ def _crossing_work_bound_s(inp: JointInputs) -> float:
     every pair crosses), every other one at least c_node, and theta >= c / 2 (theta >= c_i / 2; in
     Sailor's composition too: milp.py). T >= max(F, theta) + (m - 1) theta + sum_i c_i with theta >=
     the work bound as well."""
-    cross = boundary_s(inp, 1, 1)
+    cross = boundary_s(inp, 1, 1, 1)
     theta = max(_theta_work_bound_s(inp), cross / 2)
     links = (inp.P - 2) * _c_node_s(inp) + cross
     return iteration_time_s(inp.m, max(_fastest_work_s(inp), theta), links, theta, 0.0)
