@@ -85,13 +85,27 @@ def apart(inp: JointInputs, left, right) -> int:
 def _crowded(inp: JointInputs, q: tuple[str, str], left, right) -> bool:
     """Whether q's replicas of both sides (each side uses q) cannot all share nodes under first fit
     (`apart`): no left TP above a right one, and more GPUs than q's largest node has."""
-    ks = [k for k, p in enumerate(inp.pools) if p.quota_key == q]
-    node_gpus = inp.pools[ks[0]].node_gpus
-    if node_gpus is None:
+    ks = first_fit_groups(inp).get(q)
+    if ks is None:
         return False
     tps = [inp.pools[k].tp for k in ks]
     ordered = max(t for t, k in zip(tps, ks) if left[k]) <= min(t for t, k in zip(tps, ks) if right[k])
-    return ordered and sum(t * (left[k] + right[k]) for t, k in zip(tps, ks)) > node_gpus
+    return ordered and sum(t * (left[k] + right[k]) for t, k in zip(tps, ks)) > inp.pools[ks[0]].node_gpus
+
+
+def first_fit_groups(inp: JointInputs) -> dict[tuple[str, str], list[int]]:
+    """(GPU type, zone) -> its pools, for the groups first fit's rule (`apart`) reads: their
+    largest node is known and their pools come in ascending TP (the order first fit places a
+    stage's replicas of the group in)."""
+    got = inp._cache.get("first_fit_groups")
+    if got is None:
+        groups: dict[tuple[str, str], list[int]] = {}
+        for k, p in enumerate(inp.pools):
+            groups.setdefault(p.quota_key, []).append(k)
+        got = inp._cache["first_fit_groups"] = {
+            q: ks for q, ks in groups.items() if inp.pools[ks[0]].node_gpus is not None
+            and [inp.pools[k].tp for k in ks] == sorted(inp.pools[k].tp for k in ks)}
+    return got
 
 
 def sailor_p2p(A: list, G: list) -> list:

@@ -163,9 +163,9 @@ from hetplan.formulations.joint.tables import (_class_figures, _class_sync_updat
     class_pools, ends_forced, position, stage_sum, time_classes)
 from hetplan.formulations.joint.bounds import rate_lower_bound_usd_per_s, stage_time_cap_s, time_upper_bound_s
 from hetplan.formulations.joint.evaluation import evaluate, group_of, repeated_groups, solution_blocks
-from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, iteration_cost_usd,
-    iteration_time_s, may_share_node, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s,
-    ring_factor, sailor_p2p, tied_at, tied_egress_bytes, worker_bytes)
+from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, first_fit_groups,
+    iteration_cost_usd, iteration_time_s, may_share_node, pipeline_egress_bytes, pipeline_transfers_s,
+    replica_rate_usd_per_s, ring_factor, sailor_p2p, tied_at, tied_egress_bytes, worker_bytes)
 
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
@@ -437,12 +437,8 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
     mates = [[o for o in m.K if may_share_node(inp.pools[k], inp.pools[o])] for k in m.K]
     m.apart = pyo.Constraint(B, m.K, [0, 1], rule=lambda m, i, k, side: m.dn[i] >= (
         m.u[i + side, k] - sum(m.u[i + 1 - side, o] for o in mates[k])))
-    groups: dict = {}
-    for k, p in enumerate(inp.pools):
-        if p.node_gpus is not None:
-            groups.setdefault(p.quota_key, []).append(k)
     rows = [(q, ks, min(2 * inp.D * max(inp.pools[k].tp for k in ks), inp.pools[ks[0]].avail_gpus)
-             - inp.pools[ks[0]].node_gpus) for q, ks in groups.items()]
+             - inp.pools[ks[0]].node_gpus) for q, ks in first_fit_groups(inp).items()]
     rows = [(q, ks, big) for q, ks, big in rows if big > 0]
     inversions = [(i, kl, kr) for i in B for _, ks, _ in rows for kl in ks for kr in ks
                   if inp.pools[kl].tp > inp.pools[kr].tp]
