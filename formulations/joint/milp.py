@@ -430,10 +430,10 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
     with gpus[i,q] = sum_{k of q} t_k (x[i,k] + x[i+1,k]), n_q the GPUs of q's largest node and
     M_q = min(2 D max_k t_k, avail_q) - n_q: the first-fit rule (`composition._crowded`), off where a
     left TP of q is above a right one (w = 1)."""
+    if inp.inter is None:  # no c_inter (Sailor's composition): dn is dz, and no row or variable for it
+        return
     m.dn = pyo.Var(B, domain=pyo.Binary)
     m.apart_zone = pyo.Constraint(B, rule=lambda m, i: m.dn[i] >= m.dz[i])
-    if inp.inter is None:
-        return
     mates = [[o for o in m.K if may_share_node(inp.pools[k], inp.pools[o])] for k in m.K]
     m.apart = pyo.Constraint(B, m.K, [0, 1], rule=lambda m, i, k, side: m.dn[i] >= (
         m.u[i + side, k] - sum(m.u[i + 1 - side, o] for o in mates[k])))
@@ -453,7 +453,8 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
 
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     B = range(inp.P - 1)
-    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, m.dn[i], m.dz[i], m.dr[i]))
+    dn = m.dz if inp.inter is None else m.dn  # without c_inter, c_inter = c_node and dn's step is 0
+    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, dn[i], m.dz[i], m.dr[i]))
     tau, c = [m.tau[i] for i in m.I], [m.c[i] for i in B]
     p2p = _sailor_send_rows(m, inp) if inp.sailor else [0.0] * inp.P
     terms = bottleneck_terms(inp, tau, c, p2p)
@@ -712,7 +713,9 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.ring_egress[i]] = ring_factor(inp) * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
-        start[m.dz_all[i]], start[m.dn[i]] = ev["dz_all"][i], ev["dn"][i]
+        start[m.dz_all[i]] = ev["dz_all"][i]
+        if inp.inter is not None:
+            start[m.dn[i]] = ev["dn"][i]
     if hasattr(m, "send"):  # Sailor's composition with P > 1
         for i in range(inp.P):
             start[m.send[i]] = ev["send"][i]
