@@ -170,6 +170,29 @@ def test_every_plan_is_a_point_of_the_milp_with_its_boundaries():
     assert dn_counts[0] and dn_counts[1] and inverted_together
 
 
+def test_the_milp_without_boundary_rows_is_the_model_with_every_boundary_at_c_node():
+    """`build(nodes=False)`, the relaxation the search solves first: no dn, its optimum the least
+    `evaluate` over the choice with no c_inter (brute force), at most the whole model's, and every
+    plan's warm start (rated without c_inter) a feasible point of it."""
+    from hetplan.solvers import model_view, warmstart
+    checked = lower = 0
+    for combo, inp in combos_of(tiny_one_zone(), "max_throughput"):
+        relaxed = dataclasses.replace(inp, inter=None)
+        truth, whole = brute_force(relaxed, "T", "blocks"), brute_force(inp, "T", "blocks")
+        model = joint.build(inp, layers="blocks", nodes=False)
+        assert not hasattr(model, "dn")
+        view = model_view.extract(model)
+        assert all(warmstart.check(view, joint.warm_start(model, inp, sol)).feasible
+                   for sol, _ in itertools.islice(all_plans(inp, "blocks"), 40)), combo
+        res = solve(model, backend="highs", options=SolveOptions(rel_gap=1e-6, time_limit_s=30))
+        if truth == float("inf"):
+            assert res.status.value == "infeasible", combo
+            continue
+        assert joint.objective_value(inp, res.objective) == pytest.approx(truth, rel=1e-6), combo
+        checked, lower = checked + 1, lower + (truth < whole * (1 - 1e-9))
+    assert checked >= 4 and lower >= 1
+
+
 def test_min_cost_scip_minlp_equals_highs_linearisation():
     if not (get_backend("scip").available() and get_backend("highs").available()):
         pytest.skip("needs both solvers")

@@ -170,7 +170,7 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
           cost_cutoff_usd: float | None = None, layers: str = "auto", budget: bool = True,
-          extra_ceiling_s: float | None = None) -> pyo.ConcreteModel:
+          extra_ceiling_s: float | None = None, nodes: bool = True) -> pyo.ConcreteModel:
     """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice.
 
     `time_cutoff_s` / `cost_cutoff_usd`: only plans at least this good are wanted (an incumbent's
@@ -185,7 +185,11 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     optimum when its cost is within the budget.
 
     `extra_ceiling_s` (with `time_cutoff_s`): the row sigma + mu <= it (the module docstring's
-    "ceiling"); the caller takes it from `bounds.extra_ceiling_s` at that cutoff."""
+    "ceiling"); the caller takes it from `bounds.extra_ceiling_s` at that cutoff.
+
+    `nodes=False` leaves out dn and its rows (`_apart_rows`): every boundary that crosses no zone
+    takes c_node, a relaxation (its infeasibility or bound holds for the model with the rows, and
+    its plan is that model's optimum where `evaluate` rates it at the relaxation's figure)."""
     if extra_ceiling_s is not None and time_cutoff_s is None:
         raise ValueError("extra_ceiling_s holds only below a time cutoff: pass time_cutoff_s")
     if layers == "auto":
@@ -196,6 +200,8 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
         raise ValueError("the staircase form has no all-reduce table: drop sync_table")
     if not budget and inp.objective != "min_cost":
         inp = replace(inp, max_cost_usd=None)
+    if not nodes:
+        inp = replace(inp, inter=None)
     inp = in_model_units(inp)
     if time_cutoff_s is not None:
         time_cutoff_s *= TIME_UNITS_PER_S
@@ -679,7 +685,7 @@ def _block_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution, sta
 def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> ComponentMap | None:
     """A complete variable assignment for `sol` (the solver layer checks it against every constraint);
     None when `sol` lies outside the model's space (see `solution_blocks`)."""
-    inp = in_model_units(inp)
+    inp = in_model_units(inp if hasattr(m, "dn") else replace(inp, inter=None))  # the model's own boundaries
     ev = evaluate(inp, sol)
     start = ComponentMap()  # Pyomo variables are not hashable as plain dict keys
     if m.layers == "blocks":
@@ -714,7 +720,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
         start[m.dz_all[i]] = ev["dz_all"][i]
-        if inp.inter is not None:
+        if hasattr(m, "dn"):
             start[m.dn[i]] = ev["dn"][i]
     if hasattr(m, "send"):  # Sailor's composition with P > 1
         for i in range(inp.P):
