@@ -1109,7 +1109,8 @@ def test_a_complete_search_reports_the_gap_it_was_asked_for() -> None:
     simulator rates the plan less than rel_gap above the model, a complete search reports a gap,
     the simulator's, within rel_gap (neo27-types-1 of benchmarks/planner.py, GPT-Neo-2.7B on 256
     A100-40 with the analytic estimators: the search used to close choices at the model's gap and
-    reported 1.66 %)."""
+    reported 1.66 %; the model rated its plan 0.07 % under the simulator until its boundaries
+    between nodes took c_inter, b5dd7aa, and now rates it as the simulator does)."""
     import sys
     from pathlib import Path
 
@@ -1130,7 +1131,8 @@ def test_a_complete_search_reports_the_gap_it_was_asked_for() -> None:
     inst, kind = bench.build_instance(scenario, None)
     res = plan(inst, PlannerOptions(time_limit_s=120))
     assert kind == "analytic" and res.status == "complete"
-    assert res.model_estimate < res.model_objective < res.model_estimate * 1.01  # the simulator rates it higher
+    assert res.model_estimate <= res.model_objective * (1 + 1e-12)  # the model is a relaxation of the simulator
+    assert res.model_objective < res.model_estimate * 1.01
     assert res.gap <= 0.01 + 1e-12
 
 
