@@ -443,18 +443,22 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
     mates = [[o for o in m.K if may_share_node(inp.pools[k], inp.pools[o])] for k in m.K]
     m.apart = pyo.Constraint(B, m.K, [0, 1], rule=lambda m, i, k, side: m.dn[i] >= (
         m.u[i + side, k] - sum(m.u[i + 1 - side, o] for o in mates[k])))
-    rows = [(q, ks, min(2 * inp.D * max(inp.pools[k].tp for k in ks), inp.pools[ks[0]].avail_gpus)
-             - inp.pools[ks[0]].node_gpus) for q, ks in first_fit_groups(inp).items()]
-    rows = [(q, ks, big) for q, ks, big in rows if big > 0]
-    inversions = [(i, kl, kr) for i in B for _, ks, _ in rows for kl in ks for kr in ks
-                  if inp.pools[kl].tp > inp.pools[kr].tp]
+    rows = []  # per group first fit's rule reads: its pools, n_q, M_q and its TP inversions (k, k')
+    for ks in first_fit_groups(inp).values():
+        n = inp.pools[ks[0]].node_gpus
+        big = min(2 * inp.D * max(inp.pools[k].tp for k in ks), inp.pools[ks[0]].avail_gpus) - n
+        if big > 0:
+            rows.append((ks, n, big, [(kl, kr) for kl in ks for kr in ks if inp.pools[kl].tp > inp.pools[kr].tp]))
+    inversions = [(i, kl, kr) for i in B for *_, pairs in rows for kl, kr in pairs]
     m.inverted = pyo.Var(inversions, domain=pyo.NonNegativeReals)
     m.inverted_left = pyo.Constraint(inversions, rule=lambda m, i, kl, kr: m.inverted[i, kl, kr] <= m.u[i, kl])
     m.inverted_right = pyo.Constraint(inversions, rule=lambda m, i, kl, kr: m.inverted[i, kl, kr] <= m.u[i + 1, kr])
-    m.crowded = pyo.Constraint(B, range(len(rows)), rule=lambda m, i, j: sum(
-        inp.pools[k].tp * (m.x[i, k] + m.x[i + 1, k]) for k in rows[j][1]) - inp.pools[rows[j][1][0]].node_gpus
-        <= rows[j][2] * (m.dn[i] + sum(m.inverted[i, kl, kr] for kl in rows[j][1] for kr in rows[j][1]
-                                       if (i, kl, kr) in m.inverted)))
+
+    def crowded(m, i: int, j: int):
+        ks, n, big, pairs = rows[j]
+        gpus = sum(inp.pools[k].tp * (m.x[i, k] + m.x[i + 1, k]) for k in ks)
+        return gpus - n <= big * (m.dn[i] + sum(m.inverted[i, kl, kr] for kl, kr in pairs))
+    m.crowded = pyo.Constraint(B, range(len(rows)), rule=crowded)
 
 
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
