@@ -54,7 +54,9 @@ class ModelArch(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = "custom"
     family: Literal["gpt", "opt", "llama"] = "gpt"
-    num_layers: int = Field(gt=0)
+    # at most 4,096 blocks: published models have under 200 (Llama-3-405B 126) and DeepNet trained
+    # 1,000 (Wang et al. 2022); the planner's per-unit tables would take minutes at 100,000
+    num_layers: int = Field(gt=0, le=4096)
     hidden_size: int = Field(gt=0)
     num_heads: int = Field(gt=0)
     num_kv_heads: int | None = Field(default=None, gt=0, description="grouped-query attention; None = num_heads")

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from hetplan.catalog import GpuSpec, LinkSpec, ModelArch, gpu_catalog, model_presets
 from hetplan.errors import InstanceError, PlanError
@@ -253,13 +254,21 @@ class EstimatorChoice(BaseModel):
             return data  # the field validator names a bad preset
         return {**ESTIMATOR_PRESETS[data["preset"]], **data}
 
+    @model_validator(mode="after")
+    def _sailor_iteration_reads_sailor_figures(self) -> "EstimatorChoice":
+        # Sailor's iteration composes what only Sailor's estimators give: its model info (parameters and
+        # activations per TP) and its optimizer step per GPU (simulator/sailor.py)
+        if self.iteration == "sailor" and (self.time, self.memory) != ("sailor", "sailor"):
+            raise ValueError(f"iteration 'sailor' needs time: sailor and memory: sailor (got time: {self.time}, "
+                             f"memory: {self.memory}; preset: sailor sets all of them)")
+        return self
+
 
 # ---- checks shared by the validators -------------------------------------------------------------
-def _reject_non_finite(value: Any, path: str) -> None:
-    """ValueError naming the first inf or NaN float inside `value` (models, mappings, sequences)."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{path}: must be a finite number, got {value}")
+def _numbers(value: Any, path: str) -> Iterator[tuple[str, float]]:
+    """(dotted path, number) of every float or int inside `value` (models, mappings, sequences)."""
+    if isinstance(value, (float, int)) and not isinstance(value, bool):
+        yield path, value
         return
     if isinstance(value, BaseModel):
         items = [(f"{path}.{k}" if path else k, getattr(value, k)) for k in type(value).model_fields]
@@ -270,7 +279,35 @@ def _reject_non_finite(value: Any, path: str) -> None:
     else:
         return
     for sub_path, sub in items:
-        _reject_non_finite(sub, sub_path)
+        yield from _numbers(sub, sub_path)
+
+
+def _reject_non_finite(value: Any, path: str) -> None:
+    """ValueError naming the first inf or NaN float inside `value`."""
+    for where, number in _numbers(value, path):
+        if not math.isfinite(number):
+            raise ValueError(f"{where}: must be a finite number, got {number}")
+
+
+# Ranges past which a figure is a typo, not a cluster: 1e308 USD per GPU-hour makes every cost inf,
+# 1e-20 GB/s makes the MILP's coefficients too small for HiGHS. Keyed by the field's name.
+SANE_RANGES: dict[str, tuple[float, float, str]] = {
+    "bandwidth_GBps": (1e-6, 1e6, "GB/s"),
+    "latency_s": (0.0, 60.0, "s"),
+    "price_per_gpu_hour_usd": (0.0, 1e6, "USD per GPU-hour"),
+    "usd_per_GB": (0.0, 1e6, "USD per GB"),
+}
+MAX_TOTAL_GPUS = 1_000_000  # the planner's tables grow with the GPUs; beyond this it would not answer
+
+
+def _check_sane_ranges(value: Any) -> None:
+    """ValueError naming the first link, price or egress figure outside `SANE_RANGES`."""
+    for where, number in _numbers(value, ""):
+        field = where.rsplit(".", 1)[-1]
+        key = next((k for k in SANE_RANGES if field.endswith(k)), None)
+        if key is not None and not SANE_RANGES[key][0] <= number <= SANE_RANGES[key][1]:
+            lo, hi, unit = SANE_RANGES[key]
+            raise ValueError(f"{where}: {number:g} {unit} is outside [{lo:g}, {hi:g}], the range hetplan accepts")
 
 
 def _check_zone_pairs(pairs: list[tuple[str, str]], zones: set[str], field: str) -> None:
@@ -335,7 +372,8 @@ class Instance(BaseModel):
     constraints: Constraints = Constraints()
     events: Events = Events()
     estimators: EstimatorChoice = EstimatorChoice()
-    base_dir: str | None = Field(default=None, exclude=True, description="set by the loader")
+    # the folder of the instance file, for its relative paths: the loader's, never the file's
+    base_dir: SkipJsonSchema[str | None] = Field(default=None, exclude=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -371,6 +409,7 @@ class Instance(BaseModel):
     def _cross_checks(self) -> "Instance":
         _reject_non_finite(self, "")  # a string such as "inf" becomes a float in a catalogue model
         self._check_node_groups()
+        _check_sane_ranges(self)
         self._check_gpu_types()
         zones = {g.zone for g in self.cluster.node_groups}
         types = {g.gpu_type for g in self.cluster.node_groups}
@@ -388,6 +427,10 @@ class Instance(BaseModel):
         if not any(g.count for g in groups):
             raise ValueError(f"cluster.node_groups: no GPUs: every node group has count 0 "
                              f"({', '.join(g.name for g in groups)})")
+        total = sum(g.count * g.gpus_per_node for g in groups)
+        if total > MAX_TOTAL_GPUS:  # before anything lists the nodes one by one
+            raise ValueError(f"cluster.node_groups: {total:,} GPUs in all; hetplan plans clusters of at most "
+                             f"{MAX_TOTAL_GPUS:,}")
         first_by_name: dict[str, int] = {}
         region_by_zone: dict[str, tuple[str, int]] = {}
         for i, g in enumerate(groups):
@@ -596,15 +639,39 @@ def file_errors(path: Path, error: type[InstanceError] | type[PlanError] = Insta
         raise error(f"cannot read: {exc.strerror or exc}", str(path)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last one: a
+    second `count:` in a node group would silently replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) < len(pairs):  # the same for JSON (Python's json keeps the last)
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {twice!r} is given twice")
+    return out
+
+
 def read_structured(path: Path, error: type[InstanceError] | type[PlanError] = InstanceError) -> Any:
-    """Parse a YAML or JSON file; syntax errors (with their position) and unreadable files become
-    one `error` naming the file."""
+    """Parse a YAML or JSON file; syntax errors (with their position), keys given twice and
+    unreadable files become one `error` naming the file."""
     with file_errors(path, error):
         text = path.read_text(encoding="utf-8")
     try:
         if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
+            return json.loads(text, object_pairs_hook=_unique_json_keys)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except json.JSONDecodeError as exc:
         raise error(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", str(path)) from None
     except yaml.YAMLError as exc:
@@ -644,6 +711,9 @@ _INSTANCE_KEYS = "an instance must be a mapping with keys name, cluster, workloa
 def instance_from_dict(data: Any, base_dir: str | None = None) -> Instance:
     if not isinstance(data, dict):
         raise InstanceError(f"{_INSTANCE_KEYS}; got {kind_of(data)}")
+    if "base_dir" in data:
+        raise InstanceError("base_dir: not a field of instance files (relative paths are read from the file's "
+                            "folder); remove it")
     try:
         return Instance(**data, base_dir=base_dir)
     except ValidationError as exc:

@@ -20,6 +20,7 @@ Memory (`AnalyticMemory`, name "analytic"): per worker, not per stage average (S
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hetplan.catalog import GpuSpec, LinkSpec, ModelArch
 from hetplan.errors import EstimatorError
@@ -77,6 +78,32 @@ def _intra_links(instance: Instance) -> dict[str, LinkSpec]:
     return links
 
 
+def _number_option(options: dict, name: str, default: float, lo: float, hi: float) -> float:
+    """options[name] (default when absent) as a number within [lo, hi], or EstimatorError naming it."""
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise EstimatorError(f"estimators.options.{name}: must be a number in [{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def _mfu_option(mfu: Any, gpu_types: list[str]) -> dict[str, float] | None:
+    """`options.mfu`: GPU type -> the share of its peak the layers reach, in (0, 1]."""
+    if mfu is None:
+        return None
+    if not isinstance(mfu, dict):
+        raise EstimatorError(f"estimators.options.mfu: must map GPU types to shares of peak in (0, 1], "
+                             f"got {mfu!r}")
+    for gpu_type, share in mfu.items():
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise EstimatorError(f"estimators.options.mfu.{gpu_type}: must be a share of peak in (0, 1], "
+                                 f"got {share!r}")
+    unknown = sorted(set(mfu) - set(gpu_types))
+    if unknown:
+        raise EstimatorError(f"estimators.options.mfu: {unknown} are no GPU type of the cluster "
+                             f"(has {gpu_types})")
+    return mfu
+
+
 class AnalyticTime:
     name = "analytic"
 
@@ -93,7 +120,7 @@ class AnalyticTime:
         wl = instance.workload
         return cls(instance.model_arch, {g: instance.gpu(g) for g in instance.gpu_types}, _intra_links(instance),
                    precision=wl.precision, optimizer=wl.optimizer, zero_stage=wl.zero_stage,
-                   recompute=wl.recompute, mfu=options.get("mfu"))
+                   recompute=wl.recompute, mfu=_mfu_option(options.get("mfu"), instance.gpu_types))
 
     def _gpu(self, gpu_type: str) -> GpuSpec:
         try:
@@ -166,7 +193,7 @@ class AnalyticMemory:
         return cls(instance.model_arch, {g: instance.gpu(g) for g in instance.gpu_types},
                    precision=wl.precision, optimizer=wl.optimizer, zero_stage=wl.zero_stage,
                    recompute=wl.recompute, flash_attention=wl.flash_attention,
-                   overhead_gib=float(options.get("framework_overhead_GiB", 1.0)))
+                   overhead_gib=_number_option(options, "framework_overhead_GiB", 1.0, 0.0, 1024.0))
 
     def activation_bytes(self, units: range, tp: int, microbatch: int) -> float:
         return sum(self._unit_activation_bytes(u, tp, microbatch) for u in units)

@@ -28,6 +28,7 @@ import math
 from itertools import groupby
 
 from hetplan.catalog import LinkSpec
+from hetplan.errors import EstimatorError
 from hetplan.estimators.base import Endpoint, least_nodes, spans_pair
 from hetplan.instance import Instance, Network
 
@@ -76,7 +77,7 @@ class AlphaBetaComm:
 
     def __init__(self, network: Network, allreduce: str = "best"):
         if allreduce not in ("ring", "hierarchical", "best"):
-            raise ValueError(f"allreduce must be ring, hierarchical or best, not {allreduce!r}")
+            raise EstimatorError(f"estimators.options.allreduce: must be ring, hierarchical or best, not {allreduce!r}")
         self.network, self.allreduce = network, allreduce
         self._pairs = {frozenset(p.zones): LinkSpec(kind="other", bandwidth_GBps=p.bandwidth_GBps,
                                                     latency_s=p.latency_s) for p in network.zone_pairs}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -35,6 +36,17 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def check_number(value: float | None, option: str, *, zero: bool = False) -> None:
+    """Refuse nan, inf and a value below 0 (`zero`) or not above 0 of a numeric option, naming it:
+    typer parses "nan" and "inf" as floats, and they would run on to a nan or inf result."""
+    from hetplan.errors import InstanceError
+
+    if value is None or (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        return
+    raise InstanceError(f"must be a {'finite number >= 0' if zero else 'positive finite number'}, got {value:g}",
+                        option)
+
+
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="on an error, show the traceback too (anywhere on "
                                      "the command line; or set HETPLAN_DEBUG=1)")) -> None:
@@ -64,9 +76,11 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="machine-readable ou
 def validate(instance: str = typer.Argument(..., help="instance file, or the name of a bundled one"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Validate an instance file and summarise it."""
+    from hetplan.estimators import build_estimators
     from hetplan.instance import load_instance
 
     inst = load_instance(instance)
+    build_estimators(inst)  # names, options and profiles: what `solve` would refuse, refused here
     arch = inst.model_arch
     info = {"name": inst.name, "gpus": inst.total_gpus, "gpu_types": inst.gpu_types,
             "zones": sorted({n.zone for n in inst.nodes}), "model": arch.name, "layers": arch.num_layers,

@@ -284,3 +284,39 @@ def test_bottleneck_floor_is_below_every_list_of_kinds_by_enumeration():
             met += floor == best < math.inf
             rose += single < floor < math.inf
     assert checked >= 200 and met >= 0.8 * checked and rose >= 20, (checked, met, rose)
+
+
+@pytest.mark.parametrize("options, pattern", [
+    ({"mfu": -5}, r"estimators\.options\.mfu: must map GPU types to shares of peak in \(0, 1\], got -5"),
+    ({"mfu": {"A100-40": 0}}, r"estimators\.options\.mfu\.A100-40: must be a share of peak in \(0, 1\], got 0"),
+    ({"mfu": {"A100-40": "x"}}, r"estimators\.options\.mfu\.A100-40: .* got 'x'"),
+    ({"mfu": {"A100-40": 1.5}}, r"estimators\.options\.mfu\.A100-40: .* got 1\.5"),
+    ({"mfu": {"A100": 0.5}}, r"estimators\.options\.mfu: \['A100'\] are no GPU type of the cluster"),
+    ({"framework_overhead_GiB": "x"}, r"estimators\.options\.framework_overhead_GiB: must be a number in \[0, 1024\]"),
+    ({"framework_overhead_GiB": -1}, r"estimators\.options\.framework_overhead_GiB: .* got -1"),
+    ({"allreduce": "tree"}, r"estimators\.options\.allreduce: must be ring, hierarchical or best, not 'tree'"),
+], ids=["mfu not a mapping", "mfu 0", "mfu a string", "mfu above 1", "mfu of no GPU type", "overhead a string",
+        "overhead negative", "unknown all-reduce"])
+def test_bad_estimator_options_are_named(options, pattern):
+    """Options reach the estimators unchecked by the instance's schema (each plug-in owns its own):
+    each is refused by name when the estimators are built, not as a crash later."""
+    from hetplan.errors import EstimatorError
+    from hetplan.estimators import build_estimators
+    from hetplan.instance import instance_from_dict
+    from test_instance_and_plan import mutated
+
+    inst = instance_from_dict(mutated(["estimators"], {"options": options}))
+    with pytest.raises(EstimatorError, match=pattern):
+        build_estimators(inst)
+
+
+def test_good_estimator_options_change_the_figures():
+    """The checks let the documented options through, and they act: a lower MFU, a slower layer."""
+    from hetplan.estimators import build_estimators
+    from hetplan.instance import instance_from_dict
+    from test_instance_and_plan import mutated
+
+    base = build_estimators(instance_from_dict(mutated(["estimators"], {"options": {}})))
+    slow = build_estimators(instance_from_dict(mutated(["estimators"], {"options": {
+        "mfu": {"A100-40": 0.1}, "framework_overhead_GiB": 2, "allreduce": "ring"}})))
+    assert slow.time.layer_time("A100-40", 1, 1, 1).fwd_s > base.time.layer_time("A100-40", 1, 1, 1).fwd_s

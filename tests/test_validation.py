@@ -284,7 +284,11 @@ def test_plan_directory_and_unknown_bundled_name(tmp_path):
     ("binary.yaml", bytes(range(256)) * 4, r"binary\.yaml: not a UTF-8 text file"),
     ("empty.yaml", "", r"empty\.yaml: an instance must be a mapping .*; got an empty file"),
     ("text.yaml", "just words\n", r"text\.yaml: an instance must be a mapping .*; got a str"),
-], ids=["binary", "empty", "text"])
+    ("twice.yaml", yaml.safe_dump(BASE).replace("- count: 2", "- count: 2\n    count: 200", 1),
+     r"twice\.yaml: invalid YAML at line 9, column 5: the key 'count' is given twice"),
+    ("twice.json", json.dumps(BASE).replace('"count": 2', '"count": 2, "count": 200', 1),
+     r"twice\.json: invalid JSON: the key 'count' is given twice"),
+], ids=["binary", "empty", "text", "a key twice in YAML", "a key twice in JSON"])
 def test_bad_instance_files(tmp_path, name, content, pattern):
     path = tmp_path / name
     path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
@@ -314,3 +318,48 @@ def assert_cli_error(args: list[str], needle: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     assert "Traceback" not in proc.stderr and needle in lines[0], proc.stderr
+
+
+# ---- 8. figures no cluster has: refused before the planner or the simulator takes minutes or prints inf ----
+@pytest.mark.parametrize("path, value, pattern", [
+    (["cluster", "node_groups", 0, "count"], 300_000,
+     r"cluster\.node_groups: 1,200,008 GPUs in all; hetplan plans clusters of at most 1,000,000"),
+    (["cluster", "node_groups", 0, "price_per_gpu_hour_usd"], 1e308,
+     r"cluster\.node_groups\[0\]\.price_per_gpu_hour_usd: 1e\+308 USD per GPU-hour is outside \[0, 1e\+06\]"),
+    (["cluster", "network", "inter_node"], {"bandwidth_GBps": 1e-20},
+     r"cluster\.network\.inter_node\.bandwidth_GBps: 1e-20 GB/s is outside \[1e-06, 1e\+06\]"),
+    (["cluster", "network", "inter_zone"], {"bandwidth_GBps": 5.0, "latency_s": 1e12},
+     r"cluster\.network\.inter_zone\.latency_s: 1e\+12 s is outside \[0, 60\]"),
+    (["cluster", "network", "egress"], {"inter_region_usd_per_GB": 1e7},
+     r"cluster\.network\.egress\.inter_region_usd_per_GB: 1e\+07 USD per GB is outside"),
+    (["workload", "model"], {"preset": "OPT-350M", "overrides": {"num_layers": 100_000}},
+     r"workload\.model\.overrides: num_layers: .*less than or equal to 4096"),
+    (["estimators"], {"iteration": "sailor"},
+     r"estimators: iteration 'sailor' needs time: sailor and memory: sailor \(got time: analytic"),
+    (["base_dir"], "/nonexistent", r"base_dir: not a field of instance files"),
+], ids=["1.6 M GPUs", "price 1e308", "bandwidth 1e-20", "latency 1e12", "egress 1e7", "100,000 layers",
+        "sailor iteration alone", "base_dir"])
+def test_figures_beyond_any_cluster(path, value, pattern):
+    rejected(mutated(path, value), pattern)
+
+
+@pytest.mark.parametrize("path, value", [
+    (["cluster", "node_groups", 0, "count"], 249_998),  # 4-GPU nodes, with the 8 V100s: 1,000,000 GPUs
+    (["cluster", "node_groups", 0, "price_per_gpu_hour_usd"], 1e6),
+    (["cluster", "network", "inter_zone"], {"bandwidth_GBps": 1e-6, "latency_s": 60.0}),
+    (["workload", "model"], {"preset": "OPT-350M", "overrides": {"num_layers": 4096}}),
+    (["estimators"], {"preset": "sailor", "iteration": "sailor"}),
+], ids=["1,000,000 GPUs", "price 1e6", "slowest link", "4,096 layers", "sailor preset"])
+def test_the_edges_of_those_ranges_are_accepted(path, value):
+    data = mutated(path, value)
+    if path[-1] == "count":
+        assert sum(g["count"] * g["gpus_per_node"] for g in data["cluster"]["node_groups"]) == 1_000_000
+    instance_from_dict(data)
+
+
+def test_validate_builds_the_estimators(tmp_path):
+    """`validate` refuses what `solve` would: an unknown estimator, a bad option."""
+    assert_cli_error(["validate", str(write(tmp_path, mutated(["estimators"], {"time": "bogus"})))],
+                     "estimators.time: unknown estimator 'bogus'")
+    assert_cli_error(["validate", str(write(tmp_path, mutated(["estimators"], {"options": {"mfu": {"A100-40": 0}}})))],
+                     "estimators.options.mfu.A100-40: must be a share of peak in (0, 1], got 0")
