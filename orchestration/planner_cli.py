@@ -23,16 +23,13 @@ def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_s
 def _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages) -> None:
     """Refuse bad options before anything is loaded or searched, each naming its option."""
     from hetplan.errors import InstanceError
-
-    def finite_positive(value, name):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise InstanceError(f"must be a positive finite number, got {value:g}", name)
+    from hetplan.orchestration.cli import check_number
 
     if objective not in (None, "max_throughput", "min_cost"):
         raise InstanceError(f"unknown objective {objective!r}; use max_throughput or min_cost", "--objective")
-    finite_positive(time_limit, "--time-limit")
-    finite_positive(max_cost, "--max-cost")
-    finite_positive(min_throughput, "--min-throughput")
+    check_number(time_limit, "--time-limit")
+    check_number(max_cost, "--max-cost")
+    check_number(min_throughput, "--min-throughput")
     if not (math.isfinite(gap) and 0 <= gap < 1):
         raise InstanceError(f"must be a relative gap in [0, 1), got {gap:g}", "--gap")
     if max_stages < 1:
@@ -207,9 +204,17 @@ def _front(inst, points: int, solver, time_limit: float, max_stages: int, quiet:
     cheap = solve_with("min_cost", None)
     lo, hi = cheap.report.cost_per_iteration_usd, fast.report.cost_per_iteration_usd
     rows = [(lo, cheap)]
-    for k in range(1, points - 1):
+    for k in range(1, points - 1 if hi > lo else 1):  # hi <= lo (free GPUs): no budget lies between
         budget = lo + (hi - lo) * k / (points - 1)
         rows.append((budget, solve_with("max_throughput", budget)))
     rows.append((hi, fast))
-    return [{"budget_usd": b, "cost_usd": r.report.cost_per_iteration_usd, "iters_per_s": r.report.iters_per_s,
-             "samples_per_s": r.report.samples_per_s, "gpus": r.report.num_gpus, "gap": r.gap} for b, r in rows]
+    front = [{"budget_usd": b, "cost_usd": r.report.cost_per_iteration_usd, "iters_per_s": r.report.iters_per_s,
+              "samples_per_s": r.report.samples_per_s, "gpus": r.report.num_gpus, "gap": r.gap} for b, r in rows]
+    return [p for p in front if not any(_dominates(q, p) for q in front)]
+
+
+def _dominates(q: dict, p: dict) -> bool:
+    """q costs no more and runs no slower than p, and is better in one (the cheapest plan ties on cost
+    with faster ones where GPUs are free)."""
+    return (q["cost_usd"] <= p["cost_usd"] and q["iters_per_s"] >= p["iters_per_s"]
+            and (q["cost_usd"] < p["cost_usd"] or q["iters_per_s"] > p["iters_per_s"]))

@@ -13,15 +13,28 @@ import typer
 from rich.table import Table
 
 
+def _check_options(horizon, restart, notice, planner_time_limit, initial_time_limit, fixed_latency, move_penalty,
+                   checkpoint_interval) -> None:
+    """The numeric options, before the instance is loaded or anything planned. 0 is a real choice
+    where allowed: no restart cost, no notice, no planner run when a repair exists, free re-plans."""
+    from hetplan.orchestration.cli import check_number
+
+    for value, option in ((horizon, "--horizon"), (checkpoint_interval, "--checkpoint-interval")):
+        check_number(value, option)
+    for value, option in ((restart, "--restart-s"), (notice, "--notice-s"),
+                          (planner_time_limit, "--planner-time-limit"), (initial_time_limit, "--initial-time-limit"),
+                          (fixed_latency, "--fixed-latency"), (move_penalty, "--move-penalty")):
+        check_number(value, option, zero=True)
+
+
 def _options(horizon, restart, notice, no_notice, planner_time_limit, initial_time_limit, fixed_latency,
              strategies, move_penalty, checkpoint_interval):
-    from hetplan.errors import InstanceError
     from hetplan.orchestration.replay import ReplayOptions
 
+    _check_options(horizon, restart, notice, planner_time_limit, initial_time_limit, fixed_latency, move_penalty,
+                   checkpoint_interval)
     base = ReplayOptions()
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
-    if planner_time_limit < 0:
-        raise InstanceError("--planner-time-limit must be >= 0", "planner_time_limit")
     ropts = base.replan.__class__(**{**base.replan.__dict__, "planner_time_limit_s": planner_time_limit,
                                      "move_penalty_s": move_penalty})
     return ReplayOptions(horizon_s=horizon, restart_s=restart, notice_s=None if no_notice else notice,
@@ -118,9 +131,10 @@ def register(app: typer.Typer) -> None:
         """Replay an availability trace: re-plan at each event and compare with static / cold re-planning."""
         from hetplan.instance import load_instance
 
-        inst = load_instance(instance)
+        # the options first: a bad one is refused before the instance is read or anything planned
         opts = _options(horizon, restart, notice, no_notice, planner_time_limit, initial_time_limit, fixed_latency,
                         strategies, move_penalty, checkpoint_interval)
+        inst = load_instance(instance)
         result = _run(inst, trace, opts, quiet=as_json)
         if as_json:
             print_json(result.summary())

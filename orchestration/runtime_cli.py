@@ -27,6 +27,21 @@ def _hosts(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _write_launch(inst, plan, target: str, out: Path, options) -> list[Path]:
+    """`write_launch`, naming --out (as `solve` names --output) when the file system refuses a folder
+    there that the up-front check let through: /proc passes `check_output_dir` as root, yet refuses mkdir."""
+    from hetplan.files import OutputError
+    from hetplan.runtime.compile import write_launch
+
+    try:
+        return write_launch(inst, plan, target, out, options)
+    except OSError as exc:
+        failed = Path(exc.filename) if exc.filename else None
+        if failed is None or not (failed == out or out in failed.parents or failed in out.parents):
+            raise  # not under --out: main's one line for file system errors says what it was
+        raise OutputError(f"cannot write {failed}: {exc.strerror}", "--out") from None
+
+
 def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | None, heads: int | None,
                         ffn: int | None, vocab: int | None, seq_len: int | None) -> dict[str, int]:
     """Check the options `launch --local` and `measure --local` share (schedule, output folder)
@@ -50,7 +65,7 @@ def register(app: typer.Typer) -> None:
                                    help="torchrun | slurm | kubernetes | megatron | deepspeed"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory"),
         host: list[str] = typer.Option([], "--host", help="NODE=HOSTNAME, repeatable (default: node ids)"),
-        master_port: int = typer.Option(29500, "--master-port"),
+        master_port: int = typer.Option(29500, "--master-port", help="rendezvous TCP port, 1..65535"),
         rendezvous: str = typer.Option("static", "--rendezvous", help="static | c10d (torchrun target)"),
         image: str = typer.Option("hetplan-runtime:latest", "--image", help="container image (kubernetes)"),
         checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="shared folder (same path on "
@@ -66,12 +81,14 @@ def register(app: typer.Typer) -> None:
         """Write the launch spec and the target's launch files for a plan."""
         from hetplan.instance import load_instance
         from hetplan.plan import load_plan
-        from hetplan.runtime.compile import CompileOptions, write_launch
+        from hetplan.runtime.compile import CompileOptions
 
         from hetplan.files import check_output_dir
 
         if rendezvous not in ("static", "c10d"):
             raise PlanError(f"unknown rendezvous {rendezvous!r}; use static or c10d", "--rendezvous")
+        if not 1 <= master_port <= 65535:  # else the launch spec's own check fails after the compile
+            raise PlanError(f"must be a TCP port in 1..65535, got {master_port}", "--master-port")
         check_output_dir(out, "--out")
         from hetplan.runtime.targets import Resilience
 
@@ -81,7 +98,7 @@ def register(app: typer.Typer) -> None:
         resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts, min_nodes) if checkpoint_dir else None
         options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
                                  resilience=resilience)
-        paths = write_launch(load_instance(instance), load_plan(plan), target, out, options)
+        paths = _write_launch(load_instance(instance), load_plan(plan), target, out, options)
         for p in paths:
             typer.echo(str(p))
 
@@ -162,8 +179,11 @@ def register(app: typer.Typer) -> None:
         if checkpoint_dir is None:
             raise PlanError("--checkpoint-dir is required: the supervisor resumes from its checkpoints",
                             "--checkpoint-dir")
-        if time_scale <= 0:
-            raise PlanError(f"--time-scale must be positive, got {time_scale}", "--time-scale")
+        from hetplan.orchestration.cli import check_number
+
+        for value, option in ((time_scale, "--time-scale"), (heartbeat_timeout, "--heartbeat-timeout"),
+                              (replan_time_limit, "--replan-time-limit")):
+            check_number(value, option)
         overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len)
         import sys
 

@@ -74,3 +74,36 @@ def test_schema_export(tmp_path):
     out = tmp_path / "schema.json"
     run("schema", "-o", str(out))
     assert json.loads(out.read_text())["title"] == "hetplan instance"
+
+
+def _free_gpus_instance(tmp_path: Path, free: tuple[str, ...]) -> Path:
+    """elastic_small with every node up and the node groups in `free` at price 0."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "instances" / "elastic_small.yaml").read_text())
+    data.pop("events")
+    for group in data["cluster"]["node_groups"]:
+        if group["name"] in free:
+            group["price_per_gpu_hour_usd"] = 0.0
+    path = tmp_path / "free.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_pareto_front_has_no_dominated_point(tmp_path):
+    """With the V100s free the cheapest plan (cost 0, 1 GPU) ties on cost with a faster one: the front
+    keeps the faster; every point costs more and runs faster than the one before."""
+    path = _free_gpus_instance(tmp_path, ("v",))
+    front = json.loads(run("pareto", str(path), "--points", "4", "--time-limit", "10", "--json").stdout)
+    pairs = [(p["cost_usd"], p["iters_per_s"]) for p in front]
+    assert len(pairs) >= 2
+    assert all(c0 < c1 and t0 < t1 for (c0, t0), (c1, t1) in zip(pairs, pairs[1:])), pairs
+
+
+def test_pareto_of_free_gpus_is_one_point(tmp_path):
+    """Every plan costs 0: no budget lies between the cheapest and the fastest, and the fastest is the front."""
+    path = _free_gpus_instance(tmp_path, ("a", "v"))
+    front = json.loads(run("pareto", str(path), "--points", "3", "--time-limit", "10", "--json").stdout)
+    assert [p["cost_usd"] for p in front] == [0.0]
+    fastest = json.loads(run("solve", str(path), "--time-limit", "10", "--json").stdout)
+    assert front[0]["iters_per_s"] == pytest.approx(fastest["simulated"]["iters_per_s"])

@@ -1,0 +1,169 @@
+"""Nonsensical options and malformed Sailor plans, through the installed `hetplan` executable.
+
+Each case once ran to exit 0 with nan/inf figures, reported a bad option as infeasibility, or ended
+in an internal error (exit 70). Now each is refused with status 1 (bad input, README "Exit status")
+and one `error:` line that names the option or the plan field; `replay` refuses its options before
+any planning, so those cases return at once.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from test_cli_contract import error_lines, executable, run
+
+REPO = Path(__file__).resolve().parents[1]
+ELASTIC = str(REPO / "instances" / "elastic_small.yaml")
+ELASTIC_PLAN = str(REPO / "instances" / "plans" / "elastic_small.json")
+EVENTS = """events:
+  - {kind: availability, time_s: 100, gpu_type: A100-40, zone: z-a, available_gpus: 2}
+  - {kind: availability, time_s: 200, gpu_type: A100-40, zone: z-a, available_gpus: 4}
+"""
+BAD_INPUT = 1
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("bad_options")
+    (d / "events.yaml").write_text(EVENTS)
+    return d
+
+
+def assert_refused(proc, needle: str) -> str:
+    """Status 1, one `error:` line that contains `needle`, no traceback, no internal error."""
+    lines = error_lines(proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert "internal error" not in proc.stderr, proc.stderr
+    assert proc.returncode == BAD_INPUT, (proc.returncode, proc.stderr, proc.stdout[-500:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# --- replay: (option, value, what the line says after "error: OPTION: ") ---
+POSITIVE = "must be a positive finite number"
+NON_NEGATIVE = "must be a finite number >= 0"
+REPLAY_CASES = [
+    ("--horizon", "nan", POSITIVE),
+    ("--horizon", "inf", POSITIVE),
+    ("--restart-s", "nan", NON_NEGATIVE),
+    ("--fixed-latency", "-1", NON_NEGATIVE),
+    ("--fixed-latency", "nan", NON_NEGATIVE),
+    ("--move-penalty", "nan", NON_NEGATIVE),
+    ("--notice-s", "-5", NON_NEGATIVE),
+    ("--notice-s", "nan", NON_NEGATIVE),
+    ("--checkpoint-interval", "nan", POSITIVE),
+    ("--planner-time-limit", "nan", NON_NEGATIVE),
+    ("--planner-time-limit", "inf", NON_NEGATIVE),
+    # once a note "no plan fits ... (planner failed: ...)" with exit 0: a bad option read as infeasibility
+    ("--initial-time-limit", "inf", NON_NEGATIVE),
+    ("--initial-time-limit", "nan", NON_NEGATIVE),
+]
+
+
+@pytest.mark.parametrize("option, value, says", REPLAY_CASES, ids=[f"{o} {v}" for o, v, _ in REPLAY_CASES])
+def test_replay_refuses_a_nonsensical_option_before_planning(folder, option, value, says):
+    # --fixed-latency first, so that a case's own --fixed-latency (the last one given) is what is checked
+    proc = run(executable(), ["replay", ELASTIC, "{d}/events.yaml", "--fixed-latency", "0.05", option, value],
+               folder)
+    assert_refused(proc, f"error: {option}: {says}, got {value}")
+    assert proc.stdout == ""  # nothing replayed, no table printed
+
+
+RUN_CASES = [("--time-scale", "nan"), ("--time-scale", "0"), ("--heartbeat-timeout", "-1"),
+             ("--replan-time-limit", "inf")]
+
+
+@pytest.mark.parametrize("option, value", RUN_CASES, ids=[f"{o} {v}" for o, v in RUN_CASES])
+def test_run_refuses_a_nonsensical_option_before_starting(folder, option, value):
+    proc = run(executable(), ["run", ELASTIC, ELASTIC_PLAN, "--local", "--elastic", "--checkpoint-dir", "{d}/ckpt",
+                              option, value], folder)
+    assert_refused(proc, f"error: {option}: {POSITIVE}, got {value}")
+    assert not (folder / "ckpt").exists()  # refused before the supervisor made anything
+
+
+def test_replay_accepts_zero_where_zero_means_something(folder):
+    """No restart cost, no notice, no planner run when a repair exists, free re-plans: all real choices."""
+    args = ["replay", ELASTIC, "{d}/events.yaml", "--fixed-latency", "0", "--notice-s", "0", "--restart-s", "0",
+            "--move-penalty", "0", "--planner-time-limit", "0", "--initial-time-limit", "0", "--strategies", "warm",
+            "--json"]
+    proc = run(executable(), args, folder)
+    assert proc.returncode == 0, proc.stderr
+    assert "nan" not in proc.stdout and "inf" not in proc.stdout.lower()
+    assert json.loads(proc.stdout)["strategies"]["warm"]["total_samples"] > 0
+
+
+# --- compile: --master-port and --out ---
+@pytest.mark.parametrize("port", ["0", "-1", "70000"])
+def test_compile_refuses_a_port_out_of_range(folder, port):
+    proc = run(executable(), ["compile", ELASTIC, ELASTIC_PLAN, "-o", "{d}/out_port", "--master-port", port], folder)
+    line = assert_refused(proc, "error: --master-port: ")
+    assert "1..65535" in line and f"got {port}" in line
+    assert not (folder / "out_port").exists()
+
+
+def test_compile_accepts_the_highest_port(folder):
+    proc = run(executable(), ["compile", ELASTIC, ELASTIC_PLAN, "-o", "{d}/out_65535", "--master-port", "65535"],
+               folder)
+    assert proc.returncode == 0, proc.stderr
+    assert "65535" in (folder / "out_65535" / "launch_spec.json").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc, which refuses new folders")
+def test_compile_names_out_when_the_folder_cannot_be_made(folder):
+    """/proc passes the up-front check as root (it looks writable) and then refuses mkdir."""
+    proc = run(executable(), ["compile", ELASTIC, ELASTIC_PLAN, "-o", "/proc/hetplan-nope"], folder)
+    assert_refused(proc, "error: --out: ")
+
+
+# --- malformed Sailor-format plans: (id, mutation of the valid plan, field path the line names) ---
+def _pipe(plan: dict) -> dict:
+    return plan["pipeline_list"][0]
+
+
+SAILOR_CASES = [
+    ("mbs 0", lambda p: p.update(mbs=0), "error: mbs: must be a positive integer, got 0"),
+    ("mbs -4", lambda p: p.update(mbs=-4), "error: mbs: must be a positive integer, got -4"),
+    ("mbs a string", lambda p: p.update(mbs="4"), "error: mbs: "),
+    ("tmp_per_stage of ints", lambda p: _pipe(p).update(tmp_per_stage=[1, 2]),
+     "error: pipeline_list[0].tmp_per_stage[0]: "),
+    ("a stage without layers", lambda p: _pipe(p)["layers_per_stage"].__setitem__(1, []),
+     "error: pipeline_list[0].layers_per_stage[1]: "),
+    ("layers_per_stage a string", lambda p: _pipe(p).update(layers_per_stage="all"),
+     "error: pipeline_list[0].layers_per_stage: "),
+    ("num_stages disagrees", lambda p: _pipe(p).update(num_stages=3), "error: pipeline_list[0].num_stages: "),
+    ("tp 0", lambda p: _pipe(p)["tmp_per_stage"][0][0].__setitem__(1, 0),
+     "error: pipeline_list[0].tmp_per_stage[0][0][1]: "),
+    ("dp of strings", lambda p: _pipe(p).update(dp=["8", "8"]), "error: pipeline_list[0].dp[0]: "),
+]
+
+
+@pytest.fixture(scope="module")
+def sailor_plan(folder) -> dict:
+    proc = run(executable(), ["export-plan", "a100_homogeneous", "a100_homogeneous", "-o", "{d}/sailor.json"],
+               folder)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((folder / "sailor.json").read_text())
+
+
+def test_a_valid_sailor_plan_is_read(folder, sailor_plan):
+    """The control: the unmutated plan reads back, and export-plan writes it unchanged."""
+    proc = run(executable(), ["export-plan", "a100_homogeneous", "{d}/sailor.json"], folder)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == sailor_plan
+
+
+# every case through export-plan; simulate reads plans the same way (`load_any_plan`), two cases show it
+SAILOR_RUNS = [("export-plan", *c) for c in SAILOR_CASES] + [("simulate", *c) for c in SAILOR_CASES[:4:3]]
+
+
+@pytest.mark.parametrize("command, name, mutate, needle", SAILOR_RUNS, ids=[f"{r[0]} {r[1]}" for r in SAILOR_RUNS])
+def test_malformed_sailor_plan_names_the_field(folder, sailor_plan, command, name, mutate, needle):
+    plan = copy.deepcopy(sailor_plan)
+    mutate(plan)
+    path = folder / f"{command}_{name.replace(' ', '_')}.json"
+    path.write_text(json.dumps(plan))
+    assert_refused(run(executable(), [command, "a100_homogeneous", str(path)], folder), needle)
