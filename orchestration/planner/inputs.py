@@ -566,8 +566,9 @@ def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> 
         for b in opts.microbatch_sizes:
             if B % b:
                 continue
-            for D in range(1, B // b + 1):
-                if (B // b) % D == 0 and P * D <= max_replicas:
+            # D <= max_replicas // P: the loop stays as long as the cluster is large, not the batch
+            for D in range(1, min(B // b, max_replicas // P) + 1):
+                if (B // b) % D == 0:
                     combos.append(Combo(P, b, D))
     return combos
 
