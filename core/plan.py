@@ -311,6 +311,9 @@ def _claim_first_fit(instance: Instance, rep: Replica, free: dict[str, list[int]
         raise PlanError(f"GPU type {rep.gpu_type!r} is not in the cluster (has {instance.gpu_types})", f"{field}.gpu_type")
     if rep.zone is None:
         raise PlanError("a replica needs a zone or a node", f"{field}.zone")
+    zones = sorted({g.zone for g in instance.cluster.node_groups})
+    if rep.zone not in zones:  # else "no node ... has 1 free GPUs left", as if the zone were full
+        raise PlanError(f"zone {rep.zone!r} is not in the cluster (has {zones})", f"{field}.zone")
     for node in instance.nodes:
         if node.gpu_type == rep.gpu_type and node.zone == rep.zone and len(free[node.node_id]) >= rep.tp:
             gpus = tuple(free[node.node_id][: rep.tp])

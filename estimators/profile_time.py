@@ -50,9 +50,12 @@ def instance_profiles(instance: Any, opts: Mapping[str, Any], who: str) -> Profi
         raise EstimatorError(f"{who}: workload.profiles is empty; add a ProfileRef per GPU type")
     llm_info = opts.get("llm_info")
     loaded = ProfileSet()
-    for ref in refs:
+    for i, ref in enumerate(refs):
+        path = instance.resolve_path(ref.path)
+        if not path.exists():  # the loader's own line names the file, not the field that gave it
+            raise EstimatorError(f"workload.profiles[{i}].path: file not found: {path}")
         loaded = loaded.merged(load_profiles(
-            instance.resolve_path(ref.path), ref.format, ref.gpu_type,
+            path, ref.format, ref.gpu_type,
             llm_info=instance.resolve_path(llm_info) if llm_info and ref.format == "sailor" else None,
             model=opts.get("sailor_model"), metis_fwd_fraction=opts.get("metis_fwd_fraction")))
     arch = instance.model_arch

@@ -30,6 +30,7 @@ and the migration estimate of `hetplan.runtime.migrate` (which needs no torch).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -79,11 +80,14 @@ class ReplayOptions:
         unknown = sorted(set(self.strategies) - set(STRATEGIES))
         if unknown or not self.strategies:
             raise InstanceError(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}", "replay.strategies")
-        for name in ("restart_s", "checkpoint_interval_s", "initial_time_limit_s"):
-            if getattr(self, name) < 0 or (name == "checkpoint_interval_s" and self.checkpoint_interval_s == 0):
-                raise InstanceError(f"{name} must be positive, got {getattr(self, name)}", f"replay.{name}")
-        if self.horizon_s is not None and self.horizon_s <= 0:
-            raise InstanceError(f"horizon_s must be positive, got {self.horizon_s}", "replay.horizon_s")
+        # nan passes every comparison with `<`: a nan horizon replayed "from 0 s to nan s" with exit 0
+        for name, positive in (("horizon_s", True), ("checkpoint_interval_s", True), ("plan_horizon_s", True),
+                               ("restart_s", False), ("notice_s", False), ("initial_time_limit_s", False),
+                               ("fixed_latency_s", False)):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+                raise InstanceError(f"{name} must be {'positive' if positive else '>= 0'} and finite, got {value}",
+                                    f"replay.{name}")
 
 
 @dataclass(frozen=True)

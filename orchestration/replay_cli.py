@@ -29,12 +29,16 @@ def _check_options(horizon, restart, notice, planner_time_limit, initial_time_li
 
 def _options(horizon, restart, notice, no_notice, planner_time_limit, initial_time_limit, fixed_latency,
              strategies, move_penalty, checkpoint_interval):
-    from hetplan.orchestration.replay import ReplayOptions
+    from hetplan.errors import InstanceError
+    from hetplan.orchestration.replay import STRATEGIES, ReplayOptions
 
     _check_options(horizon, restart, notice, planner_time_limit, initial_time_limit, fixed_latency, move_penalty,
                    checkpoint_interval)
     base = ReplayOptions()
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
+    unknown = sorted(set(names) - set(STRATEGIES))
+    if unknown or not names:
+        raise InstanceError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}", "--strategies")
     ropts = base.replan.__class__(**{**base.replan.__dict__, "planner_time_limit_s": planner_time_limit,
                                      "move_penalty_s": move_penalty})
     return ReplayOptions(horizon_s=horizon, restart_s=restart, notice_s=None if no_notice else notice,

@@ -167,3 +167,20 @@ def test_malformed_sailor_plan_names_the_field(folder, sailor_plan, command, nam
     path = folder / f"{command}_{name.replace(' ', '_')}.json"
     path.write_text(json.dumps(plan))
     assert_refused(run(executable(), [command, "a100_homogeneous", str(path)], folder), needle)
+
+
+def test_replay_names_an_unknown_strategy(folder):
+    proc = run(executable(), ["replay", ELASTIC, "{d}/events.yaml", "--strategies", "warm,bogus"], folder)
+    assert_refused(proc, "error: --strategies: unknown strategies ['bogus']; choose from warm, cold, static")
+
+
+@pytest.mark.parametrize("field, value", [("horizon_s", float("nan")), ("restart_s", float("inf")),
+                                          ("notice_s", -1.0), ("fixed_latency_s", float("nan")),
+                                          ("plan_horizon_s", 0.0)])
+def test_replay_options_refuse_what_the_cli_refuses(field, value):
+    """The library's own check, for callers that skip the CLI: nan passed its `< 0` tests."""
+    from hetplan.errors import InstanceError
+    from hetplan.orchestration.replay import ReplayOptions
+
+    with pytest.raises(InstanceError, match=rf"replay\.{field}: {field} must be"):
+        ReplayOptions(**{field: value})

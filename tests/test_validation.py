@@ -363,3 +363,23 @@ def test_validate_builds_the_estimators(tmp_path):
                      "estimators.time: unknown estimator 'bogus'")
     assert_cli_error(["validate", str(write(tmp_path, mutated(["estimators"], {"options": {"mfu": {"A100-40": 0}}})))],
                      "estimators.options.mfu.A100-40: must be a share of peak in (0, 1], got 0")
+
+
+def test_plan_replica_in_a_zone_the_cluster_lacks(a100_v100):
+    """It used to read "no node of A100-40 in mars has 1 free GPUs left", as if the zone were full."""
+    plan = copy.deepcopy(PLAN)
+    plan["stages"][0]["replicas"][0]["zone"] = "mars"
+    with pytest.raises(PlanError, match=r"stages\[0\]\.replicas\[0\]\.zone: zone 'mars' is not in the cluster "
+                                        r"\(has \['us-central1-a'\]\)"):
+        validate_plan(a100_v100, plan_from_dict(plan))
+
+
+def test_missing_profile_file_names_its_field(tmp_path):
+    from hetplan.errors import EstimatorError
+    from hetplan.estimators import build_estimators
+
+    data = mutated(["workload", "profiles"], [{"gpu_type": "A100-40", "path": "nope.json"}])
+    data["estimators"] = {"time": "profile"}
+    inst = instance_from_dict(data, base_dir=str(tmp_path))
+    with pytest.raises(EstimatorError, match=r"workload\.profiles\[0\]\.path: file not found: .*nope\.json"):
+        build_estimators(inst)
