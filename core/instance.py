@@ -646,8 +646,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: keys given beside it override the merged ones, as YAML says
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key: the base class names it
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
                                                         key_node.start_mark)
             seen.add(key)

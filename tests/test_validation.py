@@ -288,7 +288,8 @@ def test_plan_directory_and_unknown_bundled_name(tmp_path):
      r"twice\.yaml: invalid YAML at line 9, column 5: the key 'count' is given twice"),
     ("twice.json", json.dumps(BASE).replace('"count": 2', '"count": 2, "count": 200', 1),
      r"twice\.json: invalid JSON: the key 'count' is given twice"),
-], ids=["binary", "empty", "text", "a key twice in YAML", "a key twice in JSON"])
+    ("unhashable.yaml", "? [a, b]\n: 1\n", r"unhashable\.yaml: invalid YAML at line 1, column 3: found unhashable key"),
+], ids=["binary", "empty", "text", "a key twice in YAML", "a key twice in JSON", "a list as a key"])
 def test_bad_instance_files(tmp_path, name, content, pattern):
     path = tmp_path / name
     path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
@@ -383,3 +384,12 @@ def test_missing_profile_file_names_its_field(tmp_path):
     inst = instance_from_dict(data, base_dir=str(tmp_path))
     with pytest.raises(EstimatorError, match=r"workload\.profiles\[0\]\.path: file not found: .*nope\.json"):
         build_estimators(inst)
+
+
+def test_a_key_beside_a_yaml_merge_overrides_it(tmp_path):
+    """`<<: *anchor` then the same key: YAML's override, not a key given twice."""
+    from hetplan.instance import read_structured
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &b {count: 1, zone: z}\ngroup:\n  <<: *b\n  count: 2\n")
+    assert read_structured(path) == {"base": {"count": 1, "zone": "z"}, "group": {"count": 2, "zone": "z"}}
