@@ -613,9 +613,16 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem, each naming the field by its dotted path."""
+    """One line per problem, each naming the field by its dotted path. A list too short only
+    because its items failed (pydantic reports a tuple with a bad item as empty too) is left out:
+    the items' own errors say what is wrong."""
+    errors = exc.errors()
+    inner = [tuple(e["loc"]) for e in errors]
     lines = []
-    for err in exc.errors():
+    for err in errors:
+        loc_t = tuple(err["loc"])
+        if err["type"] == "too_short" and any(len(o) > len(loc_t) and o[:len(loc_t)] == loc_t for o in inner):
+            continue
         loc = ".".join(str(p) for p in err["loc"])
         msg = _one_line(err["msg"].removeprefix("Value error, "))
         lines.append(f"{loc}: {msg}" if loc else msg)

@@ -393,3 +393,17 @@ def test_a_key_beside_a_yaml_merge_overrides_it(tmp_path):
     path = tmp_path / "merge.yaml"
     path.write_text("base: &b {count: 1, zone: z}\ngroup:\n  <<: *b\n  count: 2\n")
     assert read_structured(path) == {"base": {"count": 1, "zone": "z"}, "group": {"count": 2, "zone": "z"}}
+
+
+def test_a_bad_replica_is_one_problem_not_two():
+    """pydantic also reports the replicas tuple as empty when an item fails; the message said
+    "...tp: Input should be greater than or equal to 1; stages.0.replicas: Tuple should have at least
+    1 item", a false second clause. An empty tuple is still reported."""
+    plan = copy.deepcopy(PLAN)
+    plan["stages"][0]["replicas"][0]["tp"] = 0
+    with pytest.raises(PlanError) as err:
+        plan_from_dict(plan)
+    assert str(err.value) == "stages.0.replicas.0.tp: Input should be greater than or equal to 1"
+    plan["stages"][0]["replicas"] = []
+    with pytest.raises(PlanError, match=r"^stages\.0\.replicas: Tuple should have at least 1 item"):
+        plan_from_dict(plan)
