@@ -347,6 +347,24 @@ def read_events_file(path: str | Path) -> tuple[list[Event], str | None]:
     return events, (str(path.parent / trace) if trace else None)
 
 
+def check_events(instance: Instance, events: list[Event], where: str) -> None:
+    """InstanceError naming the first event (`where`: events[i]) whose GPU type and zone, node or
+    zones the instance lacks: an events file is read before the replay, the states that would
+    refuse the event only when they reach it, naming no file."""
+    keys = {(g.gpu_type, g.zone) for g in instance.cluster.node_groups}
+    zones = {z for _, z in keys}
+    for i, ev in enumerate(events):
+        field = f"{where}: events[{i}]"
+        if isinstance(ev, (AvailabilityEvent, PreemptionNotice)) and (ev.gpu_type, ev.zone) not in keys:
+            raise InstanceError(f"{ev.gpu_type} in zone {ev.zone} is not in the cluster "
+                                f"(has {sorted(f'{g}@{z}' for g, z in keys)})", field)
+        if isinstance(ev, (NodeFailure, NodeRecovery)) and ev.node not in instance.node_by_id:
+            raise InstanceError(f"unknown node {ev.node!r}", f"{field}.node")
+        if isinstance(ev, BandwidthEvent) and ev.zones is not None and set(ev.zones) - zones:
+            raise InstanceError(f"zones {sorted(set(ev.zones) - zones)} not in the cluster (has {sorted(zones)})",
+                                f"{field}.zones")
+
+
 def parse_event(item: Any, where: str = "event") -> Event:
     if not isinstance(item, dict) or "kind" not in item:
         raise InstanceError(f"an event is a mapping with 'kind' (one of {sorted(EVENT_KINDS)})", where)

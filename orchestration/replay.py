@@ -43,6 +43,7 @@ from hetplan.cluster_state import (
     NodeFailure,
     PreemptionNotice,
     batches,
+    check_events,
     describe_event,
     event_stream,
     read_events_file,
@@ -187,6 +188,7 @@ def load_events(instance: Instance, trace: str | Path | None) -> tuple[str | Non
     if path.suffix.lower() == ".csv":
         return str(path), []
     events, csv = read_events_file(path)
+    check_events(instance, events, str(path))
     return csv, events
 
 

@@ -184,3 +184,20 @@ def test_replay_options_refuse_what_the_cli_refuses(field, value):
 
     with pytest.raises(InstanceError, match=rf"replay\.{field}: {field} must be"):
         ReplayOptions(**{field: value})
+
+
+@pytest.mark.parametrize("event, needle", [
+    ("{kind: availability, time_s: 100, gpu_type: H100, zone: z-a, available_gpus: 2}",
+     "events[2]: H100 in zone z-a is not in the cluster"),
+    ("{kind: preemption, time_s: 100, effective_s: 130, gpu_type: A100-40, zone: mars, available_gpus: 0}",
+     "events[2]: A100-40 in zone mars is not in the cluster"),
+    ("{kind: failure, time_s: 100, node: zz-9}", "events[2].node: unknown node 'zz-9'"),
+    ("{kind: bandwidth, time_s: 100, link: zone_pair, zones: [z-a, mars], bandwidth_GBps: 1}",
+     "events[2].zones: zones ['mars'] not in the cluster"),
+], ids=["availability", "preemption", "failure", "bandwidth"])
+def test_replay_names_the_events_file_and_the_event(folder, event, needle):
+    """These were refused only when the replay reached them, as `events.availability`: no file, no index."""
+    (folder / "bad_events.yaml").write_text(EVENTS + f"  - {event}\n")
+    proc = run(executable(), ["replay", ELASTIC, "{d}/bad_events.yaml", "--fixed-latency", "0.05"], folder)
+    line = assert_refused(proc, needle)
+    assert "bad_events.yaml" in line
