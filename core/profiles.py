@@ -37,13 +37,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hetplan.errors import EstimatorError, InstanceError
 from hetplan.instance import read_structured
+
+# a layer unit's time per microbatch past which a profile is a typo (a day), not a measurement: 1e300
+# printed an inf iteration time with exit 0
+MAX_UNIT_S = 86_400.0
 
 FORMAT_NAME = "hetplan-profiles"
 FORMAT_VERSION = 1
@@ -182,12 +186,20 @@ class GpuProfile:
         for m in self.times:
             comm = m.tp_comm or ()
             values = [m.update_s, m.overhead_s] + [v for u in m.units + comm for v in (u.fwd_s, u.bwd_s)]
-            if any(not math.isfinite(v) or v < 0 for v in values):
-                raise InstanceError("times must be finite and >= 0",
+            if any(not math.isfinite(v) or not 0 <= v <= MAX_UNIT_S for v in values):
+                raise InstanceError(f"times must be finite, >= 0 and at most {MAX_UNIT_S:g} s",
+                                    f"{where}: microbatch {m.microbatch}, tp {m.tp}")
+            if not any(u.fwd_s + u.bwd_s > 0 for u in m.units):  # rates are work / time downstream
+                raise InstanceError("every unit takes 0 s: a measurement needs some time",
                                     f"{where}: microbatch {m.microbatch}, tp {m.tp}")
             if m.tp_comm is not None and len(m.tp_comm) != len(m.units):
                 raise InstanceError(f"tp_comm has {len(m.tp_comm)} units, the times {len(m.units)}",
                                     f"{where}: microbatch {m.microbatch}, tp {m.tp}")
+        for m in self.memory:
+            values = [v for u in m.units for v in astuple(u) if v is not None]
+            if any(not math.isfinite(v) or v < 0 for v in values):
+                raise InstanceError("memory figures must be finite and >= 0",
+                                    f"{where}: memory at microbatch {m.microbatch}, tp {m.tp}")
 
     # -- lookups --
     @property

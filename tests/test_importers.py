@@ -21,7 +21,8 @@ from hetplan.importers.sailor import (read_availability_trace, read_egress_price
                                       read_sailor_profile, read_training_config, read_zone_bandwidths,
                                       sailor_instance_dict)
 from hetplan.instance import instance_from_dict
-from hetplan.profiles import BandwidthFit, GpuProfile, ProfileSet, TimeMeasurement, UnitTime
+from hetplan.profiles import (BandwidthFit, GpuProfile, MemoryMeasurement, ProfileSet, TimeMeasurement, UnitMemory,
+                              UnitTime)
 
 REPO = Path(__file__).resolve().parents[1]
 METIS = Path(__file__).resolve().parent / "fixtures" / "metis"
@@ -369,8 +370,17 @@ def test_hetplan_format_round_trip_and_errors(tmp_path):
     with pytest.raises(InstanceError, match=r"repeated \(microbatch, tp\) measurements \[\(1, 1\)\]"):
         m = TimeMeasurement(1, 1, (UnitTime(1.0, 2.0),), 0.1)
         GpuProfile("X", (m, m))
-    with pytest.raises(InstanceError, match="times must be finite and >= 0"):
+    with pytest.raises(InstanceError, match="times must be finite, >= 0 and at most 86400 s"):
         GpuProfile("X", (TimeMeasurement(1, 1, (UnitTime(-1.0, 2.0),), 0.1),))
+    # a unit of 1e300 s printed an inf iteration time; all units at 0 s divided by zero downstream
+    with pytest.raises(InstanceError, match="times must be finite, >= 0 and at most 86400 s"):
+        GpuProfile("X", (TimeMeasurement(1, 1, (UnitTime(1e300, 2.0),), 0.1),))
+    with pytest.raises(InstanceError, match=r"microbatch 1, tp 1: every unit takes 0 s"):
+        GpuProfile("X", (TimeMeasurement(1, 1, (UnitTime(0.0, 0.0), UnitTime(0.0, 0.0)), 0.1),))
+    GpuProfile("X", (TimeMeasurement(1, 1, (UnitTime(0.0, 0.0), UnitTime(1e-6, 0.0)), 0.1),))  # one unit > 0
+    ok = TimeMeasurement(1, 1, (UnitTime(1.0, 2.0),), 0.1)
+    with pytest.raises(InstanceError, match=r"memory at microbatch 1, tp 1: memory figures must be finite and >= 0"):
+        GpuProfile("X", (ok,), (MemoryMeasurement(1, 1, (UnitMemory(params_per_gpu=-5.0),)),))
     with pytest.raises(InstanceError, match=r"more than one profile for GPU types \['A100'\]"):
         profiles.merged(profiles.get("A100"))
 
