@@ -272,7 +272,7 @@ class GpuProfile:
                    model=str(model) if model is not None else None, source=str(data.get("source") or ""),
                    device=_device_from_dict(data["device"], f"{where}.device") if data.get("device") else None,
                    optimizer=optimizer,
-                   optimizer_state_bytes_per_param=None if state is None else _number(
+                   optimizer_state_bytes_per_param=None if state is None else _non_negative(
                        state, f"{where}.optimizer_state_bytes_per_param"),
                    links=tuple((str(k), _link_from_dict(v, f"{where}.links.{k}")) for k, v in links.items()))
 
@@ -442,6 +442,13 @@ def _number(value: Any, where: str) -> float:
     return float(value)
 
 
+def _non_negative(value: Any, where: str) -> float:
+    number = _number(value, where)
+    if number < 0:
+        raise InstanceError(f"expected a number >= 0, got {value!r}", where)
+    return number
+
+
 def _positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InstanceError(f"expected an integer >= 1, got {value!r}", where)
@@ -523,6 +530,10 @@ def _link_from_dict(data: Any, where: str) -> LinkFit:
                   allreduce_s=tuple(_numbers(data.get("allreduce_s", []), f"{where}.allreduce_s")))
     if fit.bandwidth_GBps <= 0 or fit.latency_s < 0:
         raise InstanceError("bandwidth_GBps must be > 0 and latency_s >= 0", where)
+    # the all-reduce fit too: a bandwidth of 0 or a negative latency was accepted and scored plans
+    if (fit.allreduce_bandwidth_GBps is not None and fit.allreduce_bandwidth_GBps <= 0) or (
+            fit.allreduce_latency_s is not None and fit.allreduce_latency_s < 0):
+        raise InstanceError("allreduce_bandwidth_GBps must be > 0 and allreduce_latency_s >= 0", where)
     return fit
 
 

@@ -529,6 +529,8 @@ class _Supervisor:
                 raise LaunchError(f"cannot continue at iteration {resumed}: {exc}") from None
             replan_s = time.perf_counter() - t
             after, moved = res.plan, res.moved_ranks
+            if after is None:  # no GPU is up (replan's answer, not an error): the run cannot go on
+                raise LaunchError(f"cannot continue at iteration {resumed}: {'; '.join(res.notes) or 'no GPU is up'}")
         self.next_plan, self.next_cause, self.overlapped_s = None, "", 0.0
         last = checkpoint.latest(self.opts.checkpoint_dir)
         meta = checkpoint.read_meta(last) if last is not None else {}

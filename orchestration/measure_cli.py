@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         """Run a plan locally, time each part per rank and compare with the simulator."""
         if not local:
             raise PlanError("only --local measurements are supported: every rank runs on this machine", "--local")
-        overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len)
+        overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
         from hetplan.runtime.measure import measure_plan  # torch: only once the arguments are checked
 
         with _progress(steps) as on_progress:

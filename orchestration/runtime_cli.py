@@ -43,17 +43,25 @@ def _write_launch(inst, plan, target: str, out: Path, options) -> list[Path]:
 
 
 def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | None, heads: int | None,
-                        ffn: int | None, vocab: int | None, seq_len: int | None) -> dict[str, int]:
-    """Check the options `launch --local` and `measure --local` share (schedule, output folder)
-    and return the model overrides they name."""
+                        ffn: int | None, vocab: int | None, seq_len: int | None,
+                        lr: float | None = None) -> dict[str, int]:
+    """Check the options `launch --local`, `measure --local` and `run` share (schedule, output
+    folder, model sizes, learning rate) and return the model overrides they name."""
+    from hetplan.orchestration.cli import check_number
+
     if schedule is not None and schedule not in ("GPipe", "1F1B"):
         raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
     if out is not None:
         from hetplan.files import check_output_dir
 
         check_output_dir(out, "--out")
-    return {k: v for k, v in (("hidden_size", hidden), ("num_heads", heads), ("ffn_hidden_size", ffn),
-                              ("vocab_size", vocab), ("seq_len", seq_len)) if v is not None}
+    check_number(lr, "--lr")  # inf or 1e308 trained to a nan loss with exit 0
+    sizes = (("hidden_size", hidden, "--hidden"), ("num_heads", heads, "--heads"), ("ffn_hidden_size", ffn, "--ffn"),
+             ("vocab_size", vocab, "--vocab"), ("seq_len", seq_len, "--seq-len"))
+    for _, value, option in sizes:  # 0 was taken as "not given": the full model ran on the CPU
+        if value is not None and value < 1:
+            raise PlanError(f"must be at least 1, got {value}", option)
+    return {key: value for key, value, _ in sizes if value is not None}
 
 
 def register(app: typer.Typer) -> None:
@@ -129,7 +137,7 @@ def register(app: typer.Typer) -> None:
                             "`hetplan compile ... --target torchrun|slurm|kubernetes`", "--local")
         if method not in ("processes", "torchrun"):
             raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
-        overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len)
+        overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
         result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
                               optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
                               method=method)  # type: ignore[arg-type]
@@ -184,7 +192,7 @@ def register(app: typer.Typer) -> None:
         for value, option in ((time_scale, "--time-scale"), (heartbeat_timeout, "--heartbeat-timeout"),
                               (replan_time_limit, "--replan-time-limit")):
             check_number(value, option)
-        overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len)
+        overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len, lr)
         import sys
 
         from hetplan.orchestration.cli import print_json

@@ -201,3 +201,18 @@ def test_replay_names_the_events_file_and_the_event(folder, event, needle):
     proc = run(executable(), ["replay", ELASTIC, "{d}/bad_events.yaml", "--fixed-latency", "0.05"], folder)
     line = assert_refused(proc, needle)
     assert "bad_events.yaml" in line
+
+
+TINY = ["--hidden", "16", "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8"]
+LOCAL_CASES = [("launch", ["--lr", "inf"], "error: --lr: must be a positive finite number, got inf"),
+               ("measure", ["--lr", "1e308", "--lr", "nan"], "error: --lr: must be a positive finite number, got nan"),
+               ("launch", ["--hidden", "0"], "error: --hidden: must be at least 1, got 0"),
+               ("measure", ["--seq-len", "-1"], "error: --seq-len: must be at least 1, got -1")]
+
+
+@pytest.mark.parametrize("command, extra, needle", LOCAL_CASES, ids=[f"{c} {' '.join(e)}" for c, e, _ in LOCAL_CASES])
+def test_local_runs_refuse_a_nonsensical_model_or_rate(folder, command, extra, needle):
+    """--lr inf trained to a nan loss with exit 0; --hidden 0 was taken as "not given" and the full
+    OPT-350M ran on the CPU for 95 s. Both are refused before a rank starts."""
+    proc = run(executable(), [command, ELASTIC, ELASTIC_PLAN, "--local", "--steps", "2", *TINY, *extra], folder)
+    assert_refused(proc, needle)

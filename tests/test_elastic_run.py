@@ -143,6 +143,19 @@ def test_an_idle_loss_changes_nothing_and_a_finished_run_resumes_to_nothing(tmp_
     assert again.steps_completed == 4 and again.reconfigurations == [] and again.losses == []
 
 
+def test_losing_every_gpu_stops_the_run_with_a_reason(tmp_path):
+    """The re-planner answers "no GPU is up" with no plan; the supervisor passed that None on and
+    ended in an AttributeError (exit 70). It is a run that cannot go on: LaunchError (exit 3)."""
+    from hetplan.runtime.local import LaunchError
+
+    inst, _ = bundled()
+    events = [{"at_step": 1, "lose": {"gpu_type": "V100-16", "zone": "z-a", "count": 2}},
+              {"at_step": 1, "lose": {"gpu_type": "A100-40", "zone": "z-a", "count": 2}}]
+    with pytest.raises(LaunchError, match=r"cannot continue at iteration 1: no GPU is up"):
+        run_elastic(inst, start_plan(inst), options(tmp_path, inst, events, steps=3))
+    assert LaunchError.exit_code == 3
+
+
 def test_events_file_errors_name_the_entry(tmp_path):
     bad = tmp_path / "ev.yaml"
     bad.write_text("- {at_step: 4, lose: {gpu_type: V100-16, zone: z, count: 4}, kill_rank: 2}\n")
