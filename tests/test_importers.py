@@ -396,3 +396,18 @@ def test_no_reference_data_copied_into_the_repository():
         names = [p.name for p in REPO.rglob("*.json")]
     bad = [n for n in names if n in forbidden or (n.startswith("multizone_bandwidths") and n.endswith(".json"))]
     assert bad == []
+
+
+@pytest.mark.parametrize("change, pattern", [
+    ({"links": {"intra_node": {"latency_s": 1e-5, "bandwidth_GBps": 10.0, "allreduce_bandwidth_GBps": 0.0}}},
+     r"links\.intra_node: allreduce_bandwidth_GBps must be > 0 and allreduce_latency_s >= 0"),
+    ({"links": {"intra_node": {"latency_s": 1e-5, "bandwidth_GBps": 10.0, "allreduce_latency_s": -1.0}}},
+     r"links\.intra_node: allreduce_bandwidth_GBps must be > 0"),
+    ({"optimizer_state_bytes_per_param": -12}, r"optimizer_state_bytes_per_param: expected a number >= 0, got -12"),
+], ids=["all-reduce bandwidth 0", "all-reduce latency < 0", "negative optimizer state"])
+def test_profile_figures_that_scored_plans_wrongly_are_refused(change, pattern):
+    """Each was accepted and scored plans (negative memory in simulate's output)."""
+    base = GpuProfile("X", (TimeMeasurement(1, 1, (UnitTime(1.0, 2.0),), 0.1),)).to_dict()
+    with pytest.raises(InstanceError, match=pattern):
+        GpuProfile.from_dict({**base, **change})
+    GpuProfile.from_dict(base)  # the control reads
