@@ -101,7 +101,14 @@ def read_meta(root: Path) -> dict[str, Any]:
     path = root / META
     if not path.exists():
         raise PlanError(f"no checkpoint at {root} ({META} missing)", "load_checkpoint")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # a truncated file (a crash mid-write, a full disk)
+        raise PlanError(f"{path} is not a checkpoint's metadata ({exc}); remove that step's folder or use "
+                        f"another --checkpoint-dir", "--checkpoint-dir") from None
+    if not isinstance(meta, dict):
+        raise PlanError(f"{path} is not a checkpoint's metadata (a {type(meta).__name__})", "--checkpoint-dir")
+    return meta
 
 
 def _full(shards: list[dict[str, Any]], name: str, field: str | None) -> Any:

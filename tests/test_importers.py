@@ -411,3 +411,10 @@ def test_profile_figures_that_scored_plans_wrongly_are_refused(change, pattern):
     with pytest.raises(InstanceError, match=pattern):
         GpuProfile.from_dict({**base, **change})
     GpuProfile.from_dict(base)  # the control reads
+
+
+@pytest.mark.parametrize("fraction", ["half", True, 0.0, 1.0])
+def test_metis_forward_fraction_of_the_wrong_kind_is_named(fraction):
+    """`estimators.options.metis_fwd_fraction: half` raised TypeError at the comparison (exit 70)."""
+    with pytest.raises(InstanceError, match=r"fwd_fraction: must lie strictly between 0 and 1"):
+        read_metis_dir(METIS, fwd_fraction=fraction)

@@ -296,3 +296,15 @@ def test_a_process_without_a_rank_waits_and_the_others_train(tmp_path):
     for key, full in ref.params.items():
         for holder, value in params[key].items():
             assert (value - full).abs().max().item() < 1e-5, (key, holder)
+
+
+@pytest.mark.parametrize("content", ['{"iteration": 3, "pla', "[1, 2]", "\udcff"])
+def test_a_truncated_checkpoint_names_the_folder_option(tmp_path, content):
+    """A meta.json cut short (a crash mid-write) ended `run` in a JSONDecodeError (exit 70)."""
+    from hetplan.errors import PlanError
+
+    step = tmp_path / "step_3"
+    step.mkdir()
+    (step / checkpoint.META).write_text(content, errors="surrogateescape")
+    with pytest.raises(PlanError, match=r"--checkpoint-dir: .*meta.* is not a checkpoint's metadata"):
+        checkpoint.read_meta(step)

@@ -85,8 +85,9 @@ def read_metis_file(path: str | Path, fwd_fraction: float = DEFAULT_FWD_FRACTION
     parsed = parse_metis_filename(path.name)
     if parsed is None:
         raise InstanceError("file name must look like DeviceType.<gpu>_tp<k>_bs<b>.json", str(path))
-    if not 0 < fwd_fraction < 1:
-        raise InstanceError(f"must lie strictly between 0 and 1, got {fwd_fraction}", "fwd_fraction")
+    # a string from the instance's options (metis_fwd_fraction: half) raised TypeError at the `<`
+    if isinstance(fwd_fraction, bool) or not isinstance(fwd_fraction, (int, float)) or not 0 < fwd_fraction < 1:
+        raise InstanceError(f"must lie strictly between 0 and 1, got {fwd_fraction!r}", "fwd_fraction")
     gpu, tp, bs = parsed
     if tp < 1 or bs < 1:
         raise InstanceError("tp and bs in the file name must be >= 1", str(path))
