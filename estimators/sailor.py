@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hetplan.catalog import LinkSpec
@@ -115,10 +115,6 @@ def model_info_from_instance(instance: Any, options: Mapping[str, Any] | None) -
     for m in measured:
         if len(m.units) != units:
             raise EstimatorError(f"sailor: llm_info has {len(m.units)} layer units at TP {m.tp}, the model {units}")
-        for i, unit in enumerate(m.units):  # a negative count was accepted and gave negative memory
-            if any(v is not None and not (math.isfinite(v) and v >= 0) for v in astuple(unit)):
-                raise EstimatorError(f"sailor: llm_info at TP {m.tp}, unit {i}: element counts and bytes must be "
-                                     f"finite and >= 0, got {unit}")
     return SailorModelInfo({m.tp: m.units for m in measured}, DTYPE_BYTES[instance.workload.precision], rule)
 
 

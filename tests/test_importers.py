@@ -259,6 +259,10 @@ def test_malformed_sailor_side_files_name_the_key(tmp_path):
                         "1": {"act_mem_bytes": 4, "act_output_bytes": 4}}}}
     with pytest.raises(InstanceError, match=r"llm.json: M\.1\.1: missing key 'params_floats'"):
         read_llm_info(_write(tmp_path / "llm.json", info), "M")
+    # a negative count was accepted (negative memory downstream), then blamed on profile.json
+    info["M"]["1"]["1"]["params_floats"] = -12596224
+    with pytest.raises(InstanceError, match=r"llm2.json: M\.1\.1\.params_floats: expected a number >= 0, got -12596224"):
+        read_llm_info(_write(tmp_path / "llm2.json", info), "M")
     bw = {"z": {"A100-40": {"1": {"z": {"A100-40": {"1": [[1.0, 2.0], 5e9]}}}}}}
     with pytest.raises(InstanceError, match=r"bw.json: z\.A100-40\.1\.z\.A100-40\.1: expected \[\[c0, c1, c2\]"):
         read_zone_bandwidths(_write(tmp_path / "bw.json", bw))

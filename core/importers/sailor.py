@@ -160,7 +160,11 @@ def read_llm_info(path: str | Path, model: str) -> list[MemoryMeasurement]:
             def num(key: str) -> float | None:
                 if key not in info:
                     return None
-                return _number(info[key], path, model, tp_key, unit_key, key)
+                value = _number(info[key], path, model, tp_key, unit_key, key)
+                if value < 0:  # element counts and bytes: a negative one gave negative memory downstream
+                    raise InstanceError(f"expected a number >= 0, got {info[key]!r}",
+                                        _where(path, model, tp_key, unit_key, key))
+                return value
 
             units.append(UnitMemory(params_per_gpu=num("params_floats"), params_bytes=num("params_bytes"),
                                     activation_bytes=num("act_mem_bytes"), output_bytes=num("act_output_bytes")))
