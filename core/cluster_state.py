@@ -197,16 +197,14 @@ class ClusterState:
     def apply(self, event: Event) -> "ClusterState":
         """The state after `event` (its time becomes the state's time)."""
         t = max(self.time_s, event.time_s)
+        self.check(event)
         if isinstance(event, AvailabilityEvent):
             return self._set_available(event.gpu_type, event.zone, event.available_gpus, t)
         if isinstance(event, PreemptionNotice):
-            self._check_key(event.gpu_type, event.zone, "preemption")
             return replace(self, time_s=t, pending=self.pending + (event,))
         if isinstance(event, NodeFailure):
-            self._check_node(event.node, "failure")
             return replace(self, time_s=t, failed=self.failed | {event.node})
         if isinstance(event, NodeRecovery):
-            self._check_node(event.node, "recovery")
             return replace(self, time_s=t, failed=self.failed - {event.node})
         if isinstance(event, BandwidthEvent):
             return self._set_bandwidth(event, t)
@@ -225,19 +223,28 @@ class ClusterState:
             state = state._set_available(n.gpu_type, n.zone, n.available_gpus, max(state.time_s, n.effective_s))
         return state
 
-    def _check_key(self, gpu_type: str, zone: str, what: str) -> None:
+    def check(self, event: Event, where: str | None = None) -> None:
+        """InstanceError when `event` names a (GPU type, zone), node or zone the instance lacks;
+        `where` is the field the message names (default events.<kind>)."""
+        where = where or f"events.{event_kind(event)}"
+        if isinstance(event, (AvailabilityEvent, PreemptionNotice)):
+            self._check_key(event.gpu_type, event.zone, where)
+        elif isinstance(event, (NodeFailure, NodeRecovery)) and event.node not in self.instance.node_by_id:
+            known = [n.node_id for n in self.instance.nodes]
+            raise InstanceError(f"unknown node {event.node!r} (nodes: {known[:8]}{' ...' if len(known) > 8 else ''})",
+                                f"{where}.node")
+        elif isinstance(event, BandwidthEvent) and event.zones is not None:
+            zones = {n.zone for n in self.instance.nodes}
+            unknown = sorted(set(event.zones) - zones)
+            if unknown:
+                raise InstanceError(f"zones {unknown} not in the cluster (has {sorted(zones)})", f"{where}.zones")
+
+    def _check_key(self, gpu_type: str, zone: str, where: str) -> None:
         if (gpu_type, zone) not in self.quota:
             raise InstanceError(f"{gpu_type} in zone {zone} is not in the cluster "
-                                f"(has {sorted(f'{g}@{z}' for g, z in self.quota)})", f"events.{what}")
-
-    def _check_node(self, node: str, what: str) -> None:
-        if node not in self.instance.node_by_id:
-            known = [n.node_id for n in self.instance.nodes]
-            raise InstanceError(f"unknown node {node!r} (nodes: {known[:8]}{' ...' if len(known) > 8 else ''})",
-                                f"events.{what}.node")
+                                f"(has {sorted(f'{g}@{z}' for g, z in self.quota)})", where)
 
     def _set_available(self, gpu_type: str, zone: str, count: int, t: float) -> "ClusterState":
-        self._check_key(gpu_type, zone, "availability")
         key = (gpu_type, zone)
         notes = self.clamped
         if count > self.quota[key]:
@@ -252,12 +259,8 @@ class ClusterState:
         net = self.net
         if ev.link == "intra_node":
             return replace(self, time_s=t, intra_node_GBps=ev.bandwidth_GBps)
-        if ev.link == "zone_pair":
+        if ev.link == "zone_pair":  # (zones of the cluster: `check`)
             a, b = ev.zones
-            zones = {n.zone for n in self.instance.nodes}
-            unknown = sorted({a, b} - zones)
-            if unknown:
-                raise InstanceError(f"zones {unknown} not in the cluster (has {sorted(zones)})", "events.bandwidth.zones")
             old = next((p for p in net.zone_pairs if set(p.zones) == {a, b}), None)
             default = net.inter_zone if region_of(a) == region_of(b) else net.inter_region
             latency = old.latency_s if old else default.latency_s
@@ -348,21 +351,11 @@ def read_events_file(path: str | Path) -> tuple[list[Event], str | None]:
 
 
 def check_events(instance: Instance, events: list[Event], where: str) -> None:
-    """InstanceError naming the first event (`where`: events[i]) whose GPU type and zone, node or
-    zones the instance lacks: an events file is read before the replay, the states that would
-    refuse the event only when they reach it, naming no file."""
-    keys = {(g.gpu_type, g.zone) for g in instance.cluster.node_groups}
-    zones = {z for _, z in keys}
+    """`ClusterState.check` on every event of a file (`where`) when it is read: the states would
+    refuse one only when they reach it, naming no file."""
+    state = ClusterState.initial(instance)
     for i, ev in enumerate(events):
-        field = f"{where}: events[{i}]"
-        if isinstance(ev, (AvailabilityEvent, PreemptionNotice)) and (ev.gpu_type, ev.zone) not in keys:
-            raise InstanceError(f"{ev.gpu_type} in zone {ev.zone} is not in the cluster "
-                                f"(has {sorted(f'{g}@{z}' for g, z in keys)})", field)
-        if isinstance(ev, (NodeFailure, NodeRecovery)) and ev.node not in instance.node_by_id:
-            raise InstanceError(f"unknown node {ev.node!r}", f"{field}.node")
-        if isinstance(ev, BandwidthEvent) and ev.zones is not None and set(ev.zones) - zones:
-            raise InstanceError(f"zones {sorted(set(ev.zones) - zones)} not in the cluster (has {sorted(zones)})",
-                                f"{field}.zones")
+        state.check(ev, f"{where}: events[{i}]")
 
 
 def parse_event(item: Any, where: str = "event") -> Event:
@@ -461,7 +454,7 @@ def _with_notices(instance: Instance, events: list[Event], notice_s: float | Non
         last = {}
         for ev in batch:
             if isinstance(ev, AvailabilityEvent):
-                state._check_key(ev.gpu_type, ev.zone, "availability")
+                state.check(ev)
                 last[(ev.gpu_type, ev.zone)] = ev
         for ev in batch:
             order += 1
