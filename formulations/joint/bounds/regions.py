@@ -452,8 +452,16 @@ def _with_crossing_sends(inp: JointInputs, crossing_sends: np.ndarray, x: np.nda
     a_times, g_times = _send_counts(inp)
     x = _sailor_crossing_sends_s(inp) if x is None else x
     other = _sailor_class_sends_s(inp) if other is None else other
-    return (_class_tables(inp).time_s + crossing_sends[None, :] * x[:, None]
-            + (a_times + g_times - crossing_sends)[None, :] * other[:, None])
+    return (_class_tables(inp).time_s + _sends_s(crossing_sends, x)
+            + _sends_s(a_times + g_times - crossing_sends, other))
+
+
+def _sends_s(counts: np.ndarray, each_s: np.ndarray) -> np.ndarray:
+    """(C, M) counts[m] x each_s[c], with no send costing 0 even where a class has no link (each_s inf;
+    numpy's 0 x inf is nan, and a nan stage time poisons every min and max downstream)."""
+    with np.errstate(invalid="ignore"):
+        out = counts[None, :] * each_s[:, None]
+    return np.where(counts[None, :] == 0, 0.0, out)
 
 
 def region_split_time_bound_s(inp: JointInputs, merged_s: float, target_s: float | None = None,
