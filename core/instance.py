@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from hetplan.catalog import GpuSpec, LinkSpec, ModelArch, gpu_catalog, model_presets
@@ -27,14 +27,24 @@ from hetplan.errors import InstanceError, PlanError
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+def _not_bool(value: Any) -> Any:
+    """pydantic's lax mode reads `count: true` as 1; a count written as yes/no is a typo."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]  # an integer field of an instance file
+
+
 class NodeGroup(BaseModel):
     """`count` identical nodes, each with `gpus_per_node` GPUs of one type, in one zone."""
 
     model_config = _STRICT
     name: str = Field(min_length=1)
     gpu_type: str
-    gpus_per_node: int = Field(gt=0, le=64)
-    count: int = Field(ge=0, description="number of nodes of this kind (its quota)")
+    gpus_per_node: Int = Field(gt=0, le=64)
+    count: Int = Field(ge=0, description="number of nodes of this kind (its quota)")
     zone: str = Field(min_length=1)
     region: str | None = Field(default=None, description="defaults to the zone without its last '-x' part")
     price_per_gpu_hour_usd: float = Field(ge=0)
@@ -150,7 +160,7 @@ class ModelRef(BaseModel):
 class Workload(BaseModel):
     model_config = _STRICT
     model: ModelRef
-    global_batch_size: int = Field(gt=0, description="sequences per iteration; never changed by the planner")
+    global_batch_size: Int = Field(gt=0, description="sequences per iteration; never changed by the planner")
     precision: Literal["fp16", "bf16", "fp32"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     zero_stage: Literal[0, 1, 2, 3] = 0
@@ -184,7 +194,7 @@ class Constraints(BaseModel):
     model_config = _STRICT
     max_cost_per_iteration_usd: float | None = Field(default=None, gt=0)
     min_throughput_iters_per_s: float | None = Field(default=None, gt=0)
-    max_gpus: int | None = Field(default=None, gt=0)
+    max_gpus: Annotated[int, Field(gt=0), BeforeValidator(_not_bool)] | None = None
     allowed_gpu_types: list[str] | None = None
     allowed_zones: list[str] | None = None
 
@@ -199,7 +209,7 @@ class AvailabilityEvent(BaseModel):
     time_s: float = Field(ge=0)
     zone: str
     gpu_type: str
-    available_gpus: int = Field(ge=0)
+    available_gpus: Int = Field(ge=0)
 
 
 class BandwidthEvent(BaseModel):

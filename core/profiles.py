@@ -160,7 +160,7 @@ class GpuProfile:
     times: tuple[TimeMeasurement, ...]
     memory: tuple[MemoryMeasurement, ...] = ()
     model: str | None = None
-    source: str = ""  # file or directory it was read from, for error messages
+    source: str = field(default="", compare=False)  # file or directory it was read from, for error messages
     device: DeviceInfo | None = None
     optimizer: str | None = None  # "adam" | "sgd": the optimizer update_s and the state figure belong to
     optimizer_state_bytes_per_param: float | None = None
@@ -269,7 +269,9 @@ class GpuProfile:
             raise InstanceError(f"expected adam or sgd, got {optimizer!r}", f"{where}.optimizer")
         links = _mapping(data.get("links") or {}, f"{where}.links")
         return cls(gpu_type=gpu_type, times=tuple(times), memory=tuple(memory),
-                   model=str(model) if model is not None else None, source=str(data.get("source") or ""),
+                   # where it was read from: the file's own "source" is free text (the profiler writes
+                   # what it measured), which named no file in error messages
+                   model=str(model) if model is not None else None, source=where,
                    device=_device_from_dict(data["device"], f"{where}.device") if data.get("device") else None,
                    optimizer=optimizer,
                    optimizer_state_bytes_per_param=None if state is None else _non_negative(
@@ -324,6 +326,8 @@ class ProfileSet:
         if version != FORMAT_VERSION:
             raise InstanceError(f"unsupported version {version!r}, expected {FORMAT_VERSION}", f"{where}: version")
         items = _get(data, "profiles", where, list)
+        if not items:
+            raise InstanceError("no profile in the list", f"{where}: profiles")
         return cls(tuple(GpuProfile.from_dict(p, f"{where}: profiles[{i}]") for i, p in enumerate(items)))
 
     def to_json(self, path: str | Path) -> None:
@@ -569,6 +573,8 @@ def load_hetplan_profile(path: str | Path, gpu_type: str | None = None) -> Profi
     profiles = ProfileSet.from_json(path)
     if gpu_type is None:
         return profiles
+    if gpu_type not in profiles:
+        raise EstimatorError(f"{path}: no profile for GPU type {gpu_type!r}; the file has {profiles.gpu_types}")
     return ProfileSet((profiles.get(gpu_type),))
 
 

@@ -106,6 +106,7 @@ def _mfu_option(mfu: Any, gpu_types: list[str]) -> dict[str, float] | None:
 
 class AnalyticTime:
     name = "analytic"
+    OPTIONS: tuple[str, ...] = ("mfu",)  # the estimators.options keys it reads
 
     def __init__(self, arch: ModelArch, gpus: dict[str, GpuSpec], intra_links: dict[str, LinkSpec], *,
                  precision: str, optimizer: str, zero_stage: int, recompute: str,
@@ -175,6 +176,7 @@ class AnalyticTime:
 
 class AnalyticMemory:
     name = "analytic"
+    OPTIONS: tuple[str, ...] = ("framework_overhead_GiB",)  # the estimators.options keys it reads
 
     def __init__(self, arch: ModelArch, gpus: dict[str, GpuSpec], *, precision: str, optimizer: str,
                  zero_stage: int, recompute: str, flash_attention: bool, overhead_gib: float = 1.0):

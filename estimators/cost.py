@@ -12,6 +12,7 @@ from hetplan.instance import Egress, Instance
 
 class CloudCost:
     name = "cloud"
+    OPTIONS: tuple[str, ...] = ()  # the estimators.options keys it reads
 
     def __init__(self, egress: Egress):
         self.egress = egress

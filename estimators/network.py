@@ -74,6 +74,7 @@ def ring_order(members: list[Endpoint]) -> list[Endpoint]:
 
 class AlphaBetaComm:
     name = "alpha_beta"
+    OPTIONS: tuple[str, ...] = ("allreduce",)  # the estimators.options keys it reads
 
     def __init__(self, network: Network, allreduce: str = "best"):
         if allreduce not in ("ring", "hierarchical", "best"):

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from hetplan.errors import EstimatorError
 from hetplan.estimators.analytic import GIB, zero_divisors
 from hetplan.estimators.base import MemoryBreakdown
-from hetplan.estimators.profile_time import instance_profiles, own_options
+from hetplan.estimators.profile_time import PROFILE_FILE_OPTIONS, instance_profiles, own_options
 from hetplan.profiles import GpuProfile, MemoryMeasurement, ProfileSet
 
 _FLOAT_BYTES = 4  # Sailor's llm_info counts fp32 elements
@@ -36,6 +36,7 @@ class ProfileMemoryEstimator:
     """MemoryEstimator backed by the memory measurements of a ProfileSet (module docstring)."""
 
     name = "profile"
+    OPTIONS: tuple[str, ...] = ("framework_overhead_GiB",) + PROFILE_FILE_OPTIONS  # the estimators.options keys it reads
 
     def __init__(self, profiles: ProfileSet, capacity_bytes: Mapping[str, float], *, optimizer: str = "adam",
                  zero_stage: int = 0, overhead_bytes: Mapping[str, float] | None = None):

@@ -33,6 +33,10 @@ Decomposition = Literal["linear", "power_of_two"]
 _DECOMPOSITIONS = ("linear", "power_of_two")
 
 
+# the options instance_profiles reads, for every estimator that loads workload.profiles
+PROFILE_FILE_OPTIONS = ("llm_info", "sailor_model", "metis_fwd_fraction")
+
+
 def own_options(options: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
     """An estimator's options: `options[name]` when that is a mapping, else the mapping itself."""
     options = options or {}
@@ -77,6 +81,7 @@ class ProfileTimeEstimator:
     """TimeEstimator backed by a ProfileSet (see the module docstring for the rules)."""
 
     name = "profile"
+    OPTIONS: tuple[str, ...] = ("decomposition",) + PROFILE_FILE_OPTIONS  # the estimators.options keys it reads
 
     def __init__(self, profiles: ProfileSet, decomposition: Decomposition = "linear", zero_stage: int = 0):
         if decomposition not in _DECOMPOSITIONS:
@@ -113,6 +118,11 @@ class ProfileTimeEstimator:
             raise EstimatorError(f"profile estimator: {gpu_type} was not profiled at TP degree {tp}; "
                                  f"measured TP degrees: {profile.tp_degrees}")
         return profile
+
+    def covers(self, gpu_type: str, microbatch: int, tp: int) -> bool:
+        """Whether the profile prices (microbatch, TP): any microbatch (interpolated) at a measured TP
+        degree. The planner leaves the other TP degrees out, as it would with no GPUs to run them."""
+        return gpu_type in self.profiles and tp in self.profiles.get(gpu_type).tp_degrees
 
     # ---- TimeEstimator ---------------------------------------------------------------------------
     def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:

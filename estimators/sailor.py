@@ -151,6 +151,7 @@ class SailorMemory:
     """MemoryEstimator "sailor" (module docstring); `info` holds llm_info for the iteration model."""
 
     name = "sailor"
+    OPTIONS: tuple[str, ...] = ("p2p_gradient", "llm_info", "sailor_model")  # the estimators.options keys it reads
 
     def __init__(self, info: SailorModelInfo, capacity_bytes: Mapping[str, float], optimizer: str = "adam"):
         self.info = info
@@ -210,6 +211,7 @@ class SailorComm:
     """CommEstimator "sailor" (module docstring)."""
 
     name = "sailor"
+    OPTIONS: tuple[str, ...] = ("bandwidth_file", "bucket_bytes")  # the estimators.options keys it reads
 
     def __init__(self, zone_fits: Mapping[ZoneKey, BandwidthFit], nodes: Mapping[str, str],
                  bucket_bytes: float = DEEPSPEED_BUCKET_BYTES):
@@ -219,11 +221,14 @@ class SailorComm:
 
     @classmethod
     def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "SailorComm":
-        from hetplan.importers.sailor import read_zone_bandwidths
+        from hetplan.importers.sailor import read_zone_bandwidths, zone_table_gap_message, zone_table_gaps
 
         opts = own_options(options, cls.name)
-        fits = read_zone_bandwidths(instance.resolve_path(
-            _required(opts, "bandwidth_file", "Sailor's multizone_bandwidths_het.json")))
+        path = instance.resolve_path(_required(opts, "bandwidth_file", "Sailor's multizone_bandwidths_het.json"))
+        fits = read_zone_bandwidths(path)
+        gaps = zone_table_gaps(fits, {(n.gpu_type, n.zone) for n in instance.nodes})
+        if gaps:  # else the planner silently keeps such GPUs to one node
+            raise EstimatorError(f"sailor: {zone_table_gap_message(fits, gaps, path)}")
         return cls(fits, {n.node_id: n.gpu_type for n in instance.nodes},
                    float(opts.get("bucket_bytes", DEEPSPEED_BUCKET_BYTES)))
 

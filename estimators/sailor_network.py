@@ -51,6 +51,8 @@ class SailorNetworkComm:
     """CommEstimator over Sailor's bandwidth fits (see the module docstring)."""
 
     name = "sailor_poly"
+    # the estimators.options keys it reads
+    OPTIONS: tuple[str, ...] = ("bandwidth_file", "intra_node_file", "homo_file", "gpu_type", "gpus_per_endpoint")
 
     def __init__(self, zone_fits: Mapping[ZoneKey, BandwidthFit],
                  intra_fits: Mapping[tuple[str, int], BandwidthFit] | None = None,
@@ -82,7 +84,7 @@ class SailorNetworkComm:
         gpu_type (for endpoints without a node id), gpus_per_endpoint. Paths are relative to the
         instance file."""
         from hetplan.importers.sailor import (read_homo_network_coeffs, read_intra_node_bandwidths,
-                                              read_zone_bandwidths)
+                                              read_zone_bandwidths, zone_table_gap_message, zone_table_gaps)
 
         opts = own_options(options, cls.name)
         if not opts.get("bandwidth_file"):
@@ -90,10 +92,17 @@ class SailorNetworkComm:
                                  "is required")
         path = instance.resolve_path
         net = instance.cluster.network
+        zone_fits = read_zone_bandwidths(path(opts["bandwidth_file"]))
+        homo_fits = read_homo_network_coeffs(path(opts["homo_file"])) if opts.get("homo_file") else {}
+        homo_gpus = {gpu for kind, gpu, _ in homo_fits if kind == "inter"}  # same-zone fallback
+        gaps = [(g, z) for g, z in zone_table_gaps(zone_fits, {(n.gpu_type, n.zone) for n in instance.nodes})
+                if g not in homo_gpus]
+        if gaps:  # else the planner silently keeps such GPUs to one node
+            raise EstimatorError(f"sailor_poly: {zone_table_gap_message(zone_fits, gaps, opts['bandwidth_file'])}")
         return cls(
-            zone_fits=read_zone_bandwidths(path(opts["bandwidth_file"])),
+            zone_fits=zone_fits,
             intra_fits=read_intra_node_bandwidths(path(opts["intra_node_file"])) if opts.get("intra_node_file") else None,
-            homo_fits=read_homo_network_coeffs(path(opts["homo_file"])) if opts.get("homo_file") else None,
+            homo_fits=homo_fits,
             nodes={n.node_id: (n.gpu_type, n.num_gpus) for n in instance.nodes},
             default_gpu_type=opts.get("gpu_type"), gpus_per_endpoint=opts.get("gpus_per_endpoint"),
             latency_s={"inter_node": net.inter_node.latency_s, "inter_zone": net.inter_zone.latency_s,

@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import sys
+import warnings
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
@@ -210,6 +211,13 @@ def _one_line(text: str) -> str:
     return "; ".join(lines) or "(no message)"
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line `warning: <message>` on stderr, like the errors: Python's default adds the
+    file, line number and source line of the code that warned (--debug keeps that)."""
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    (file or sys.stderr).write(f"warning: {kind}{_one_line(message)}\n")
+
+
 def _fail(message: str, code: int, debug: bool) -> NoReturn:
     if debug:
         import traceback
@@ -258,6 +266,8 @@ def main() -> None:
     # A job started with `&` by a non-interactive shell inherits SIGINT ignored; `kill -INT` must
     # still stop a search, so Python's own Ctrl-C handler is put back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not debug:
+        warnings.showwarning = _warning_line
     try:
         _register_commands()
         code = _run_app(args)

@@ -74,8 +74,9 @@ def register(app: typer.Typer) -> None:
             output: Path = typer.Option(..., "-o", "--output", help="instance YAML to write")) -> None:
         """An instance that scores plans as Sailor's simulator does (estimators preset sailor)."""
         from hetplan.files import write_atomic
-        from hetplan.importers.sailor import sailor_instance_dict
+        from hetplan.importers.sailor import check_zone_table, sailor_instance_dict
         from hetplan.instance import instance_from_dict
+        from hetplan.orchestration.cli import check_number
 
         counts = parse_cluster(cluster)  # the cheap checks first
         ref = sailor_dir or default_sailor_dir()
@@ -83,6 +84,9 @@ def register(app: typer.Typer) -> None:
             raise InstanceError(f"no Sailor data (profiles/) in {ref}; give --sailor-dir", "--sailor-dir")
         if objective not in ("max_throughput", "min_cost"):
             raise InstanceError(f"expected max_throughput or min_cost, got {objective!r}", "--objective")
+        check_number(max_cost, "--max-cost")
+        check_number(min_throughput, "--min-throughput")
+        check_zone_table(ref, counts, "--cluster")
         constraints: dict[str, Any] = {}
         if max_cost is not None:
             constraints["max_cost_per_iteration_usd"] = max_cost

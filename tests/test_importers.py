@@ -345,7 +345,7 @@ def test_metis_malformed_and_quirky_files(tmp_path):
     # Metis' own samples list 9 memory entries for 10 layers: the memory list is dropped, with a warning
     doc = json.loads(json.dumps(good))
     doc["execution_memory"]["layer_memory_total_mb"] = [10, 20, 20]
-    with pytest.warns(UserWarning, match="total_bytes has 3 entries for 4 layer units"):
+    with pytest.warns(UserWarning, match="execution_memory.layer_memory_total_mb has 3 entries for 4 layer units"):
         _, _, memory, _ = read_metis_file(_write(tmp_path / "m5" / "DeviceType.A100_tp1_bs1.json", doc))
     assert memory.units[0].total_bytes is None and memory.units[0].params_bytes == 4000
     with pytest.raises(InstanceError, match="no Metis device matches GPU type 'H100'"):
@@ -359,7 +359,7 @@ def test_hetplan_format_round_trip_and_errors(tmp_path):
     profiles.to_json(path)
     assert ProfileSet.from_json(path) == profiles
     assert load_profiles(path, "hetplan", "A100").gpu_types == ["A100"]
-    with pytest.raises(EstimatorError, match=r"no profile for GPU type 'H100'; profiles exist for \['A100', 'V100'\]"):
+    with pytest.raises(EstimatorError, match=r"p.json: no profile for GPU type 'H100'; the file has \['A100', 'V100'\]"):
         load_profiles(path, "hetplan", "H100")
     doc = profiles.to_dict()
     doc["profiles"][0]["times"][1]["bwd_s"] = doc["profiles"][0]["times"][1]["bwd_s"][:2]

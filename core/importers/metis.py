@@ -115,12 +115,13 @@ def _memory(data: Mapping[str, Any], path: Path, tp: int, bs: int, n: int) -> Me
     params = _sub(data, "model", "parameters", "parameters_per_layer_bytes")
     totals = _sub(data, "execution_memory", "layer_memory_total_mb")
     columns: dict[str, list[float]] = {}
-    for key, raw, scale in (("params_bytes", params, 1.0 / tp), ("total_bytes", totals, float(MIB))):
+    for key, field, raw, scale in (("params_bytes", "model.parameters.parameters_per_layer_bytes", params, 1.0 / tp),
+                                   ("total_bytes", "execution_memory.layer_memory_total_mb", totals, float(MIB))):
         if raw is None:
             continue
-        values = _numbers(raw, path, key)
+        values = _numbers(raw, path, field)
         if len(values) != n:
-            warnings.warn(f"{path}: {key} has {len(values)} entries for {n} layer units; ignored", stacklevel=3)
+            warnings.warn(f"{path}: {field} has {len(values)} entries for {n} layer units; ignored", stacklevel=3)
             continue
         columns[key] = [v * scale for v in values]
     if not columns:

@@ -71,9 +71,11 @@ def _int_key(key: str, path: Path, *keys: object) -> int:
     return value
 
 
-def _number(value: Any, path: Path, *keys: object) -> float:
+def _number(value: Any, path: Path, *keys: object, minimum: float = -math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InstanceError(f"expected a finite number, got {value!r}", _where(path, *keys))
+    if value < minimum:
+        raise InstanceError(f"expected a number >= {minimum:g}, got {value!r}", _where(path, *keys))
     return float(value)
 
 
@@ -115,7 +117,9 @@ def read_sailor_profile(path: str | Path, gpu_type: str | None = None, model: st
                 if not isinstance(entry, list) or len(entry) != 3:
                     raise InstanceError(f"expected [fwd_s, bwd_s, update_s], got {entry!r}",
                                         _where(path, mbs_key, tp_key, unit_key))
-                fwd, bwd, upd = (_number(v, path, mbs_key, tp_key, unit_key, i) for i, v in enumerate(entry))
+                # each figure >= 0 here: a negative update would hide behind the max below
+                fwd, bwd, upd = (_number(v, path, mbs_key, tp_key, unit_key, i, minimum=0.0)
+                                 for i, v in enumerate(entry))
                 units.append(UnitTime(fwd, bwd))
                 updates.append(upd)
             times.append(TimeMeasurement(microbatch=mbs, tp=tp, units=tuple(units), update_s=max(updates)))
@@ -292,6 +296,26 @@ def read_zone_bandwidths(path: str | Path) -> dict[tuple[str, str, int, str, str
                             dst_count = _int_key(dc, path, sz, sg, sc, dz, dg)
                             out[(sz, sg, src_count, dz, dg, dst_count)] = _fit(value, path, sz, sg, sc, dz, dg, dc)
     return out
+
+
+def zone_table_gaps(fits: Mapping[tuple[str, str, int, str, str, int], BandwidthFit],
+                    groups: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (GPU type, zone) pairs of `groups` for which the zone table has no entry between two nodes
+    of that type in that zone. Nodes there could talk to no other node, so every plan would keep to
+    one node of them: a typo in a zone, not a cluster anyone means (Sailor's simulator raises
+    KeyError on such a pair: runtime_simulator.py, get_network_coeffs)."""
+    have = {(k[1], k[0]) for k in fits if k[0] == k[3] and k[1] == k[4]}
+    return sorted(set(groups) - have)
+
+
+def zone_table_gap_message(fits: Mapping[tuple[str, str, int, str, str, int], BandwidthFit],
+                           gaps: list[tuple[str, str]], path: str | Path) -> str:
+    """One sentence naming the first of `gaps` (zone_table_gaps) and where the table has that GPU."""
+    gpu, zone = gaps[0]
+    zones = sorted({k[0] for k in fits if k[1] == gpu and k[0] == k[3] and k[4] == gpu})
+    more = f"; also {', '.join(f'{g}@{z}' for g, z in gaps[1:])}" if len(gaps) > 1 else ""
+    return (f"{Path(path).name} has no bandwidth between {gpu} nodes in zone {zone!r}, so they could reach no "
+            f"other node (it has {gpu} in {zones or 'no zone'}){more}")
 
 
 def read_intra_node_bandwidths(path: str | Path) -> dict[tuple[str, int], BandwidthFit]:
@@ -476,6 +500,15 @@ def _cell_float(cell: str, path: Path, line: int, column: str) -> float:
 
 
 # ---- a whole instance ------------------------------------------------------------------------------
+def check_zone_table(reference_dir: str | Path, groups: Iterable[tuple[str, str]], field: str) -> None:
+    """Refuse (GPU type, zone) pairs that Sailor's zone bandwidth table lacks (zone_table_gaps)."""
+    path = Path(reference_dir) / "network" / "multizone_bandwidths_het.json"
+    fits = read_zone_bandwidths(path)
+    gaps = zone_table_gaps(fits, groups)
+    if gaps:
+        raise InstanceError(zone_table_gap_message(fits, gaps, path), field)
+
+
 def find_training_config(reference_dir: str | Path, model: str) -> Path:
     """The training/*.json whose "model" field is `model`."""
     folder = Path(reference_dir) / "training"
@@ -528,6 +561,7 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
         bad = sorted(f"{g}@{z}" for g, z in gpu_counts if not keep(g, z))
         if bad:
             raise InstanceError(f"no profile of {model!r} for {bad} (profiled: {profiled})", "cluster")
+        check_zone_table(ref, gpu_counts, "cluster")
         groups = node_groups_from_gpu_counts(dict(gpu_counts), cluster_config, prices, where="cluster")
     elif trace is not None:
         trace_path = Path(trace) if Path(trace).suffix == ".csv" else ref / "cluster" / f"gpu_trace_{trace}.csv"
