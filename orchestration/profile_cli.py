@@ -11,6 +11,7 @@ Bad input is checked before torch is imported, so such errors come back at once.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,16 +22,63 @@ import typer
 from hetplan.errors import InstanceError
 from hetplan.runtime.runnable import check_arch
 
+# Ceilings on the model's shape, each well above any real model, so that a mistyped size is refused
+# here by name and not by torch's allocator mid-run (an internal error before). The bundled catalogue
+# (core/data/models.yaml) tops out at seq 2,048, vocab 50,272, hidden 8,192, FFN 22,016, 64 heads.
+# (ModelArch field, option, ceiling):
+SHAPE_CEILINGS = (
+    ("seq_len", "--seq-len", 1 << 24),  # 16.8M tokens; the longest published context is 10M (Llama 4 Scout)
+    ("vocab_size", "--vocab", 1 << 21),  # 2.1M; the largest published vocabularies are ~256K (Gemma, BLOOM)
+    ("hidden_size", "--hidden", 1 << 17),  # 131,072; the widest published are ~20K (MT-NLG 20,480, PaLM 18,432)
+    ("ffn_hidden_size", "--ffn", 1 << 19),  # 524,288; the widest published are ~80K (MT-NLG 81,920)
+    ("num_heads", "--heads", 1 << 17),  # as hidden: a head is at least one unit wide
+    ("num_layers", "--layers", 4096),  # ModelArch's own ceiling (core/catalog.py), here named by option
+)
+# A microbatch is at most a global batch, and the largest published are ~2K sequences (GPT-3 175B: 3.2M
+# tokens of 2,048; Llama-3-405B: 16M of 8,192).
+MAX_MICROBATCH = 1 << 16
+# TP t starts t processes; the largest scale-up (NVLink) domain announced is 576 GPUs (NVL576).
+MAX_TP = 1024
 
-def parse_sizes(text: str, option: str) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4): integers >= 1, each once, ascending."""
+
+def parse_sizes(text: str, option: str, most: int) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): integers from 1 to `most`, each once, ascending."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise InstanceError(f"expected comma-separated integers, got {text!r}", option) from None
     if not values or any(v < 1 for v in values):
         raise InstanceError(f"expected integers >= 1, got {text!r}", option)
+    if max(values) > most:
+        raise InstanceError(f"{max(values)} is above the ceiling of {most:,}", option)
     return tuple(sorted(set(values)))
+
+
+def check_not_blank(options: dict[str, Optional[str]]) -> None:
+    """Refuse empty text: an empty --gpu-type was taken as not given (the default name), and an empty
+    --model as the file "." (the current directory)."""
+    for option, value in options.items():
+        if value is not None and not value.strip():
+            raise InstanceError("must not be empty", option)
+
+
+def check_overrides(overrides: dict[str, Optional[int]]) -> None:
+    """Each shape option given (keyed by ModelArch field) is >= 1 and under its ceiling, named by option."""
+    from hetplan.orchestration.cli import check_number
+
+    for field, option, ceiling in SHAPE_CEILINGS:
+        value = overrides.get(field)
+        check_number(value, option)
+        if value is not None and value > ceiling:
+            raise InstanceError(f"{value} is above the ceiling of {ceiling:,}", option)
+
+
+def check_shape(arch) -> None:
+    """The same ceilings on a model file's own figures (a preset is under them)."""
+    for field, _, ceiling in SHAPE_CEILINGS:
+        if getattr(arch, field) > ceiling:
+            raise InstanceError(f"{field} {getattr(arch, field)} of {arch.name} is above the ceiling of "
+                                f"{ceiling:,}", "--model")
 
 
 def resolve_arch(model: str, overrides: dict[str, Any]):
@@ -69,9 +117,23 @@ def _check_output(output: Path, fmt: str) -> None:
         raise InstanceError("Sailor's profile is JSON: give a .json file name", "--output")
 
 
+def _check_threads(threads: int) -> None:
+    """At least one, and no more than the cores: more only times their contention, and OpenMP crashes
+    (a segmentation fault) when it cannot create that many threads."""
+    from hetplan.orchestration.cli import check_number
+
+    check_number(threads, "--threads")
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise InstanceError(f"{threads} threads is more than the {cores} cores of this machine", "--threads")
+
+
 def _check_counts(warmup: int, repeats: int, threads: int, device: str, dtype: str, optimizer: str) -> None:
-    if warmup < 0 or repeats < 1 or threads < 1:
-        raise InstanceError(f"need --warmup >= 0, --repeats >= 1, --threads >= 1; got {warmup}, {repeats}, {threads}")
+    from hetplan.orchestration.cli import check_number
+
+    check_number(warmup, "--warmup", zero=True)
+    check_number(repeats, "--repeats")
+    _check_threads(threads)
     if dtype not in ("float32", "float64", "bfloat16"):  # runtime/execute.py DTYPES
         raise InstanceError(f"unknown dtype {dtype!r}; use float32, float64 or bfloat16", "--dtype")
     if optimizer not in ("adam", "sgd"):
@@ -101,6 +163,20 @@ def _progress_runner(total: int):
                    console=Console(stderr=True), transient=False)
     task = bar.add_task("", total=total)
     return bar, lambda text: bar.update(task, advance=1, description=text)
+
+
+def _run_with_progress(profiler, request):
+    bar, advance = _progress_runner(profiler.steps(request))
+    bar.start()
+    try:
+        result = profiler.run_profile(request, advance)
+    except BaseException:
+        # a failure is its one error line on stderr: no bar above it, nor the blank line of Progress.stop
+        bar.live.transient = True
+        bar.live.stop()
+        raise
+    bar.stop()
+    return result
 
 
 def write_profile(profile, output: Path, fmt: str) -> list[Path]:
@@ -140,9 +216,14 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("hetplan", "--format", help="hetplan | sailor"),
     ) -> None:
         """Measure per-layer-unit times and memory of the runtime's model on this machine."""
-        micro, degrees = parse_sizes(mbs, "--mbs"), parse_sizes(tp, "--tp")
-        arch = resolve_arch(model, {"seq_len": seq_len, "num_layers": layers, "hidden_size": hidden,
-                                    "num_heads": heads, "ffn_hidden_size": ffn, "vocab_size": vocab})
+        check_not_blank({"--model": model, "--device": device, "--mbs": mbs, "--tp": tp, "--dtype": dtype,
+                         "--gpu-type": gpu_type, "--optimizer": optimizer, "--format": fmt})
+        micro, degrees = parse_sizes(mbs, "--mbs", MAX_MICROBATCH), parse_sizes(tp, "--tp", MAX_TP)
+        overrides = {"seq_len": seq_len, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
+                     "ffn_hidden_size": ffn, "vocab_size": vocab}
+        check_overrides(overrides)
+        arch = resolve_arch(model, overrides)
+        check_shape(arch)
         check_arch(arch, degrees)
         _check_counts(warmup, repeats, threads, device, dtype, optimizer)
         _check_output(output, fmt)
@@ -153,12 +234,10 @@ def register(app: typer.Typer) -> None:
         request = profiler.ProfileRequest(arch=arch, microbatches=micro, tp_degrees=degrees, device=device,
                                           gpu_type=gpu_type or "", dtype=dtype, threads=threads, warmup=warmup,
                                           repeats=repeats, optimizer=optimizer, links=links)
-        profiler.check_request(request)  # CUDA present, enough devices
-        if not gpu_type:
+        profiler.check_request(request)  # CUDA present, enough devices, enough memory
+        if gpu_type is None:
             request = replace(request, gpu_type=profiler.default_device_name(device, threads))
-        bar, advance = _progress_runner(profiler.steps(request))
-        with bar:
-            result = profiler.run_profile(request, advance)
+        result = _run_with_progress(profiler, request)
         for path in write_profile(result, output, fmt):
             sys.stdout.write(f"{path}\n")
 

@@ -40,19 +40,21 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from hetplan.catalog import ModelArch
-from hetplan.errors import EstimatorError, InstanceError
+from hetplan.errors import EstimatorError, HetplanError, InstanceError
 from hetplan.profiles import (DeviceInfo, GpuProfile, LinkFit, MemoryMeasurement, TimeMeasurement, UnitMemory,
                               UnitTime)
 from hetplan.runtime.execute import DTYPES, _make_optimizer
@@ -65,6 +67,13 @@ FORKSERVER_PRELOAD = ["hetplan.runtime.profiler", "torch._dynamo"]
 # Message sizes of the link measurement: 4 KiB (latency-bound) to 16 MiB (bandwidth-bound).
 LINK_MESSAGE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 _LR = 1e-4  # the step's value does not matter for its time
+# The options that size what a measuring process allocates: a refusal for want of memory names them.
+SHAPE_OPTIONS = "--mbs/--seq-len/--layers/--hidden/--heads/--ffn/--vocab"
+# How torch says an allocation failed when it raises a plain RuntimeError: the CPU allocator on Linux and
+# macOS ("can't allocate memory") or Windows ("not enough memory"), CUDA outside its caching allocator
+# ("CUDA error: out of memory"); the caching allocator raises torch.OutOfMemoryError.
+_ALLOCATION_FAILED = ("can't allocate memory", "not enough memory", "out of memory")
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,7 @@ def check_request(req: ProfileRequest) -> None:
     if req.optimizer not in ("adam", "sgd"):
         raise InstanceError(f"unknown optimizer {req.optimizer!r}; use adam or sgd", "--optimizer")
     _check_device(req)
+    _check_memory(req)
 
 
 def _check_device(req: ProfileRequest) -> None:
@@ -119,6 +129,65 @@ def _check_device(req: ProfileRequest) -> None:
     if torch.cuda.device_count() < need:
         raise InstanceError(f"TP degree {max(req.tp_degrees)} from {req.device} needs {need} CUDA devices, "
                             f"this machine has {torch.cuda.device_count()}", "--device")
+
+
+def _check_memory(req: ProfileRequest) -> None:
+    """Refuse a shape that surely cannot fit, before torch allocates any of it (torch's failure, or the
+    kernel's OOM killer, would come in the middle of the run)."""
+    need, device = lower_bound_bytes(req), rank_device(req, 0)
+    have = device_memory_bytes(device)
+    if need > have:
+        raise InstanceError(f"{shape_text(req)} needs at least {need / GIB:,.1f} GiB ({req.dtype}) in one process, "
+                            f"more than the {have / GIB:,.1f} GiB of {device}", SHAPE_OPTIONS)
+
+
+def lower_bound_bytes(req: ProfileRequest) -> int:
+    """Bytes one measuring process surely holds at once, at the smallest TP degree and largest microbatch:
+    a lower bound, so that no shape that would fit is refused. Every unit is built and run backward before
+    the optimizer step, so all parameters and their gradients are held together; and one unit's forward
+    makes its largest tensor: a block's attention scores (microbatch x heads x seq x seq) or the head's
+    logits (microbatch x seq x vocab, gathered over the TP group)."""
+    a, t, b = req.arch, min(req.tp_degrees), max(req.microbatches)
+    h, s = a.hidden_size, a.seq_len
+    block = (4 * h * h + 2 * h * a.ffn_hidden_size) // t  # Q, K, V, output and the two MLP weights
+    params = a.num_layers * block + 2 * (a.vocab_size // t) * h  # the head keeps its own word embedding
+    largest = max(b * (a.num_heads // t) * s * s, b * s * a.vocab_size)
+    return (2 * params + largest) * DTYPES[req.dtype].itemsize
+
+
+def device_memory_bytes(device: torch.device) -> float:
+    """The memory of a device: a CUDA device's total, or this machine's physical memory for the CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def shape_text(req: ProfileRequest) -> str:
+    a = req.arch
+    return (f"microbatch {max(req.microbatches)} x seq {a.seq_len} of {a.name} ({a.num_layers} layers, hidden "
+            f"{a.hidden_size}, {a.num_heads} heads, FFN {a.ffn_hidden_size}, vocab {a.vocab_size})")
+
+
+def allocation_failed(exc: BaseException) -> bool:
+    """Whether torch (or Python) failed to allocate memory."""
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):  # torch.OutOfMemoryError from 2.5
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _ALLOCATION_FAILED)
+
+
+@contextmanager
+def refuse_when_out_of_memory(req: ProfileRequest, device: torch.device) -> Iterator[None]:
+    """A failed allocation as what it is, a shape too large for this machine (bad input, exit 1), not an
+    internal error: _check_memory's bound is low on purpose and cannot see what else holds memory."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:
+        if not allocation_failed(exc):
+            raise
+        tried = re.search(r"tried to allocate ([\d.]+ \w+)", str(exc), re.IGNORECASE)
+        amount = f" (torch tried to allocate {tried.group(1)})" if tried else ""
+        raise InstanceError(f"{shape_text(req)} does not fit in the memory of {device}{amount}; "
+                            "profile a smaller shape", SHAPE_OPTIONS) from None
 
 
 def rank_device(req: ProfileRequest, rank: int) -> torch.device:
@@ -271,6 +340,12 @@ def _update(clock: _Clock, benches: list[_UnitBench], req: ProfileRequest) -> tu
 def measure_rank(req: ProfileRequest, tp: TPContext, device: torch.device,
                  report: Callable[[str], None]) -> dict[str, Any]:
     """Everything one TP rank measures at TP degree tp.size (plain data; combined by `combine`)."""
+    with refuse_when_out_of_memory(req, device):
+        return _measure_rank(req, tp, device, report)
+
+
+def _measure_rank(req: ProfileRequest, tp: TPContext, device: torch.device,
+                  report: Callable[[str], None]) -> dict[str, Any]:
     cfg = model_config(req.arch)
     clock = _Clock(device, tp)
     benches = _build_units(cfg, tp, req, device)
@@ -365,6 +440,9 @@ def _child(req: ProfileRequest, size: int, rank: int, init_method: str, queue: A
         if rank == 0:
             queue.put(("result", result))
         dist.destroy_process_group()
+    except HetplanError as exc:  # a refusal (a shape too large for memory...): the parent raises it as it is
+        queue.put(("refused", str(exc)))
+        raise SystemExit(1)
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it as one line
         queue.put(("error", f"rank {rank}: {traceback.format_exc().strip().splitlines()[-1]}"))
         raise SystemExit(1)
@@ -392,6 +470,8 @@ def _spawn(req: ProfileRequest, size: int, job: str, progress: Callable[[str], N
                     if dead:
                         raise EstimatorError(f"profiling process {dead[0]} died (exit code {procs[dead[0]].exitcode})")
                     continue
+                if kind == "refused":
+                    raise InstanceError(payload)
                 if kind == "error":
                     raise EstimatorError(f"profiling at TP degree {size} failed: {payload}")
                 if kind == "progress":
@@ -455,11 +535,7 @@ def _source(req: ProfileRequest) -> str:
 
 def device_info(req: ProfileRequest, times: list[TimeMeasurement]) -> DeviceInfo:
     device = rank_device(req, 0)
-    if device.type == "cuda":
-        memory = float(torch.cuda.get_device_properties(device).total_memory)
-    else:
-        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return DeviceInfo(name=req.gpu_type, kind=device.type, memory_bytes=memory,
+    return DeviceInfo(name=req.gpu_type, kind=device.type, memory_bytes=device_memory_bytes(device),
                       threads=req.threads if device.type == "cpu" else None, dtype=req.dtype,
                       torch_version=str(torch.__version__), achieved_tflops=achieved_tflops(req.arch, times))
 
