@@ -42,9 +42,11 @@ Events file (YAML or JSON list):
     - {at_step: 9, hang_rank: 1}          # SIGSTOP: the heartbeat timeout must catch it
     - {at_s: 30, fail_node: a100-3}       # seconds since the start (wall)
 
-`at_step: k` fires once k iterations are done. A watched file (`watch`) is re-read while the job
-runs; entries appended to it fire when seen (their at_step / at_s are ignored), so an operator
-or a cloud hook can write `- {lose: {gpu_type: V100-16, zone: us-central1-a, count: 4}}`.
+`at_step: k` fires once k iterations are done; every entry has at_step or at_s, and a fault
+(kill_rank, hang_rank) has at_step. A watched file (`watch`) is re-read while the job runs;
+entries appended to it fire when seen (their at_step / at_s are ignored; faults there are
+ignored), so an operator or a cloud hook can write
+`- {lose: {gpu_type: V100-16, zone: us-central1-a, count: 4}}`.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ from hetplan.instance import AvailabilityEvent, Instance, format_validation_erro
 from hetplan.plan import Plan, validate_plan
 from hetplan.orchestration.replan import ReplanOptions, ReplanSession, replan, same_plan
 from hetplan.runtime import checkpoint
-from hetplan.runtime.execute import RunOptions, ready_path, steps_log_path
+from hetplan.runtime.execute import RunOptions, check_checkpoint, ready_path, steps_log_path
 from hetplan.runtime.local import LaunchError, LocalWorkers, _check_options, steps_done
 from hetplan.runtime.migrate import migration_plan
 from hetplan.orchestration.regroup import runnable_tp
@@ -119,7 +121,20 @@ class ElasticEvent(BaseModel):
         return f"node {self.fail_node} fails"
 
 
-def parse_events(data: Any, where: str) -> list[ElasticEvent]:
+def check_timed(ev: ElasticEvent, where: str) -> None:
+    """An event of --events (not of a watched file) fires at its at_step or at_s: one with neither
+    was dropped without a word, and a fault at an at_s was ignored (faults are injected only at a
+    step, `_watch`)."""
+    if ev.at_step is None and ev.at_s is None:
+        raise InstanceError(f"'{ev.describe()}' has neither at_step nor at_s, so it would never fire (entries "
+                            "that fire when seen belong in the --watch file)", where)
+    if ev.is_fault and ev.at_step is None:
+        raise InstanceError(f"'{ev.describe()}' needs at_step: faults are injected at a step boundary, at_s "
+                            "is for availability changes and fail_node", where)
+
+
+def parse_events(data: Any, where: str, watched: bool = False) -> list[ElasticEvent]:
+    """`watched`: entries of a --watch file, which fire when seen (no at_step or at_s needed)."""
     if data is None:
         return []
     if not isinstance(data, list):
@@ -131,11 +146,13 @@ def parse_events(data: Any, where: str) -> list[ElasticEvent]:
             out.append(ElasticEvent.model_validate(item))
         except ValidationError as exc:
             raise InstanceError(format_validation_error(exc), f"{where}[{i}]") from None
+        if not watched:
+            check_timed(out[-1], f"{where}[{i}]")
     return out
 
 
-def read_events(path: str | Path) -> list[ElasticEvent]:
-    return parse_events(read_structured(Path(path)), str(path))
+def read_events(path: str | Path, watched: bool = False) -> list[ElasticEvent]:
+    return parse_events(read_structured(Path(path)), str(path), watched)
 
 
 # ---- options and results --------------------------------------------------------------------------
@@ -174,6 +191,8 @@ class ElasticOptions:
         for ok, msg, where in checks:
             if not ok:
                 raise PlanError(msg, where)
+        for i, ev in enumerate(self.events):  # for callers that skip parse_events
+            check_timed(ev, f"events[{i}]")
 
 
 @dataclass(frozen=True)
@@ -457,12 +476,16 @@ class _Supervisor:
             return []
         self.watch_mtime = path.stat().st_mtime
         try:
-            events = read_events(path)
+            events = read_events(path, watched=True)
         except InstanceError as exc:  # an operator's typo must not kill the job
             self.log(f"ignored {path}: {exc}")
             return []
         new, self.watch_seen = events[self.watch_seen:], max(self.watch_seen, len(events))
-        return new
+        for ev in new:
+            if ev.is_fault:  # "faults need at_step" was logged, also for an entry that had one
+                self.log(f"ignored '{ev.describe()}' in {path}: a watched entry fires when seen (its at_step "
+                         "and at_s are not read), and faults are injected only at an at_step of --events")
+        return [ev for ev in new if not ev.is_fault]
 
     def _cluster_event(self, ev: ElasticEvent | Event, state: ClusterState) -> Event:
         t = time.monotonic() - self.t0
@@ -481,7 +504,7 @@ class _Supervisor:
         """An availability change seen while training (trace, at_s, watched file): stop at the
         next boundary if it takes running GPUs; otherwise re-plan now, while the ranks train, and
         stop only for a different plan."""
-        if isinstance(ev, ElasticEvent) and ev.is_fault:
+        if isinstance(ev, ElasticEvent) and ev.is_fault:  # a guard: check_timed and _poll_watch keep faults out
             self.log(f"ignored '{ev.describe()}': faults need at_step")
             return
         new = self.state.apply(self._cluster_event(ev, self.state))
@@ -570,6 +593,16 @@ def initial_state(instance: Instance, events: tuple[Event, ...]) -> ClusterState
     return ClusterState.initial(instance).apply_all(ev for ev in events if ev.time_s <= 0)
 
 
+def _check_resumable(instance: Instance, plan: Plan, opts: ElasticOptions) -> None:
+    """The newest checkpoint in the folder, if any, must be of this run's model and optimizer:
+    otherwise every segment's ranks failed on loading it, and the supervisor restarted them until
+    `max_reconfigurations` (50 restarts, exit 3)."""
+    last = checkpoint.latest(opts.checkpoint_dir)
+    if last is not None:
+        run = RunOptions(steps=opts.steps, model=dict(opts.model), optimizer=opts.optimizer)
+        check_checkpoint(build_spec(instance, plan), run, last, "--checkpoint-dir")
+
+
 def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
                 log: Callable[[str], None] | None = None) -> ElasticResult:
     """Train `opts.steps` iterations through every event (see the module docstring). `plan`
@@ -587,6 +620,7 @@ def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
     tp_choices = runnable_tp(instance, opts.model, opts.replan.tp_choices)
     opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=tp_choices),
                    checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
+    _check_resumable(instance, plan, opts)
     sup = _Supervisor(instance, plan, state, opts, log or (lambda _msg: None))
     try:
         return sup.run()

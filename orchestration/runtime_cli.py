@@ -9,6 +9,8 @@ one line and exits with the error's status.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -42,20 +44,52 @@ def _write_launch(inst, plan, target: str, out: Path, options) -> list[Path]:
         raise OutputError(f"cannot write {failed}: {exc.strerror}", "--out") from None
 
 
-def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | None, heads: int | None,
+# The highest --lr taken. Adam moves every weight by about lr per step whatever the gradient's
+# scale, and the weights start at a scale of 0.02: rates that train LLMs lie in 1e-5..1e-2, SGD's
+# rarely above 1. 10 leaves a decade of room over any rate that can learn (SGD at 10 still gives a
+# finite loss on the small CPU model); above it runs only diverge: with Adam, 100 gave a loss of 9e4
+# at step 2, and 1e308 a nan loss with exit 0.
+MAX_LR = 10.0
+
+
+def check_dir_option(path: str | Path | None, option: str) -> Path | None:
+    """The folder an option names, or OutputError naming `option` when no run could use it: ''
+    (typer made it Path('.'): the run wrote into the working folder), a file, or a place where no
+    folder can be made. A probe folder, made and removed where the folder would go, catches what
+    permission bits hide: /proc looks writable to root and refuses mkdir, and the run failed after
+    the planning with a bare [Errno 2] and exit 3."""
+    from hetplan.files import OutputError, check_output_dir
+
+    if path is None:
+        return None
+    if str(path) == "":
+        raise OutputError("must not be empty; give a folder (`.` for the working folder)", option)
+    target = check_output_dir(path, option)
+    parent = target
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hetplan-probe-", dir=parent))
+    except OSError as exc:
+        raise OutputError(f"{target} cannot be created: making a folder in {parent} failed "
+                          f"({exc.strerror})", option) from None
+    return target
+
+
+def local_run_overrides(schedule: str | None, out: str | Path | None, hidden: int | None, heads: int | None,
                         ffn: int | None, vocab: int | None, seq_len: int | None,
                         lr: float | None = None) -> dict[str, int]:
     """Check the options `launch --local`, `measure --local` and `run` share (schedule, output
     folder, model sizes, learning rate) and return the model overrides they name."""
+    from hetplan.errors import InstanceError
     from hetplan.orchestration.cli import check_number
 
     if schedule is not None and schedule not in ("GPipe", "1F1B"):
         raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
-    if out is not None:
-        from hetplan.files import check_output_dir
-
-        check_output_dir(out, "--out")
+    check_dir_option(out, "--out")
     check_number(lr, "--lr")  # inf or 1e308 trained to a nan loss with exit 0
+    if lr is not None and lr > MAX_LR:  # finite, yet a nan loss by step 2 (MAX_LR says why)
+        raise InstanceError(f"must be at most {MAX_LR:g} (a learning rate that can train), got {lr:g}", "--lr")
     sizes = (("hidden_size", hidden, "--hidden"), ("num_heads", heads, "--heads"), ("ffn_hidden_size", ffn, "--ffn"),
              ("vocab_size", vocab, "--vocab"), ("seq_len", seq_len, "--seq-len"))
     for _, value, option in sizes:  # 0 was taken as "not given": the full model ran on the CPU
@@ -98,6 +132,8 @@ def register(app: typer.Typer) -> None:
         if not 1 <= master_port <= 65535:  # else the launch spec's own check fails after the compile
             raise PlanError(f"must be a TCP port in 1..65535, got {master_port}", "--master-port")
         check_output_dir(out, "--out")
+        if checkpoint_dir == "":  # was taken as "not given": the launch files then had no resilience
+            raise PlanError("must not be empty; give the shared folder's path on the nodes", "--checkpoint-dir")
         from hetplan.runtime.targets import Resilience
 
         if min_nodes is not None and not checkpoint_dir:
@@ -126,7 +162,8 @@ def register(app: typer.Typer) -> None:
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam | sgd"),
         lr: Optional[float] = typer.Option(None, "--lr"),
         seed: int = typer.Option(0, "--seed"),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for spec, log.json (default: temp)"),
+        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR",
+                                          help="directory for spec, log.json (default: temp)"),
         method: str = typer.Option("processes", "--method", help="processes | torchrun"),
     ) -> None:
         """Train a plan on this machine, one process per rank, and print loss and time per step."""
@@ -139,7 +176,7 @@ def register(app: typer.Typer) -> None:
             raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
         result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
-                              optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
+                              optimizer=optimizer, lr=lr, seed=seed, out_dir=Path(out) if out is not None else None,
                               method=method)  # type: ignore[arg-type]
         typer.echo(f"log: {result.out_dir / 'log.json'}")
         typer.echo("step  loss        time_s")
@@ -154,8 +191,9 @@ def register(app: typer.Typer) -> None:
         elastic: bool = typer.Option(False, "--elastic", help="supervise: re-plan and resume on failures and "
                                      "availability changes"),
         steps: int = typer.Option(10, "--steps", min=1),
-        checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir", help="layer-wise checkpoints "
-                                                      "(a run finds its newest one there and resumes from it)"),
+        checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", metavar="DIR", help="layer-wise "
+                                                     "checkpoints (a run finds its newest one there and resumes "
+                                                     "from it)"),
         events: Optional[Path] = typer.Option(None, "--events", help="YAML list: {at_step|at_s: .., lose|gain: "
                                               "{gpu_type, zone, count}} | kill_rank | hang_rank | fail_node"),
         trace: Optional[Path] = typer.Option(None, "--trace", help="Sailor availability trace CSV"),
@@ -176,8 +214,8 @@ def register(app: typer.Typer) -> None:
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam | sgd"),
         lr: Optional[float] = typer.Option(None, "--lr"),
         seed: int = typer.Option(0, "--seed"),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for segments' specs and logs "
-                                           "(default: CHECKPOINT_DIR/../run)"),
+        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR", help="directory for segments' specs "
+                                          "and logs (default: CHECKPOINT_DIR/../run)"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Train with a supervisor that survives rank failures and GPUs coming and going."""
@@ -189,10 +227,12 @@ def register(app: typer.Typer) -> None:
                             "--checkpoint-dir")
         from hetplan.orchestration.cli import check_number
 
+        ckpt = check_dir_option(checkpoint_dir, "--checkpoint-dir")
         for value, option in ((time_scale, "--time-scale"), (heartbeat_timeout, "--heartbeat-timeout"),
                               (replan_time_limit, "--replan-time-limit")):
             check_number(value, option)
-        overrides = local_run_overrides(None, None, hidden, heads, ffn, vocab, seq_len, lr)
+        overrides = local_run_overrides(None, out, hidden, heads, ffn, vocab, seq_len, lr)
+        out_dir = Path(out) if out is not None else check_dir_option(ckpt.parent / "run", "--out")
         import sys
 
         from hetplan.orchestration.cli import print_json
@@ -205,7 +245,7 @@ def register(app: typer.Typer) -> None:
         inst = load_instance(instance)
         start = load_plan(plan) if plan is not None else None
         opts = ElasticOptions(
-            steps=steps, checkpoint_dir=checkpoint_dir, out_dir=out or checkpoint_dir.parent / "run",
+            steps=steps, checkpoint_dir=ckpt, out_dir=out_dir,
             events=tuple(read_events(events)) if events else (),
             cluster_events=tuple(event_stream(inst, trace=trace)), time_scale=time_scale,
             watch=watch, heartbeat_timeout_s=heartbeat_timeout, heartbeat_s=min(0.25, heartbeat_timeout / 4),

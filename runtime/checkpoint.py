@@ -111,6 +111,24 @@ def read_meta(root: Path) -> dict[str, Any]:
     return meta
 
 
+def check_resumable(root: Path, model: dict[str, Any], optimizer: str, option: str) -> None:
+    """Refuse to resume from the checkpoint at `root` with another model or optimizer than the one
+    that wrote it, naming `option`: every rank would fail on loading it, and a supervisor restarted
+    them 50 times. Fields meta.json does not record (older checkpoints) are not compared, nor is a
+    folder without one: the load reports that, as a rank's failure."""
+    if not (root / META).exists():
+        return
+    meta = read_meta(root)
+    recorded = meta.get("model") if isinstance(meta.get("model"), dict) else {}
+    differ = [f"{k} {recorded[k]!r} (this run: {v!r})" for k, v in model.items() if k in recorded and recorded[k] != v]
+    if differ:
+        raise PlanError(f"{root} holds a checkpoint of another model: {', '.join(differ)}; give the same model "
+                        f"options or another folder", option)
+    if meta.get("optimizer") and meta["optimizer"] != optimizer:
+        raise PlanError(f"{root} holds a checkpoint written with optimizer {meta['optimizer']}, this run uses "
+                        f"{optimizer}; resume with {meta['optimizer']} or use another folder", option)
+
+
 def _full(shards: list[dict[str, Any]], name: str, field: str | None) -> Any:
     first = shards[0][name]
     pick = (lambda e: e["value"]) if field is None else (lambda e: e["state"][field])

@@ -142,6 +142,13 @@ def model_config(spec: LaunchSpec, overrides: dict[str, Any]) -> ModelConfig:
     return cfg
 
 
+def check_checkpoint(spec: LaunchSpec, opts: RunOptions, root: Path, option: str) -> None:
+    """Refuse, before any rank starts, a checkpoint at `root` that another model or optimizer than
+    `opts` wrote (checkpoint.check_resumable): every rank would fail on loading it, and be restarted."""
+    optimizer = opts.optimizer or spec.training.optimizer  # as Trainer picks it
+    checkpoint.check_resumable(root, asdict(model_config(spec, opts.model)), optimizer, option)
+
+
 # ---- process identity and groups --------------------------------------------------------------
 def identify(spec: LaunchSpec, single_host: bool = False) -> int:
     """The spec rank of this process, from the environment torchrun / the launcher sets."""
@@ -628,7 +635,10 @@ def main(argv: list[str] | None = None) -> int:
                       control_path=args.control_file, heartbeat_s=args.heartbeat,
                       replan_file=args.replan_file, replan_time_limit_s=args.replan_time_limit)
     try:
-        run_worker(load_spec(args.spec), opts, single_host=args.single_host)
+        spec = load_spec(args.spec)
+        if opts.load_checkpoint and not opts.replan_file:  # a regrouped launch builds its own spec
+            check_checkpoint(spec, opts, Path(opts.load_checkpoint), "--resume" if args.resume else "--load-checkpoint")
+        run_worker(spec, opts, single_host=args.single_host)
     except HetplanError as exc:
         print(f"hetplan: error: {exc}", file=sys.stderr)
         return 1

@@ -264,9 +264,11 @@ def _torchrun_failure(spec: LaunchSpec, opts: RunOptions, returncode: int, outpu
 def _check_options(spec: LaunchSpec, opts: RunOptions) -> None:
     """Errors a rank would hit, raised here before any process starts."""
     from hetplan.errors import PlanError
-    from hetplan.runtime.execute import DTYPES, model_config
+    from hetplan.runtime.execute import DTYPES, check_checkpoint, model_config
 
     model_config(spec, opts.model)
+    if opts.load_checkpoint:
+        check_checkpoint(spec, opts, Path(opts.load_checkpoint), "load_checkpoint")
     if opts.dtype not in DTYPES:
         raise PlanError(f"unknown dtype {opts.dtype!r}; use one of {sorted(DTYPES)}", "dtype")
     if opts.optimizer not in (None, "adam", "sgd"):
