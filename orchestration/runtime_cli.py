@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         plan: str = typer.Argument(..., help="plan file or bundled name"),
         target: str = typer.Option("torchrun", "--target", "-t",
                                    help="torchrun | slurm | kubernetes | megatron | deepspeed"),
-        out: Path = typer.Option(..., "--out", "-o", help="output directory"),
+        out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="output directory"),  # str: '' is not '.'
         host: list[str] = typer.Option([], "--host", help="NODE=HOSTNAME, repeatable (default: node ids)"),
         master_port: int = typer.Option(29500, "--master-port", help="rendezvous TCP port, 1..65535"),
         rendezvous: str = typer.Option("static", "--rendezvous", help="static | c10d (torchrun target)"),
@@ -125,13 +125,11 @@ def register(app: typer.Typer) -> None:
         from hetplan.plan import load_plan
         from hetplan.runtime.compile import CompileOptions
 
-        from hetplan.files import check_output_dir
-
         if rendezvous not in ("static", "c10d"):
             raise PlanError(f"unknown rendezvous {rendezvous!r}; use static or c10d", "--rendezvous")
         if not 1 <= master_port <= 65535:  # else the launch spec's own check fails after the compile
             raise PlanError(f"must be a TCP port in 1..65535, got {master_port}", "--master-port")
-        check_output_dir(out, "--out")
+        out_dir = check_dir_option(out, "--out")
         if checkpoint_dir == "":  # was taken as "not given": the launch files then had no resilience
             raise PlanError("must not be empty; give the shared folder's path on the nodes", "--checkpoint-dir")
         from hetplan.runtime.targets import Resilience
@@ -142,7 +140,7 @@ def register(app: typer.Typer) -> None:
         resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts, min_nodes) if checkpoint_dir else None
         options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
                                  resilience=resilience)
-        paths = _write_launch(load_instance(instance), load_plan(plan), target, out, options)
+        paths = _write_launch(load_instance(instance), load_plan(plan), target, out_dir, options)
         for p in paths:
             typer.echo(str(p))
 

@@ -47,6 +47,9 @@ FOLDER_CASES = [
     pytest.param(MEASURE + ["-o", ""], "--out", id="measure out empty"),
     pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", "{d}/launch", "--checkpoint-dir", ""], "--checkpoint-dir",
                  id="compile ckpt empty"),
+    pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", ""], "--out", id="compile out empty"),  # wrote into '.'
+    pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", "/proc/hetplan-nope"], "--out", marks=NO_PROC,
+                 id="compile out /proc"),
 ]
 
 
