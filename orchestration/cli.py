@@ -218,6 +218,20 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     (file or sys.stderr).write(f"warning: {kind}{_one_line(message)}\n")
 
 
+def _empty_value(args: list[str]) -> str | None:
+    """The option (or argument) given an empty value, if any: no option or argument of hetplan means
+    anything empty, and typer reads '' for a path as '.', so `--events ''` failed as ".: is a
+    directory", naming neither the option nor the mistake."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and arg.endswith("="):
+            return arg[:-1]
+        if arg == "":
+            if i and args[i - 1].startswith("-"):
+                return args[i - 1]
+            return f"the argument after {args[i - 1]!r}" if i else "the first argument"
+    return None
+
+
 def _fail(message: str, code: int, debug: bool) -> NoReturn:
     if debug:
         import traceback
@@ -262,6 +276,9 @@ def main() -> None:
     args = sys.argv[1:]
     debug = "--debug" in args or os.environ.get("HETPLAN_DEBUG", "") not in ("", "0")
     args = [a for a in args if a != "--debug"] or ["--help"]  # no command: show the help
+    empty = _empty_value(args)
+    if empty is not None:
+        _fail(f"{empty}: must not be empty; leave the option out for its default", EXIT_USAGE, debug)
     signal.signal(signal.SIGTERM, _on_sigterm)
     # A job started with `&` by a non-interactive shell inherits SIGINT ignored; `kill -INT` must
     # still stop a search, so Python's own Ctrl-C handler is put back.

@@ -208,3 +208,19 @@ def test_no_send_costs_nothing_even_without_a_link():
 
     got = _sends_s(np.array([0, 2]), np.array([math.inf, 1.5]))
     assert got.tolist() == [[0.0, math.inf], [0.0, 3.0]]
+
+
+# ---- the command line: no option or argument means anything empty ----------------------------------
+@pytest.mark.parametrize("args, named", [
+    (["solve", ""], "the argument after 'solve'"),  # was ".: is a directory, not a file"
+    (["replay", "elastic_small", ""], "the argument after 'elastic_small'"),
+    (["run", "elastic_small", "--local", "--elastic", "--checkpoint-dir", "ck", "--events", ""], "--events"),
+    (["run", "elastic_small", "--local", "--elastic", "--checkpoint-dir", "ck", "--events="], "--events"),
+    (["import", "sailor", "--model", "OPT-350", "--cluster", "A100-40@us-central1-a=8", "--sailor-dir", "",
+      "-o", "x.yaml"], "--sailor-dir"),
+])
+def test_an_empty_value_is_refused_by_name(tmp_path, args, named):
+    proc = run(executable(), args, tmp_path)
+    assert proc.returncode == 1 and error_lines(proc.stderr) == [
+        f"error: {named}: must not be empty; leave the option out for its default"], proc.stderr
+    assert not any(tmp_path.iterdir())

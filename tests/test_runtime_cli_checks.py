@@ -40,14 +40,14 @@ FOLDER_CASES = [
     pytest.param(RUN + ["--checkpoint-dir", ""], "--checkpoint-dir", id="run ckpt empty"),
     pytest.param(RUN + ["--checkpoint-dir", "{d}/ckpt", "-o", "/proc/hetplan-nope"], "--out", marks=NO_PROC,
                  id="run out /proc"),
-    pytest.param(RUN + ["--checkpoint-dir", "{d}/ckpt", "-o", ""], "--out", id="run out empty"),
+    pytest.param(RUN + ["--checkpoint-dir", "{d}/ckpt", "-o", ""], "-o", id="run out empty"),  # as typed
     pytest.param(LAUNCH + ["-o", "/proc/hetplan-nope"], "--out", marks=NO_PROC, id="launch out /proc"),
-    pytest.param(LAUNCH + ["-o", ""], "--out", id="launch out empty"),
+    pytest.param(LAUNCH + ["-o", ""], "-o", id="launch out empty"),
     pytest.param(MEASURE + ["-o", "/proc/hetplan-nope"], "--out", marks=NO_PROC, id="measure out /proc"),
-    pytest.param(MEASURE + ["-o", ""], "--out", id="measure out empty"),
+    pytest.param(MEASURE + ["-o", ""], "-o", id="measure out empty"),
     pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", "{d}/launch", "--checkpoint-dir", ""], "--checkpoint-dir",
                  id="compile ckpt empty"),
-    pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", ""], "--out", id="compile out empty"),  # wrote into '.'
+    pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", ""], "-o", id="compile out empty"),  # wrote into '.'
     pytest.param(["compile", ELASTIC, ELASTIC_PLAN, "-o", "/proc/hetplan-nope"], "--out", marks=NO_PROC,
                  id="compile out /proc"),
 ]
