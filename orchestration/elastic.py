@@ -74,6 +74,10 @@ from hetplan.runtime.spec import build_spec
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 NEVER = 2**62  # control-file value: no stop requested
 POLL_S = 0.02
+# Rank failures in a row, none of them injected and none after a step was checkpointed, before the
+# supervisor gives up: a failure that restarting does not cure (a corrupt checkpoint, a model that
+# does not fit) otherwise ran to `max_reconfigurations` restarts (50, tens of seconds).
+MAX_FAILURES_WITHOUT_PROGRESS = 3
 
 
 class GpuChange(BaseModel):
@@ -258,6 +262,7 @@ class _Stop:
     trigger_wall: float  # the fault, or when the boundary step was seen done
     done: int  # iterations the ranks had completed
     lost_ranks: tuple[int, ...] = ()
+    uninjected: str = ""  # a failure no fault event caused: the ranks' error message
 
 
 @dataclass
@@ -302,7 +307,7 @@ class _Supervisor:
         opts.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         done = self._committed()
         pending: _Pending | None = None
-        segment = 0
+        segment, stuck = 0, 0
         seg_dir = opts.out_dir
         while done < opts.steps:
             if len(self.reconfs) >= opts.max_reconfigurations:
@@ -314,6 +319,10 @@ class _Supervisor:
             resumed = self._committed()
             if resumed >= opts.steps:
                 break
+            stuck = stuck + 1 if stop.uninjected and resumed == done else 0
+            if stuck >= MAX_FAILURES_WITHOUT_PROGRESS:
+                raise LaunchError(f"gave up at iteration {done}: the ranks failed {stuck} times in a row, with no "
+                                  f"fault injected and no step done: {stop.uninjected}")
             pending = self._reconfigure(stop, resumed)
             done = resumed
             segment += 1
@@ -398,9 +407,11 @@ class _Supervisor:
                 killed = [r for r in failed if r in faults] or failed
                 r, code = killed[0], workers.codes()[killed[0]]
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-                self.log(f"iteration {done}: {workers.failure_message()}")
+                message = workers.failure_message()
+                self.log(f"iteration {done}: {message}")
                 trigger = faults.get(r, time.time())
-                return _Stop("failure", f"rank {r} {how}", time.time(), trigger, done, tuple(killed))
+                return _Stop("failure", f"rank {r} {how}", time.time(), trigger, done, tuple(killed),
+                             "" if r in faults else message)
             # the heartbeat timeout holds once a rank is ready (imports, rendezvous and building
             # the stage may hold the GIL for long); before, the startup timeout does
             ready = [ready_path(seg_dir, r).exists() for r in range(world)]

@@ -138,6 +138,19 @@ def _full(shards: list[dict[str, Any]], name: str, field: str | None) -> Any:
     return torch.cat([pick(s[name]) for s in shards], dim=first["shard_dim"])
 
 
+def _load_shard(path: Path) -> dict[str, Any]:
+    """One shard file; PlanError naming it when it is missing or not a checkpoint (torch's own message
+    for a truncated or overwritten file ends on a link to its documentation, naming no file)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise PlanError(f"{path} is missing", "load_checkpoint") from None
+    except Exception as exc:  # noqa: BLE001 - pickle, zip and runtime errors of a damaged file
+        # the type only: torch's text for a damaged file advises loading it with weights_only=False
+        raise PlanError(f"{path} is not a readable checkpoint shard (damaged or truncated: "
+                        f"{type(exc).__name__})", "load_checkpoint") from None
+
+
 def load_rank(root: Path, tp: TPContext, params: list[tuple[ParamInfo, nn.Parameter]],
               optimizer: torch.optim.Optimizer) -> int:
     """Fill this rank's parameters and optimizer state from a checkpoint; returns its iteration."""
@@ -151,8 +164,7 @@ def load_rank(root: Path, tp: TPContext, params: list[tuple[ParamInfo, nn.Parame
             t = meta["tp_of_unit"].get(str(info.unit))
             if t is None:
                 raise PlanError(f"checkpoint {root} has no layer unit {info.unit}", "load_checkpoint")
-            cache[info.unit] = [torch.load(unit_dir(root, info.unit) / f"tp{k}of{t}.pt", weights_only=True)
-                                for k in range(t)]
+            cache[info.unit] = [_load_shard(unit_dir(root, info.unit) / f"tp{k}of{t}.pt") for k in range(t)]
         shards = cache[info.unit]
         if info.name not in shards[0]:
             raise PlanError(f"checkpoint unit {info.unit} has no parameter {info.name}", "load_checkpoint")

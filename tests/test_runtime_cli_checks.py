@@ -104,6 +104,24 @@ def test_launch_local_refuses_a_checkpoint_of_another_model(folder, tiny_ckpt):
     assert not (folder / "launch" / "rank0.pid").exists()
 
 
+def test_a_damaged_checkpoint_stops_the_supervisor_after_three_failures(folder, tiny_ckpt):
+    """A failure that restarting cannot cure (here a shard overwritten after the up-front check passes
+    on meta.json) restarted the ranks 50 times; now the supervisor gives up after 3 failures in a row
+    with no step done, exit 3, naming the file."""
+    import shutil
+
+    ckpt = folder / "ckpt"
+    shutil.copytree(tiny_ckpt, ckpt)
+    for shard in (ckpt / "step_00000001").glob("unit_0001/*.pt"):
+        shard.write_bytes(b"garbage")
+    proc = run(executable(), [*RUN, "--checkpoint-dir", str(ckpt), "--steps", "2", "-o", "{d}/run"], folder)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: gave up at iteration 1: the ranks failed 3 times in a row"), lines
+    assert "unit_0001/tp0of1.pt is not a readable checkpoint shard (damaged or truncated" in lines[0]
+    assert sorted(p.name for p in (folder / "run").iterdir()) == ["segment_000", "segment_001", "segment_002"]
+
+
 # --- item 3: events files ---
 LOSE = "{gpu_type: A100-40, zone: z-a, count: 2}"
 EVENT_CASES = [("- {lose: %s}" % LOSE, "neither at_step nor at_s"),
