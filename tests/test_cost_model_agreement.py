@@ -406,6 +406,42 @@ def test_enumerator_outer_choices_and_pools_are_the_planners(seed: int) -> None:
         assert [k for k in mine if k in theirs] == theirs
 
 
+# One A10G node in region r2, one 2-GPU H100 node in r1, 2 blocks (a random campaign's smallest case,
+# session 58): `parts.in_region` left tied_pool_s whole, so r2's lone pool read the H100's floors
+# and the strong bound of P2 b1 D1 was 0.0128 s against 0.0048 s for its best plan.
+TIED_REGIONS = {"name": "tied-regions", "cluster": {"node_groups": [
+    {"name": "x", "gpu_type": "A10G", "gpus_per_node": 1, "count": 2, "zone": "r2-a", "price_per_gpu_hour_usd": 1.0},
+    {"name": "y", "gpu_type": "H100", "gpus_per_node": 2, "count": 1, "zone": "r1-a", "price_per_gpu_hour_usd": 1.0}]},
+    "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 2}}, "global_batch_size": 2,
+                 "precision": "fp16", "flash_attention": True}}
+
+
+def test_every_choices_strong_bound_holds_over_two_regions_with_a_tied_embedding() -> None:
+    inst = instance_from_dict(TIED_REGIONS)
+    items, view = score_space(inst, max_stages=max_stages(inst)), ModelView(inst)
+    for P, b, D in sorted({(s.P, s.b, s.D) for s in items}):
+        best = min(s.iteration_time_s for s in items if (s.P, s.b, s.D) == (P, b, D))
+        bound = joint.time_lower_bound_tight_s(view.inputs_for(P, b, D), True)
+        assert bound <= best * (1 + BOUND_TOL), (P, b, D, bound, best)
+
+
+def test_in_region_reindexes_every_per_pool_row() -> None:
+    """Every field of JointInputs that holds one row per pool ([k]) is cut to the region's pools."""
+    from dataclasses import fields
+
+    from hetplan.formulations.joint.bounds.parts import in_region
+
+    inp = ModelView(instance_from_dict(TIED_REGIONS)).inputs_for(2, 1, 1)
+    keep = [k for k, p in enumerate(inp.pools) if p.region == "r2"]
+    assert 0 < len(keep) < inp.K
+    sub = in_region(inp, "r2")
+    per_pool = [f.name for f in fields(inp) if isinstance(getattr(inp, f.name), tuple)
+                and len(getattr(inp, f.name)) == inp.K]
+    assert {"pools", "step_s", "tied_pool_s"} <= set(per_pool)
+    for name in per_pool:
+        assert getattr(sub, name) == tuple(getattr(inp, name)[k] for k in keep), name
+
+
 @pytest.mark.parametrize("seed", range(0, 50, 5))
 def test_planner_plan_lies_in_the_enumerated_space(seed: int) -> None:
     inst, items = scored(seed, "fast")

@@ -276,7 +276,10 @@ def _region_inputs(inp: JointInputs) -> dict[str, "JointInputs"]:
 
 
 def in_region(inp: JointInputs, region: str) -> JointInputs:
-    """The same outer choice with only `region`'s pools (the all-reduce table re-indexed)."""
+    """The same outer choice with only `region`'s pools: every [k] row and the all-reduce tables
+    re-indexed (tests/test_cost_model_agreement.py checks that no [k] field is left out: a
+    tied_pool_s left whole once put another region's floors on these pools, and the bound of a
+    choice rose above its optimum)."""
     keep = [k for k, p in enumerate(inp.pools) if p.region == region]
     new_index = {k: j for j, k in enumerate(keep)}
     pick = lambda rows: tuple(rows[k] for k in keep)  # noqa: E731
@@ -287,6 +290,7 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
                    send_floor_s=pick(inp.send_floor_s) if inp.send_floor_s else (),
                    recv_floor_s=pick(inp.recv_floor_s) if inp.recv_floor_s else (),
                    send_away_s=pick(inp.send_away_s) if inp.send_away_s else (),
+                   tied_pool_s=pick(inp.tied_pool_s) if inp.tied_pool_s else (),
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
                    sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
                    repeat_sync_table=table(inp.repeat_sync_table))
