@@ -425,6 +425,42 @@ def test_every_choices_strong_bound_holds_over_two_regions_with_a_tied_embedding
         assert bound <= best * (1 + BOUND_TOL), (P, b, D, bound, best)
 
 
+def one_h100_node(gpus: int, max_gpus: int, batch: int) -> Instance:
+    return instance_from_dict({"name": "capped", "cluster": {"node_groups": [
+        {"name": "g0", "gpu_type": "H100", "gpus_per_node": gpus, "count": 1, "zone": "r1-a",
+         "price_per_gpu_hour_usd": 1.0}]},
+        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 2}}, "global_batch_size": batch,
+                     "precision": "fp16", "flash_attention": True}, "constraints": {"max_gpus": max_gpus}})
+
+
+@pytest.mark.parametrize("gpus, cap, batch", [(2, 1, 2), (2, 1, 1), (4, 2, 4)])
+@pytest.mark.parametrize("objective", ["max_throughput", "min_cost"])
+def test_max_gpus_holds_for_the_plan_returned(gpus: int, cap: int, batch: int, objective: str) -> None:
+    """The greedy filled stages from the quotas alone: with max_gpus 1 on a 2-GPU node the search
+    returned two replicas (0.00413 s, "2 GPUs > max_gpus 1") as complete with gap 0 (a random
+    campaign's finding, session 58)."""
+    inst = one_h100_node(gpus, cap, batch)
+    best = optimum(score_space(inst, max_stages=max_stages(inst)), objective)
+    res = solve(inst, Run(objective))
+    assert res.report.constraint_violations == [] and res.report.num_gpus <= cap
+    got = res.report.cost_per_iteration_usd if objective == "min_cost" else res.report.iteration_time_s
+    assert res.bound <= best.objective(objective) * (1 + BOUND_TOL) and got <= best.objective(objective) * (
+        1 + res.gap + BOUND_TOL), (got, res.bound, best.objective(objective))
+
+
+def test_the_limits_of_heuristics_and_of_the_scorer_include_max_gpus() -> None:
+    from hetplan.orchestration.planner.search import _Scorer
+
+    inst = one_h100_node(2, 1, 2)
+    inp = ModelView(inst).inputs_for(1, 1, 2)  # two replicas: at least 2 GPUs
+    sol = joint.greedy(inp)
+    assert sol is not None and joint.evaluation.gpus_used(inp, sol) == 2
+    assert inp.max_gpus == 1 and joint.objective_within_limits(inp, sol, "max_throughput") is None
+    assert joint.objective_within_limits(replace(inp, max_gpus=None), sol, "max_throughput") is not None
+    scorer = _Scorer(inst, build_estimators(inst), "max_throughput", None, None)
+    assert scorer((0.0, sol, inp)) is None
+
+
 def test_in_region_reindexes_every_per_pool_row() -> None:
     """Every field of JointInputs that holds one row per pool ([k]) is cut to the region's pools."""
     from dataclasses import fields

@@ -141,12 +141,21 @@ def better(current: tuple | None, candidate: tuple | None) -> tuple | None:
 def objective_within_limits(inp: JointInputs, sol: JointSolution, objective: str, max_cost_usd: float | None = None,
                             min_iters_per_s: float | None = None) -> float | None:
     """The plan's objective (cost for min cost, T otherwise) by the model's own figures
-    (`evaluate`), or None when it breaks the budget or the minimum throughput."""
+    (`evaluate`), or None when it breaks the budget, the minimum throughput or max_gpus (the
+    greedy fills stages from the quotas alone: with max_gpus 1 on a 2-GPU node it returned two
+    replicas, and the search kept that plan)."""
+    if inp.max_gpus is not None and gpus_used(inp, sol) > inp.max_gpus:
+        return None
     ev = evaluate(inp, sol)
     if (max_cost_usd is not None and ev["cost"] > max_cost_usd) or (
             min_iters_per_s is not None and ev["T"] > 1 / min_iters_per_s):
         return None
     return ev["cost"] if objective == "min_cost" else ev["T"]
+
+
+def gpus_used(inp: JointInputs, sol: JointSolution) -> int:
+    """GPUs of a solution: its replicas' TP degrees, summed."""
+    return sum(inp.pools[k].tp * n for row in sol.replicas for k, n in enumerate(row))
 
 
 def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:

@@ -275,8 +275,9 @@ class _Scorer:
         return min((r for r in reports if self._within_limits(r)), key=self._objective, default=None)
 
     def _within_limits(self, rep: SimulationReport) -> bool:
+        cap = self.instance.constraints.max_gpus  # the simulator's own rule too (constraint_violations)
         return not rep.oom_ranks and (self.max_cost is None or rep.cost_per_iteration_usd <= self.max_cost) and (
-            self.min_its is None or rep.iters_per_s >= self.min_its)
+            self.min_its is None or rep.iters_per_s >= self.min_its) and (cap is None or rep.num_gpus <= cap)
 
 
 @dataclass
