@@ -2293,3 +2293,20 @@ def test_the_bound_is_never_above_the_plans_own_figure():
         res = plan(inst.model_copy(update={"objective": inst.objective.model_copy(update={"kind": objective})}),
                    PlannerOptions(time_limit_s=30))
         assert res.bound <= res.model_objective and res.gap >= 0.0, (objective, res.bound, res.model_objective)
+
+
+def test_no_plan_is_called_infeasible_only_when_the_model_has_none():
+    """A MILP plan the simulator refuses (its placement breaks the throughput floor) proves nothing
+    about the other plans of its choice: the search then says that no plan was found, not that none
+    exists (a random campaign found min cost under a floor called infeasible with a plan of
+    1.88e-05 USD in the space, session 58)."""
+    from hetplan.orchestration.planner.options import ComboRecord
+    from hetplan.orchestration.planner.search import _why_infeasible
+
+    closed = [ComboRecord(1, 4, 2, 1.3e-5, "solved:infeasible"), ComboRecord(2, 1, 1, math.inf, "infeasible_by_bound")]
+    assert _why_infeasible(closed, None, 61.4) == (
+        "no plan satisfies min_throughput_iters_per_s=61.4 over 2 outer choices (P, b, D)")
+    refused = closed + [ComboRecord(3, 1, 1, 1.3e-5, "solved:optimal", objective=1.3516e-05)]
+    text = _why_infeasible(refused, None, 61.4)
+    assert text.startswith("no plan found within min_throughput_iters_per_s=61.4, but none is proven impossible")
+    assert "best P3 b1 D1, model figure 1.3516e-05" in text
