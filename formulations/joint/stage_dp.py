@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline
+from hetplan.formulations.joint.inputs import DeadlineExceeded, JointInputs, JointSolution, check_deadline, slack_below
 from hetplan.formulations.joint.tables import (_cached_for, _class_extras, _class_figures, block_counts,
                                                blocks_identical, class_pools)
 from hetplan.formulations.joint.bounds.parts import _first_true_from, in_region, stage_time_cap_s
@@ -307,7 +307,7 @@ def _in_one_region(inp: JointInputs, objective: str, max_cost_usd: float | None,
 def _dp_heuristic(inp: JointInputs, objective: str, max_cost_usd: float | None, min_iters_per_s: float | None,
                   theta_lo_s: float, sweep: int, descent: int) -> tuple[float, JointSolution] | None:
     time_s, _ = _class_figures(inp)
-    thetas = sorted(t for t in set(time_s.values()) if t >= theta_lo_s)
+    thetas = sorted(t for t in set(time_s.values()) if t >= slack_below(theta_lo_s))
     if min_iters_per_s:
         cap = stage_time_cap_s(inp, 1 / min_iters_per_s)
         thetas = [t for t in thetas if t <= cap]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline
+from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline, slack_below
 from hetplan.formulations.joint.composition import worker_bytes
 from hetplan.formulations.joint.tables import _cached_for, _class_tables, _per_inputs_cache, blocks_identical
 from hetplan.formulations.joint.bounds.parts import _first_true_from, _gpus_per_type, _position_extras, _replicas
@@ -179,7 +179,7 @@ def _bottleneck_lower_bound_s(inp: JointInputs, exact: bool, theta_hint_s: float
         return hall
     # the DP's answer changes only at actual stage times, so search those at or above Hall's answer
     times = np.unique(_class_tables(inp).time_s)
-    times = times[times >= hall].tolist()
+    times = times[times >= slack_below(hall)].tolist()
     fits = lambda c: stages_fit_dp(inp, c)  # noqa: E731
     if not times:
         return math.inf

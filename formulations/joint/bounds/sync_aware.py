@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from hetplan.formulations.joint.inputs import JointInputs
+from hetplan.formulations.joint.inputs import JointInputs, slack_below
 from hetplan.formulations.joint.composition import iteration_time_s, theta_for_time_s
 from hetplan.formulations.joint.tables import _class_tables, blocks_identical
 from hetplan.formulations.joint.bounds.parts import (_c_node_s, _extra_values_s, _fastest_work_s, _first_true,
@@ -73,7 +73,7 @@ def sync_aware_time_bound_s(inp: JointInputs, theta_lo_s: float, target_s: float
     links = _links_lower_bound_s(inp)
     caps = _extra_values_s(inp).tolist()
     thetas = np.unique(tab.time_s)
-    thetas = thetas[thetas >= theta_lo_s].tolist()
+    thetas = thetas[thetas >= slack_below(theta_lo_s)].tolist()
     s_first = extra_lower_bound_s(inp)
     if not thetas or not caps or s_first > caps[-1]:
         return math.inf
