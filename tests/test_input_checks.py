@@ -224,3 +224,42 @@ def test_an_empty_value_is_refused_by_name(tmp_path, args, named):
     assert proc.returncode == 1 and error_lines(proc.stderr) == [
         f"error: {named}: must not be empty; leave the option out for its default"], proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+# ---- link classes in the wrong order ---------------------------------------------------------------
+def _two_regions(network: dict | None = None) -> dict:
+    groups = [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 2, "zone": "r1-a",
+               "price_per_gpu_hour_usd": 1.0},
+              {"name": "g", "gpu_type": "A10G", "gpus_per_node": 2, "count": 1, "zone": "r2-a",
+               "price_per_gpu_hour_usd": 1.0}]
+    return {"name": "two-regions", "cluster": {"node_groups": groups, **({"network": network} if network else {})},
+            "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3}}, "global_batch_size": 2,
+                         "precision": "fp16", "flash_attention": True}}
+
+
+def test_a_wider_link_class_that_is_faster_is_named():
+    from hetplan.orchestration.planner import PlannerOptions
+    from hetplan.orchestration.planner.inputs import _quotas, link_order_warning
+
+    def warning(network):
+        inst = instance_from_dict(_two_regions(network))
+        return link_order_warning(inst, _quotas(inst, PlannerOptions()))
+
+    assert warning(None) is None  # the default classes: node 12.5, zone 5, region 1 GB/s
+    slow = {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 0.5, "latency_s": 5e-5},
+            "inter_zone": {"kind": "ethernet", "bandwidth_GBps": 0.25, "latency_s": 1e-3}}
+    text = warning(slow)  # inter_region keeps its default 1 GB/s (session 58's campaign, variant 2442)
+    assert text.startswith("cluster.network: inter_region (1 GB/s, 0.02 s) has more bandwidth or less latency "
+                           "than inter_node (0.5 GB/s, 5e-05 s)"), text
+    pair = {"zone_pairs": [{"zones": ["r1-a", "r2-a"], "bandwidth_GBps": 50.0}]}
+    assert "zone_pairs r1-a/r2-a (50 GB/s" in warning(pair)
+
+
+def test_the_cli_prints_the_link_order_warning_once(tmp_path):
+    doc = _two_regions({"inter_region": {"kind": "wan", "bandwidth_GBps": 20.0, "latency_s": 0.02}})
+    _write(tmp_path, doc, "x.yaml")
+    proc = run(executable(), ["solve", "x.yaml", "--time-limit", "20", "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warned = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and "inter_region (20 GB/s, 0.02 s) has more bandwidth" in warned[0], proc.stderr
+    json.loads(proc.stdout)  # stdout is the plan alone
