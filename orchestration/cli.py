@@ -233,7 +233,7 @@ def _empty_value(args: list[str]) -> str | None:
 
 
 def _fail(message: str, code: int, debug: bool) -> NoReturn:
-    if debug:
+    if debug and sys.exc_info()[0] is not None:  # (a check before any command has no traceback)
         import traceback
 
         traceback.print_exc()
