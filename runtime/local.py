@@ -293,26 +293,26 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
     if schedule is not None:
         pl = pl.model_copy(update={"schedule": schedule})
     spec = build_spec(inst, pl)
+    if method not in ("processes", "torchrun"):
+        raise LaunchError(f"unknown local launch method {method!r}; use 'processes' or 'torchrun'")
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="hetplan-local-"))
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path = spec.save(out / "launch_spec.json")
     log_path = out / "log.json"
-    log_path.unlink(missing_ok=True)
     opts = RunOptions(steps=steps, model=dict(model_overrides or {}), dtype=dtype, optimizer=optimizer, lr=lr,
                       seed=seed, backend="gloo", log_path=str(log_path),
                       dump_dir=str(out / "params") if dump_params else None,
                       save_checkpoint=str(save_checkpoint) if save_checkpoint else None,
                       load_checkpoint=str(load_checkpoint) if load_checkpoint else None,
                       timeout_s=min(timeout_s, 300.0), quiet=quiet, progress_dir=str(out), measure=measure)
-    _check_options(spec, opts)
+    _check_options(spec, opts)  # before anything is written: a refused launch leaves the folder as it was
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = spec.save(out / "launch_spec.json")
+    log_path.unlink(missing_ok=True)
     if method == "processes":
         _run_processes(spec, spec_path, opts, out, timeout_s, threads_per_rank, on_progress)
-    elif method == "torchrun":
+    else:
         for r in range(spec.world_size):
             progress_path(out, r).unlink(missing_ok=True)
         _run_torchrun(spec, spec_path, opts, timeout_s)
-    else:
-        raise LaunchError(f"unknown local launch method {method!r}; use 'processes' or 'torchrun'")
     log = json.loads(log_path.read_text())
     return LocalRunResult(losses=[s["loss"] for s in log["steps"]], times_s=[s["time_s"] for s in log["steps"]],
                           peak_mem_bytes=log["steps"][-1]["peak_mem_bytes"] if log["steps"] else [],

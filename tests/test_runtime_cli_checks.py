@@ -101,7 +101,7 @@ def test_launch_local_refuses_a_checkpoint_of_another_model(folder, tiny_ckpt):
     with pytest.raises(PlanError, match=r"load_checkpoint: .*hidden_size 16 \(this run: 32\)"):
         launch_local(ELASTIC, ELASTIC_PLAN, 1, model, out_dir=folder / "launch",
                      load_checkpoint=tiny_ckpt / "step_00000001")
-    assert not (folder / "launch" / "rank0.pid").exists()
+    assert not (folder / "launch").exists()  # nothing written: launch_spec.json was, before the check
 
 
 def test_a_damaged_checkpoint_stops_the_supervisor_after_three_failures(folder, tiny_ckpt):
