@@ -223,9 +223,9 @@ def _empty_value(args: list[str]) -> str | None:
     anything empty, and typer reads '' for a path as '.', so `--events ''` failed as ".: is a
     directory", naming neither the option nor the mistake."""
     for i, arg in enumerate(args):
-        if arg.startswith("--") and arg.endswith("="):
-            return arg[:-1]
-        if arg == "":
+        if arg.startswith("--") and not arg.partition("=")[2].strip() and "=" in arg:
+            return arg.partition("=")[0]
+        if not arg.strip():  # '' or blanks: `-o ' '` wrote a file named ' '
             if i and args[i - 1].startswith("-"):
                 return args[i - 1]
             return f"the argument after {args[i - 1]!r}" if i else "the first argument"

@@ -218,6 +218,8 @@ def test_no_send_costs_nothing_even_without_a_link():
     (["run", "elastic_small", "--local", "--elastic", "--checkpoint-dir", "ck", "--events="], "--events"),
     (["import", "sailor", "--model", "OPT-350", "--cluster", "A100-40@us-central1-a=8", "--sailor-dir", "",
       "-o", "x.yaml"], "--sailor-dir"),
+    (["solve", "elastic_small", "-o", " "], "-o"),  # wrote the plan to a file named ' '
+    (["solve", "elastic_small", "--output=  "], "--output"),
 ])
 def test_an_empty_value_is_refused_by_name(tmp_path, args, named):
     proc = run(executable(), args, tmp_path)
