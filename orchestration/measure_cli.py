@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import typer
@@ -76,8 +77,7 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(10, "--steps", min=1, help="training steps, warm-up included"),
         warmup: int = typer.Option(2, "--warmup", min=0, help="first steps left out of the medians"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
-        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR",  # str: '' is refused, not read as '.'
-                                          help="directory for spec, log.json (default: temp)"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for spec, log.json (default: temp)"),
         hidden: Optional[int] = typer.Option(None, "--hidden", help="hidden size (default: the instance's model)"),
         heads: Optional[int] = typer.Option(None, "--heads"),
         ffn: Optional[int] = typer.Option(None, "--ffn"),

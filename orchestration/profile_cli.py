@@ -54,14 +54,6 @@ def parse_sizes(text: str, option: str, most: int) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def check_not_blank(options: dict[str, Optional[str]]) -> None:
-    """Refuse empty text: an empty --gpu-type was taken as not given (the default name), and an empty
-    --model as the file "." (the current directory)."""
-    for option, value in options.items():
-        if value is not None and not value.strip():
-            raise InstanceError("must not be empty", option)
-
-
 def check_overrides(overrides: dict[str, Optional[int]]) -> None:
     """Each shape option given (keyed by ModelArch field) is >= 1 and under its ceiling, named by option."""
     from hetplan.orchestration.cli import check_number
@@ -216,8 +208,6 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("hetplan", "--format", help="hetplan | sailor"),
     ) -> None:
         """Measure per-layer-unit times and memory of the runtime's model on this machine."""
-        check_not_blank({"--model": model, "--device": device, "--mbs": mbs, "--tp": tp, "--dtype": dtype,
-                         "--gpu-type": gpu_type, "--optimizer": optimizer, "--format": fmt})
         micro, degrees = parse_sizes(mbs, "--mbs", MAX_MICROBATCH), parse_sizes(tp, "--tp", MAX_TP)
         overrides = {"seq_len": seq_len, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
                      "ffn_hidden_size": ffn, "vocab_size": vocab}

@@ -52,18 +52,16 @@ def _write_launch(inst, plan, target: str, out: Path, options) -> list[Path]:
 MAX_LR = 10.0
 
 
-def check_dir_option(path: str | Path | None, option: str) -> Path | None:
-    """The folder an option names, or OutputError naming `option` when no run could use it: ''
-    (typer made it Path('.'): the run wrote into the working folder), a file, or a place where no
-    folder can be made. A probe folder, made and removed where the folder would go, catches what
-    permission bits hide: /proc looks writable to root and refuses mkdir, and the run failed after
-    the planning with a bare [Errno 2] and exit 3."""
+def check_dir_option(path: Path | None, option: str) -> Path | None:
+    """The folder an option names, or OutputError naming `option` when no run could use it: a file,
+    or a place where no folder can be made (an empty value never gets here: `cli.main` refuses it).
+    A probe folder, made and removed where the folder would go, catches what permission bits hide:
+    /proc looks writable to root and refuses mkdir, and the run failed after the planning with a
+    bare [Errno 2] and exit 3."""
     from hetplan.files import OutputError, check_output_dir
 
     if path is None:
         return None
-    if str(path) == "":
-        raise OutputError("must not be empty; give a folder (`.` for the working folder)", option)
     target = check_output_dir(path, option)
     parent = target
     while not parent.exists():
@@ -76,7 +74,7 @@ def check_dir_option(path: str | Path | None, option: str) -> Path | None:
     return target
 
 
-def local_run_overrides(schedule: str | None, out: str | Path | None, hidden: int | None, heads: int | None,
+def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | None, heads: int | None,
                         ffn: int | None, vocab: int | None, seq_len: int | None,
                         lr: float | None = None) -> dict[str, int]:
     """Check the options `launch --local`, `measure --local` and `run` share (schedule, output
@@ -105,7 +103,7 @@ def register(app: typer.Typer) -> None:
         plan: str = typer.Argument(..., help="plan file or bundled name"),
         target: str = typer.Option("torchrun", "--target", "-t",
                                    help="torchrun | slurm | kubernetes | megatron | deepspeed"),
-        out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="output directory"),  # str: '' is not '.'
+        out: Path = typer.Option(..., "--out", "-o", help="output directory"),
         host: list[str] = typer.Option([], "--host", help="NODE=HOSTNAME, repeatable (default: node ids)"),
         master_port: int = typer.Option(29500, "--master-port", help="rendezvous TCP port, 1..65535"),
         rendezvous: str = typer.Option("static", "--rendezvous", help="static | c10d (torchrun target)"),
@@ -130,8 +128,6 @@ def register(app: typer.Typer) -> None:
         if not 1 <= master_port <= 65535:  # else the launch spec's own check fails after the compile
             raise PlanError(f"must be a TCP port in 1..65535, got {master_port}", "--master-port")
         out_dir = check_dir_option(out, "--out")
-        if checkpoint_dir == "":  # was taken as "not given": the launch files then had no resilience
-            raise PlanError("must not be empty; give the shared folder's path on the nodes", "--checkpoint-dir")
         from hetplan.runtime.targets import Resilience
 
         if min_nodes is not None and not checkpoint_dir:
@@ -160,8 +156,7 @@ def register(app: typer.Typer) -> None:
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam | sgd"),
         lr: Optional[float] = typer.Option(None, "--lr"),
         seed: int = typer.Option(0, "--seed"),
-        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR",
-                                          help="directory for spec, log.json (default: temp)"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for spec, log.json (default: temp)"),
         method: str = typer.Option("processes", "--method", help="processes | torchrun"),
     ) -> None:
         """Train a plan on this machine, one process per rank, and print loss and time per step."""
@@ -174,7 +169,7 @@ def register(app: typer.Typer) -> None:
             raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
         result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
-                              optimizer=optimizer, lr=lr, seed=seed, out_dir=Path(out) if out is not None else None,
+                              optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
                               method=method)  # type: ignore[arg-type]
         typer.echo(f"log: {result.out_dir / 'log.json'}")
         typer.echo("step  loss        time_s")
@@ -189,9 +184,8 @@ def register(app: typer.Typer) -> None:
         elastic: bool = typer.Option(False, "--elastic", help="supervise: re-plan and resume on failures and "
                                      "availability changes"),
         steps: int = typer.Option(10, "--steps", min=1),
-        checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", metavar="DIR", help="layer-wise "
-                                                     "checkpoints (a run finds its newest one there and resumes "
-                                                     "from it)"),
+        checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir", help="layer-wise checkpoints "
+                                                      "(a run finds its newest one there and resumes from it)"),
         events: Optional[Path] = typer.Option(None, "--events", help="YAML list: {at_step|at_s: .., lose|gain: "
                                               "{gpu_type, zone, count}} | kill_rank | hang_rank | fail_node"),
         trace: Optional[Path] = typer.Option(None, "--trace", help="Sailor availability trace CSV"),
@@ -212,8 +206,8 @@ def register(app: typer.Typer) -> None:
         optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adam | sgd"),
         lr: Optional[float] = typer.Option(None, "--lr"),
         seed: int = typer.Option(0, "--seed"),
-        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR", help="directory for segments' specs "
-                                          "and logs (default: CHECKPOINT_DIR/../run)"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="directory for segments' specs and logs "
+                                           "(default: CHECKPOINT_DIR/../run)"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Train with a supervisor that survives rank failures and GPUs coming and going."""
@@ -230,7 +224,7 @@ def register(app: typer.Typer) -> None:
                               (replan_time_limit, "--replan-time-limit")):
             check_number(value, option)
         overrides = local_run_overrides(None, out, hidden, heads, ffn, vocab, seq_len, lr)
-        out_dir = Path(out) if out is not None else check_dir_option(ckpt.parent / "run", "--out")
+        out_dir = out if out is not None else check_dir_option(ckpt.parent / "run", "--out")
         import sys
 
         from hetplan.orchestration.cli import print_json
