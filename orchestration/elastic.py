@@ -514,10 +514,8 @@ class _Supervisor:
     def _arrive(self, ev, done: int, control: Path) -> None:
         """An availability change seen while training (trace, at_s, watched file): stop at the
         next boundary if it takes running GPUs; otherwise re-plan now, while the ranks train, and
-        stop only for a different plan."""
-        if isinstance(ev, ElasticEvent) and ev.is_fault:  # a guard: check_timed and _poll_watch keep faults out
-            self.log(f"ignored '{ev.describe()}': faults need at_step")
-            return
+        stop only for a different plan. Never a fault: `check_timed` refuses one with at_s, and
+        `_poll_watch` leaves out the watched ones."""
         new = self.state.apply(self._cluster_event(ev, self.state))
         self.state = new
         what = self._describe(ev)
