@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
             output: Path = typer.Option(..., "-o", "--output", help="instance YAML to write")) -> None:
         """An instance that scores plans as Sailor's simulator does (estimators preset sailor)."""
         from hetplan.files import write_atomic
-        from hetplan.importers.sailor import check_zone_table, sailor_instance_dict
+        from hetplan.importers.sailor import sailor_instance_dict
         from hetplan.instance import instance_from_dict
         from hetplan.orchestration.cli import check_number
 
@@ -86,13 +86,12 @@ def register(app: typer.Typer) -> None:
             raise InstanceError(f"expected max_throughput or min_cost, got {objective!r}", "--objective")
         check_number(max_cost, "--max-cost")
         check_number(min_throughput, "--min-throughput")
-        check_zone_table(ref, counts, "--cluster")
         constraints: dict[str, Any] = {}
         if max_cost is not None:
             constraints["max_cost_per_iteration_usd"] = max_cost
         if min_throughput is not None:
             constraints["min_throughput_iters_per_s"] = min_throughput
-        data = sailor_instance_dict(ref, model, gpu_counts=counts, preset="sailor",
+        data = sailor_instance_dict(ref, model, gpu_counts=counts, preset="sailor", counts_field="--cluster",
                                     objective=objective, constraints=constraints,
                                     name=f"sailor_{model}_{cluster.replace(',', '_').replace('=', 'x')}")
         instance_from_dict(data)  # refuse to write what would not load

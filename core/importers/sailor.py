@@ -164,11 +164,8 @@ def read_llm_info(path: str | Path, model: str) -> list[MemoryMeasurement]:
             def num(key: str) -> float | None:
                 if key not in info:
                     return None
-                value = _number(info[key], path, model, tp_key, unit_key, key)
-                if value < 0:  # element counts and bytes: a negative one gave negative memory downstream
-                    raise InstanceError(f"expected a number >= 0, got {info[key]!r}",
-                                        _where(path, model, tp_key, unit_key, key))
-                return value
+                # element counts and bytes: a negative one gave negative memory downstream
+                return _number(info[key], path, model, tp_key, unit_key, key, minimum=0.0)
 
             units.append(UnitMemory(params_per_gpu=num("params_floats"), params_bytes=num("params_bytes"),
                                     activation_bytes=num("act_mem_bytes"), output_bytes=num("act_output_bytes")))
@@ -529,7 +526,7 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
                          global_batch_size: int | None = None, objective: str = "max_throughput",
                          constraints: Mapping[str, Any] | None = None, use_sailor_estimators: bool = True,
                          memory_from_config: bool = True, gpu_counts: Mapping[tuple[str, str], int] | None = None,
-                         preset: str | None = None) -> dict[str, Any]:
+                         preset: str | None = None, counts_field: str = "cluster") -> dict[str, Any]:
     """Assemble a hetplan instance dict from a folder laid out like Sailor's data (profiles/, model/,
     training/, network/, cluster/).
 
@@ -540,7 +537,8 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
     referenced by absolute path (format sailor); with `use_sailor_estimators` the instance selects the
     "profile" time estimator and the "sailor_poly" comm estimator with their file options.
     `memory_from_config` sets each GPU's memory to the bytes in basic_cluster_config.json.
-    `gpu_counts` ({(GPU type, zone): GPUs}) gives the cluster instead of the quotas or a trace.
+    `gpu_counts` ({(GPU type, zone): GPUs}) gives the cluster instead of the quotas or a trace; errors
+    in it name `counts_field` (the CLI's `--cluster`).
     preset "sailor": Sailor's simulator as it scored its evaluation (estimators/sailor.py): fp32, the
     catalogue's GPU memory (40 / 16 GiB, as its GPU_MEMORY_GB), its prices, the sailor estimators.
     """
@@ -560,9 +558,9 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
     if gpu_counts is not None:
         bad = sorted(f"{g}@{z}" for g, z in gpu_counts if not keep(g, z))
         if bad:
-            raise InstanceError(f"no profile of {model!r} for {bad} (profiled: {profiled})", "cluster")
-        check_zone_table(ref, gpu_counts, "cluster")
-        groups = node_groups_from_gpu_counts(dict(gpu_counts), cluster_config, prices, where="cluster")
+            raise InstanceError(f"no profile of {model!r} for {bad} (profiled: {profiled})", counts_field)
+        check_zone_table(ref, gpu_counts, counts_field)
+        groups = node_groups_from_gpu_counts(dict(gpu_counts), cluster_config, prices, where=counts_field)
     elif trace is not None:
         trace_path = Path(trace) if Path(trace).suffix == ".csv" else ref / "cluster" / f"gpu_trace_{trace}.csv"
         events = [e for e in read_availability_trace(trace_path) if keep(e.gpu_type, e.zone)]
