@@ -568,18 +568,19 @@ def link_order_warning(instance: Instance, quotas: dict) -> str | None:
     net = instance.cluster.network
     zones = {z for _, z in quotas}
     regions = {r for *_, r in quotas.values()}
-    classes = [("inter_node", net.inter_node)]
+    node = ("inter_node", net.inter_node)
+    classes = [node]  # those the cluster has, narrowest first
     if len(zones) > len(regions):  # two zones of one region
         classes.append(("inter_zone", net.inter_zone))
     if len(regions) > 1:
         classes.append(("inter_region", net.inter_region))
-    classes += [(f"zone_pairs {'/'.join(p.zones)}", p) for p in net.zone_pairs if set(p.zones) <= zones]
-    for i, (wide, w) in enumerate(classes[1:], 1):
-        for narrow, n in classes[:i] if not wide.startswith("zone_pairs") else classes[:1]:
-            if w.bandwidth_GBps > n.bandwidth_GBps or w.latency_s < n.latency_s:
-                return (f"cluster.network: {wide} ({w.bandwidth_GBps:g} GB/s, {w.latency_s:g} s) has more bandwidth "
-                        f"or less latency than {narrow} ({n.bandwidth_GBps:g} GB/s, {n.latency_s:g} s); the planner's "
-                        f"bounds assume a wider link is nowhere faster, so the bound and gap it reports may not hold")
+    pairs = [(wide, narrow) for i, wide in enumerate(classes) for narrow in classes[:i]]
+    pairs += [((f"zone_pairs {'/'.join(p.zones)}", p), node) for p in net.zone_pairs if set(p.zones) <= zones]
+    for (wide, w), (narrow, n) in pairs:
+        if w.bandwidth_GBps > n.bandwidth_GBps or w.latency_s < n.latency_s:
+            return (f"cluster.network: {wide} ({w.bandwidth_GBps:g} GB/s, {w.latency_s:g} s) has more bandwidth "
+                    f"or less latency than {narrow} ({n.bandwidth_GBps:g} GB/s, {n.latency_s:g} s); the planner's "
+                    f"bounds assume a wider link is nowhere faster, so the bound and gap it reports may not hold")
     return None
 
 

@@ -1331,9 +1331,9 @@ def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its:
     if max_cost is not None:
         parts.append(f"max_cost_per_iteration_usd={max_cost}")
     limits = " and ".join(parts) if parts else "the memory and quota constraints"
-    rejected = sorted((r for r in records if r.objective is not None), key=lambda r: r.objective)
+    rejected = [r for r in records if r.objective is not None]
     if rejected:  # the model had plans: the simulator refused them, which proves nothing about the rest
-        r = rejected[0]
+        r = min(rejected, key=lambda r: r.objective)
         return (f"no plan found within {limits}, but none is proven impossible: the MILP's plans of "
                 f"{len(rejected)} outer choices (best P{r.P} b{r.b} D{r.D}, model figure {r.objective:.6g}) break "
                 f"the limits when the simulator places them on nodes (the model relaxes placement: "
