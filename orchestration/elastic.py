@@ -8,6 +8,9 @@ CKPT/step_<iteration>/ (runtime/checkpoint.py; the iteration is the data positio
 run reads exactly the samples it would have read), touches a heartbeat file every `heartbeat_s`,
 and stops after the step that completes iteration N once the supervisor writes N into its
 control file (all ranks stop at the same step: the request rides on the step's all_gather).
+The control file also names the next fault's step: the ranks wait there until the supervisor has
+injected the fault and names the one after (without the wait, a step shorter than a poll could
+carry the job past a fault).
 
 What the supervisor watches, and what it does on each (Sailor sec. 4.4: reconfigure the job
 instead of killing it; AutoHet sec. IV: layer-wise checkpoints, TP split/merge, local copies
@@ -65,14 +68,14 @@ from hetplan.instance import AvailabilityEvent, Instance, format_validation_erro
 from hetplan.plan import Plan, validate_plan
 from hetplan.orchestration.replan import ReplanOptions, ReplanSession, replan, same_plan
 from hetplan.runtime import checkpoint
-from hetplan.runtime.execute import RunOptions, check_checkpoint, ready_path, steps_log_path
+from hetplan.runtime.execute import (NEVER, RunOptions, check_checkpoint, read_control, ready_path, steps_log_path,
+                                     write_control)
 from hetplan.runtime.local import LaunchError, LocalWorkers, _check_options, steps_done
 from hetplan.runtime.migrate import migration_plan
 from hetplan.orchestration.regroup import runnable_tp
 from hetplan.runtime.spec import build_spec
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-NEVER = 2**62  # control-file value: no stop requested
 POLL_S = 0.02
 # Rank failures in a row, none of them injected and none after a step was checkpointed, before the
 # supervisor gives up: a failure that restarting does not cure (a corrupt checkpoint, a model that
@@ -343,7 +346,7 @@ class _Supervisor:
         spec = build_spec(self.inst, self.plan)
         spec_path = spec.save(seg_dir / "launch_spec.json")
         control = seg_dir / "control"
-        control.write_text(f"{self._planned_stop(done)}\n")
+        write_control(control, self._planned_stop(done), self._next_fault_step(done))
         last = checkpoint.latest(opts.checkpoint_dir)
         run = RunOptions(steps=opts.steps - done, model=dict(opts.model), dtype=opts.dtype, optimizer=opts.optimizer,
                          lr=opts.lr, seed=opts.seed, backend="gloo", log_path=str(seg_dir / "log.json"),
@@ -374,12 +377,17 @@ class _Supervisor:
                     return ev.at_step
         return NEVER
 
+    def _next_fault_step(self, done: int) -> int:
+        """Where the ranks wait for the supervisor: the next fault's step boundary (without the
+        wait, a fast step could end the job before the fault is injected)."""
+        return min((ev.at_step for ev in self.todo if ev.is_fault and ev.at_step > done), default=NEVER)
+
     def _watch(self, workers: LocalWorkers, seg_dir: Path, control: Path, base: int,
                pending: list[_Pending]) -> _Stop:
         """Poll the ranks until the segment ends; `pending` (0 or 1 reconfiguration waiting for
         its new ranks) is emptied once recorded."""
         world = workers.spec.world_size
-        planned = int(control.read_text())
+        planned, held = read_control(control)
         faults: dict[int, float] = {}  # rank -> wall time we injected its fault
         boundary_wall = None
         while True:
@@ -401,6 +409,9 @@ class _Supervisor:
                     self.state = self.state.apply(self._cluster_event(ev, self.state))
                     self.absorbed.append(f"iteration {done}: {ev.describe()} (idle GPUs: plan kept)")
                     self.log(self.absorbed[-1])
+            if (hold := self._next_fault_step(done)) != held:  # its fault injected: release the ranks
+                held = hold
+                write_control(control, read_control(control)[0], held)
             for ev in self._due_async_events():
                 self._arrive(ev, done, control)
             if failed := workers.failed():
@@ -521,7 +532,7 @@ class _Supervisor:
         what = self._describe(ev)
         if not new.plan_is_valid(self.plan):
             self.next_plan, self.next_cause = None, what
-            control.write_text(f"{done + 1}\n")
+            write_control(control, done + 1, read_control(control)[1])
             self.log(f"iteration {done}: {what} takes GPUs of the running plan; stopping at iteration {done + 1}")
             return
         t = time.perf_counter()
@@ -532,7 +543,7 @@ class _Supervisor:
             self.log(self.absorbed[-1])
             return
         self.next_plan, self.next_cause, self.overlapped_s = res.plan, what, spent
-        control.write_text(f"{done + 1}\n")
+        write_control(control, done + 1, read_control(control)[1])
         self.log(f"iteration {done}: {what}: a better plan found in {spent:.2f} s while training; switching")
 
     # -- reconfiguration ---------------------------------------------------------------------------

@@ -121,14 +121,44 @@ def start_heartbeat(progress_dir: str | Path, spec_rank: int, interval_s: float)
     threading.Thread(target=beat, name="hetplan-heartbeat", daemon=True).start()
 
 
+NEVER = 2**62  # control-file value: no stop (or hold) requested
+
+
+def read_control(control_path: str | Path | None) -> tuple[int, int]:
+    """The control file's (stop, hold): "N" or "N K". Every rank stops after the step that
+    completes iteration N, and waits after the step that completes iteration K until the file
+    names another K (a supervisor injects a fault there, so the fault lands at that boundary and
+    not a few steps later). Absent or caught mid-write: neither."""
+    never = (NEVER, NEVER)
+    if not control_path:
+        return never
+    try:
+        fields = [int(x) for x in Path(control_path).read_text().split()]
+    except (OSError, ValueError):
+        return never
+    if len(fields) not in (1, 2):
+        return never
+    return fields[0], fields[1] if len(fields) == 2 else NEVER
+
+
+def write_control(control_path: Path, stop: int, hold: int) -> None:
+    """Atomically (a rank never reads half a file, which would read as "no hold")."""
+    tmp = control_path.with_name(control_path.name + ".tmp")
+    tmp.write_text(f"{stop} {hold}\n")
+    os.replace(tmp, control_path)
+
+
 def stop_requested(control_path: str | None, iterations_done: int) -> bool:
     """True once the control file asks to stop at or before `iterations_done` iterations."""
-    if not control_path:
-        return False
-    try:
-        return iterations_done >= int(Path(control_path).read_text().strip())
-    except (OSError, ValueError):  # absent, or caught mid-write: no request yet
-        return False
+    return iterations_done >= read_control(control_path)[0]
+
+
+def wait_while_held(control_path: str | None, iterations_done: int, limit_s: float) -> None:
+    """Wait while the control file holds the ranks at `iterations_done` (at most `limit_s`: a
+    supervisor that went away does not keep the job waiting forever)."""
+    deadline = time.monotonic() + limit_s
+    while read_control(control_path)[1] == iterations_done and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def model_config(spec: LaunchSpec, overrides: dict[str, Any]) -> ModelConfig:
@@ -438,6 +468,8 @@ class Trainer:
             self._report(row, k)
             if stop:
                 break
+            if k + 1 < opts.steps:
+                wait_while_held(opts.control_path, iteration + 1, opts.timeout_s)
         self._finish(self.start_iteration + len(steps))
         log = {"plan": spec.plan_name, "instance": spec.instance_name, "world_size": spec.world_size,
                "schedule": spec.schedule.name, "num_microbatches": spec.schedule.num_microbatches,
@@ -590,8 +622,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="fault-tolerant run: start from the newest complete checkpoint in DIR (if any), write one "
                         "every --checkpoint-every steps (default 1) there, stop at iteration --steps; a restart "
                         "(torchrun --max-restarts, a requeued job) goes on where the last checkpoint left off")
-    p.add_argument("--control-file", help="file holding N: every rank stops after the step that completes "
-                                          "iteration N (written by a supervisor)")
+    p.add_argument("--control-file", help="file holding N [K]: every rank stops after the step that completes "
+                                          "iteration N, and waits after iteration K until K changes (written by "
+                                          "a supervisor)")
     p.add_argument("--heartbeat", type=float, default=0.0,
                    help="seconds between touches of <progress-dir>/rank<r>.hb (0: none)")
     p.add_argument("--replan-file", help="replan.json written by `hetplan compile --min-nodes`: when nodes of the "

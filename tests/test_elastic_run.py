@@ -20,7 +20,8 @@ from hetplan.instance import load_instance
 from hetplan.plan import load_plan, validate_plan
 from hetplan.orchestration.replan import ReplanOptions
 from hetplan.orchestration.elastic import ElasticOptions, parse_events, read_events, run_elastic
-from hetplan.runtime.execute import model_config
+from hetplan.runtime.execute import (NEVER, model_config, read_control, stop_requested, wait_while_held,
+                                     write_control)
 from hetplan.runtime.local import steps_done
 from hetplan.runtime.reference import assemble_dump, reference_train
 from hetplan.runtime.spec import build_spec
@@ -89,6 +90,47 @@ def test_lose_kill_gain_hang_ends_with_the_reference_parameters(tmp_path):
         assert r.migration.get("checkpoint_files", 0) > 0
     assert result.downtime_s == pytest.approx(sum(r.downtime_s for r in result.reconfigurations))
     assert_matches_reference(result, STEPS)
+
+
+def test_a_fault_lands_at_its_step_even_when_the_supervisor_polls_slowly(tmp_path, monkeypatch):
+    """CI (2 cores) once saw `kill_rank` at step 6 of 7 never fire: the ranks ran step 7 and
+    finished before the supervisor's next poll. The ranks now wait at a fault's boundary until
+    it is injected, so a poll slower than a step still lands it there."""
+    import hetplan.orchestration.elastic as elastic
+
+    monkeypatch.setattr(elastic, "POLL_S", 0.5)  # a step of the tiny model takes far less
+    inst, _ = bundled()
+    result = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [{"at_step": 2, "kill_rank": 1}], steps=3))
+    assert [(r.kind, r.at_iteration) for r in result.reconfigurations] == [("failure", 2)]
+    assert result.steps_completed == 3
+    assert_matches_reference(result, 3)
+
+
+def test_the_control_file_holds_the_ranks_until_the_hold_moves(tmp_path):
+    control = tmp_path / "control"
+    assert read_control(control) == (NEVER, NEVER)  # absent: no request
+    control.write_text("7\n")  # a stop alone (what a supervisor before holds wrote)
+    assert read_control(control) == (7, NEVER) and stop_requested(str(control), 7)
+    assert not stop_requested(str(control), 6)
+    write_control(control, 9, 4)
+    assert read_control(control) == (9, 4) and not (tmp_path / "control.tmp").exists()
+    control.write_text("9 x\n")
+    assert read_control(control) == (NEVER, NEVER)
+    write_control(control, NEVER, 4)
+    wait_while_held(str(control), 3, limit_s=60)  # held at 4, not at 3: returns at once
+    released: list[bool] = []
+
+    def supervisor() -> None:
+        time.sleep(0.2)
+        released.append(True)
+        write_control(control, NEVER, 8)
+
+    thread = threading.Thread(target=supervisor)
+    thread.start()
+    wait_while_held(str(control), 4, limit_s=60)
+    seen = list(released)  # before join: it must be the release that ended the wait
+    thread.join()
+    assert seen == [True]
 
 
 def test_an_appended_event_in_the_watched_file_reconfigures_the_running_job(tmp_path):
