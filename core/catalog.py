@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 GIB = 1024**3
+MAX_LAYERS = 4096  # far above any published model (GPT-3 has 96 layers, MT-NLG 105)
 
 
 class LinkSpec(BaseModel):
@@ -56,7 +57,7 @@ class ModelArch(BaseModel):
     family: Literal["gpt", "opt", "llama"] = "gpt"
     # at most 4,096 blocks: published models have under 200 (Llama-3-405B 126) and DeepNet trained
     # 1,000 (Wang et al. 2022); the planner's per-unit tables would take minutes at 100,000
-    num_layers: int = Field(gt=0, le=4096)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: int = Field(gt=0)
     num_heads: int = Field(gt=0)
     num_kv_heads: int | None = Field(default=None, gt=0, description="grouped-query attention; None = num_heads")

@@ -20,20 +20,8 @@ from typing import Any, Optional
 import typer
 
 from hetplan.errors import InstanceError
-from hetplan.runtime.runnable import check_arch
+from hetplan.runtime.runnable import check_arch, check_shape, check_shape_options
 
-# Ceilings on the model's shape, each well above any real model, so that a mistyped size is refused
-# here by name and not by torch's allocator mid-run (an internal error before). The bundled catalogue
-# (core/data/models.yaml) tops out at seq 2,048, vocab 50,272, hidden 8,192, FFN 22,016, 64 heads.
-# (ModelArch field, option, ceiling):
-SHAPE_CEILINGS = (
-    ("seq_len", "--seq-len", 1 << 24),  # 16.8M tokens; the longest published context is 10M (Llama 4 Scout)
-    ("vocab_size", "--vocab", 1 << 21),  # 2.1M; the largest published vocabularies are ~256K (Gemma, BLOOM)
-    ("hidden_size", "--hidden", 1 << 17),  # 131,072; the widest published are ~20K (MT-NLG 20,480, PaLM 18,432)
-    ("ffn_hidden_size", "--ffn", 1 << 19),  # 524,288; the widest published are ~80K (MT-NLG 81,920)
-    ("num_heads", "--heads", 1 << 17),  # as hidden: a head is at least one unit wide
-    ("num_layers", "--layers", 4096),  # ModelArch's own ceiling (core/catalog.py), here named by option
-)
 # A microbatch is at most a global batch, and the largest published are ~2K sequences (GPT-3 175B: 3.2M
 # tokens of 2,048; Llama-3-405B: 16M of 8,192).
 MAX_MICROBATCH = 1 << 16
@@ -52,25 +40,6 @@ def parse_sizes(text: str, option: str, most: int) -> tuple[int, ...]:
     if max(values) > most:
         raise InstanceError(f"{max(values)} is above the ceiling of {most:,}", option)
     return tuple(sorted(set(values)))
-
-
-def check_overrides(overrides: dict[str, Optional[int]]) -> None:
-    """Each shape option given (keyed by ModelArch field) is >= 1 and under its ceiling, named by option."""
-    from hetplan.orchestration.cli import check_number
-
-    for field, option, ceiling in SHAPE_CEILINGS:
-        value = overrides.get(field)
-        check_number(value, option)
-        if value is not None and value > ceiling:
-            raise InstanceError(f"{value} is above the ceiling of {ceiling:,}", option)
-
-
-def check_shape(arch) -> None:
-    """The same ceilings on a model file's own figures (a preset is under them)."""
-    for field, _, ceiling in SHAPE_CEILINGS:
-        if getattr(arch, field) > ceiling:
-            raise InstanceError(f"{field} {getattr(arch, field)} of {arch.name} is above the ceiling of "
-                                f"{ceiling:,}", "--model")
 
 
 def resolve_arch(model: str, overrides: dict[str, Any]):
@@ -211,7 +180,7 @@ def register(app: typer.Typer) -> None:
         micro, degrees = parse_sizes(mbs, "--mbs", MAX_MICROBATCH), parse_sizes(tp, "--tp", MAX_TP)
         overrides = {"seq_len": seq_len, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
                      "ffn_hidden_size": ffn, "vocab_size": vocab}
-        check_overrides(overrides)
+        check_shape_options(overrides)
         arch = resolve_arch(model, overrides)
         check_shape(arch)
         check_arch(arch, degrees)

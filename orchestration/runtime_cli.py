@@ -81,6 +81,7 @@ def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | No
     folder, model sizes, learning rate) and return the model overrides they name."""
     from hetplan.errors import InstanceError
     from hetplan.orchestration.cli import check_number
+    from hetplan.runtime.runnable import check_shape_options
 
     if schedule is not None and schedule not in ("GPipe", "1F1B"):
         raise PlanError(f"unknown schedule {schedule!r}; use GPipe or 1F1B", "--schedule")
@@ -88,12 +89,9 @@ def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | No
     check_number(lr, "--lr")  # inf or 1e308 trained to a nan loss with exit 0
     if lr is not None and lr > MAX_LR:  # finite, yet a nan loss by step 2 (MAX_LR says why)
         raise InstanceError(f"must be at most {MAX_LR:g} (a learning rate that can train), got {lr:g}", "--lr")
-    sizes = (("hidden_size", hidden, "--hidden"), ("num_heads", heads, "--heads"), ("ffn_hidden_size", ffn, "--ffn"),
-             ("vocab_size", vocab, "--vocab"), ("seq_len", seq_len, "--seq-len"))
-    for _, value, option in sizes:  # 0 was taken as "not given": the full model ran on the CPU
-        if value is not None and value < 1:
-            raise PlanError(f"must be at least 1, got {value}", option)
-    return {key: value for key, value, _ in sizes if value is not None}
+    sizes = {"hidden_size": hidden, "num_heads": heads, "ffn_hidden_size": ffn, "vocab_size": vocab, "seq_len": seq_len}
+    check_shape_options(sizes)
+    return {key: value for key, value in sizes.items() if value is not None}
 
 
 def register(app: typer.Typer) -> None:

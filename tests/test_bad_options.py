@@ -207,7 +207,9 @@ TINY = ["--hidden", "16", "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq
 LOCAL_CASES = [("launch", ["--lr", "inf"], "error: --lr: must be a positive finite number, got inf"),
                ("measure", ["--lr", "1e308", "--lr", "nan"], "error: --lr: must be a positive finite number, got nan"),
                ("launch", ["--hidden", "0"], "error: --hidden: must be at least 1, got 0"),
-               ("measure", ["--seq-len", "-1"], "error: --seq-len: must be at least 1, got -1")]
+               ("measure", ["--seq-len", "-1"], "error: --seq-len: must be at least 1, got -1"),
+               # once each rank failed on a 25.6 GB allocation (exit 3): profile's ceilings hold here too
+               ("launch", ["--hidden", "99999998"], "error: --hidden: 99999998 is above the ceiling of 131,072")]
 
 
 @pytest.mark.parametrize("command, extra, needle", LOCAL_CASES, ids=[f"{c} {' '.join(e)}" for c, e, _ in LOCAL_CASES])

@@ -77,7 +77,7 @@ def test_a_huge_size_in_a_model_file_is_refused_naming_the_field(folder):
 @pytest.mark.parametrize("option, value", [("--seq-len", "0"), ("--layers", "-3")])
 def test_a_size_below_one_names_its_option(folder, option, value):
     # once "error: --model: seq_len: Input should be greater than 0"
-    refused(folder, profile(folder, option, value), f"error: {option}: must be a positive finite number")
+    refused(folder, profile(folder, option, value), f"error: {option}: must be at least 1, got {value}")
 
 
 # ---- 1b: a shape beyond the machine's memory ----
