@@ -221,14 +221,13 @@ class SailorComm:
 
     @classmethod
     def from_instance(cls, instance: Any, options: Mapping[str, Any] | None = None) -> "SailorComm":
-        from hetplan.importers.sailor import read_zone_bandwidths, zone_table_gap_message, zone_table_gaps
+        from hetplan.importers.sailor import read_zone_bandwidths, zone_table_gap
 
         opts = own_options(options, cls.name)
         path = instance.resolve_path(_required(opts, "bandwidth_file", "Sailor's multizone_bandwidths_het.json"))
         fits = read_zone_bandwidths(path)
-        gaps = zone_table_gaps(fits, {(n.gpu_type, n.zone) for n in instance.nodes})
-        if gaps:  # else the planner silently keeps such GPUs to one node
-            raise EstimatorError(f"sailor: {zone_table_gap_message(fits, gaps, path)}")
+        if why := zone_table_gap(fits, {(n.gpu_type, n.zone) for n in instance.nodes}, path):
+            raise EstimatorError(f"sailor: {why}")  # else the planner silently keeps such GPUs to one node
         return cls(fits, {n.node_id: n.gpu_type for n in instance.nodes},
                    float(opts.get("bucket_bytes", DEEPSPEED_BUCKET_BYTES)))
 

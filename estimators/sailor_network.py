@@ -84,7 +84,7 @@ class SailorNetworkComm:
         gpu_type (for endpoints without a node id), gpus_per_endpoint. Paths are relative to the
         instance file."""
         from hetplan.importers.sailor import (read_homo_network_coeffs, read_intra_node_bandwidths,
-                                              read_zone_bandwidths, zone_table_gap_message, zone_table_gaps)
+                                              read_zone_bandwidths, zone_table_gap)
 
         opts = own_options(options, cls.name)
         if not opts.get("bandwidth_file"):
@@ -95,10 +95,9 @@ class SailorNetworkComm:
         zone_fits = read_zone_bandwidths(path(opts["bandwidth_file"]))
         homo_fits = read_homo_network_coeffs(path(opts["homo_file"])) if opts.get("homo_file") else {}
         homo_gpus = {gpu for kind, gpu, _ in homo_fits if kind == "inter"}  # same-zone fallback
-        gaps = [(g, z) for g, z in zone_table_gaps(zone_fits, {(n.gpu_type, n.zone) for n in instance.nodes})
-                if g not in homo_gpus]
-        if gaps:  # else the planner silently keeps such GPUs to one node
-            raise EstimatorError(f"sailor_poly: {zone_table_gap_message(zone_fits, gaps, opts['bandwidth_file'])}")
+        groups = {(n.gpu_type, n.zone) for n in instance.nodes if n.gpu_type not in homo_gpus}
+        if why := zone_table_gap(zone_fits, groups, opts["bandwidth_file"]):
+            raise EstimatorError(f"sailor_poly: {why}")  # else the planner silently keeps such GPUs to one node
         return cls(
             zone_fits=zone_fits,
             intra_fits=read_intra_node_bandwidths(path(opts["intra_node_file"])) if opts.get("intra_node_file") else None,

@@ -23,7 +23,7 @@ import yaml
 
 from hetplan.errors import EstimatorError, InstanceError
 from hetplan.estimators import build_estimators
-from hetplan.importers.sailor import read_sailor_profile, zone_table_gap_message, zone_table_gaps
+from hetplan.importers.sailor import read_sailor_profile, zone_table_gap, zone_table_gaps
 from hetplan.instance import instance_from_dict, load_instance
 from hetplan.orchestration.planner import PlannerOptions, plan
 from hetplan.profiles import BandwidthFit, GpuProfile, ProfileSet, TimeMeasurement, UnitTime
@@ -60,7 +60,8 @@ def test_zone_table_gaps_are_the_pairs_without_a_same_zone_entry():
     fits = {("za", "A", 1, "za", "A", 1): FIT, ("za", "B", 1, "zb", "B", 1): FIT, ("zb", "B", 4, "zb", "B", 4): FIT}
     # B in za reaches zb only, not another B in za; A in zb is not in the table at all
     assert zone_table_gaps(fits, {("A", "za"), ("B", "za"), ("B", "zb"), ("A", "zb")}) == [("A", "zb"), ("B", "za")]
-    text = zone_table_gap_message(fits, [("A", "zb"), ("B", "za")], "/x/table.json")
+    text = zone_table_gap(fits, {("A", "za"), ("B", "za"), ("B", "zb"), ("A", "zb")}, "/x/table.json")
+    assert zone_table_gap(fits, {("A", "za"), ("B", "zb")}, "/x/table.json") is None
     assert text.startswith("table.json has no bandwidth between A nodes in zone 'zb'") and "['za']" in text
     assert "also B@za" in text
 

@@ -305,9 +305,13 @@ def zone_table_gaps(fits: Mapping[tuple[str, str, int, str, str, int], Bandwidth
     return sorted(set(groups) - have)
 
 
-def zone_table_gap_message(fits: Mapping[tuple[str, str, int, str, str, int], BandwidthFit],
-                           gaps: list[tuple[str, str]], path: str | Path) -> str:
-    """One sentence naming the first of `gaps` (zone_table_gaps) and where the table has that GPU."""
+def zone_table_gap(fits: Mapping[tuple[str, str, int, str, str, int], BandwidthFit],
+                   groups: Iterable[tuple[str, str]], path: str | Path) -> str | None:
+    """One sentence naming the first gap of `groups` (zone_table_gaps) and where the table of `path`
+    has that GPU; None when there is none."""
+    gaps = zone_table_gaps(fits, groups)
+    if not gaps:
+        return None
     gpu, zone = gaps[0]
     zones = sorted({k[0] for k in fits if k[1] == gpu and k[0] == k[3] and k[4] == gpu})
     more = f"; also {', '.join(f'{g}@{z}' for g, z in gaps[1:])}" if len(gaps) > 1 else ""
@@ -498,12 +502,10 @@ def _cell_float(cell: str, path: Path, line: int, column: str) -> float:
 
 # ---- a whole instance ------------------------------------------------------------------------------
 def check_zone_table(reference_dir: str | Path, groups: Iterable[tuple[str, str]], field: str) -> None:
-    """Refuse (GPU type, zone) pairs that Sailor's zone bandwidth table lacks (zone_table_gaps)."""
+    """Refuse (GPU type, zone) pairs that Sailor's zone bandwidth table lacks (zone_table_gap)."""
     path = Path(reference_dir) / "network" / "multizone_bandwidths_het.json"
-    fits = read_zone_bandwidths(path)
-    gaps = zone_table_gaps(fits, groups)
-    if gaps:
-        raise InstanceError(zone_table_gap_message(fits, gaps, path), field)
+    if why := zone_table_gap(read_zone_bandwidths(path), groups, path):
+        raise InstanceError(why, field)
 
 
 def find_training_config(reference_dir: str | Path, model: str) -> Path:
