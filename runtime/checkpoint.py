@@ -155,9 +155,7 @@ def load_rank(root: Path, tp: TPContext, params: list[tuple[ParamInfo, nn.Parame
               optimizer: torch.optim.Optimizer) -> int:
     """Fill this rank's parameters and optimizer state from a checkpoint; returns its iteration."""
     meta = read_meta(root)
-    if meta.get("optimizer") and type(optimizer).__name__.lower() != meta["optimizer"]:
-        raise PlanError(f"checkpoint was written with optimizer {meta['optimizer']}, this run uses "
-                        f"{type(optimizer).__name__.lower()}", "optimizer")
+    check_resumable(root, {}, type(optimizer).__name__.lower(), "optimizer")  # a rank run without the CLI's check
     cache: dict[int, list[dict[str, Any]]] = {}
     for info, p in params:
         if info.unit not in cache:

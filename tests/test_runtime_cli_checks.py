@@ -92,6 +92,19 @@ def test_a_checkpoint_without_a_recorded_model_is_still_read(tmp_path):
     check_resumable(tmp_path, {"hidden_size": 32}, "adam", "--checkpoint-dir")
 
 
+def test_a_rank_refuses_a_checkpoint_of_another_optimizer_with_the_same_sentence(tiny_ckpt):
+    """A rank started without the CLI (torchrun of a compiled spec) loads through load_rank, which
+    states the optimizer check once, with check_resumable."""
+    import torch
+
+    from hetplan.errors import PlanError
+    from hetplan.runtime.checkpoint import latest, load_rank
+
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(PlanError, match="written with optimizer adam, this run uses sgd"):
+        load_rank(latest(tiny_ckpt), None, [], sgd)
+
+
 def test_launch_local_refuses_a_checkpoint_of_another_model(folder, tiny_ckpt):
     """The library's launch resumes from `load_checkpoint`: refused there too, before a rank starts."""
     from hetplan.errors import PlanError
