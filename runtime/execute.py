@@ -669,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                       replan_file=args.replan_file, replan_time_limit_s=args.replan_time_limit)
     try:
         spec = load_spec(args.spec)
-        if opts.load_checkpoint and not opts.replan_file:  # a regrouped launch builds its own spec
+        if opts.load_checkpoint:  # a regrouped launch (--replan-file) trains the same model and optimizer
             check_checkpoint(spec, opts, Path(opts.load_checkpoint), "--resume" if args.resume else "--load-checkpoint")
         run_worker(spec, opts, single_host=args.single_host)
     except HetplanError as exc:

@@ -88,6 +88,26 @@ def test_the_runtime_alone_refuses_to_regroup_with_one_line(tmp_path):
     assert "hetplan.orchestration.worker" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_regrouped_launch_refuses_a_checkpoint_of_another_model_before_the_rendezvous(tmp_path):
+    """--replan-file skipped the checkpoint check: each rank would fail on loading it after the
+    rendezvous and the re-plan (and torchrun restart it). The model is the spec's either way."""
+    import json
+
+    inst, plan = start()
+    launch = compile_plan(inst, plan, "torchrun", regrouping())
+    spec_path = launch.spec.save(tmp_path / "launch_spec.json")
+    step = tmp_path / "ckpt" / "step_00000001"
+    step.mkdir(parents=True)
+    wider = launch.spec.model.hidden_size * 2
+    (step / "meta.json").write_text(json.dumps({"format": 1, "iteration": 1, "model": {"hidden_size": wider},
+                                                "optimizer": "adam", "tp_of_unit": {}}))
+    out = subprocess.run([sys.executable, "-m", "hetplan.runtime.execute", "--spec", str(spec_path),
+                          "--replan-file", str(_written(tmp_path, launch.files)), "--resume", str(tmp_path / "ckpt"),
+                          "--steps", "2"], capture_output=True, text=True, timeout=120)  # no rendezvous env
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"holds a checkpoint of another model: hidden_size {wider}" in out.stderr and "--resume" in out.stderr
+
+
 def _written(tmp_path: Path, files: dict[str, str]) -> Path:
     path = tmp_path / "replan.json"
     path.write_text(files["replan.json"])
