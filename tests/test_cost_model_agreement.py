@@ -441,6 +441,34 @@ def test_every_choices_strong_bound_holds_where_a_bound_ties_a_stage_time(seed: 
     assert_every_choices_bound_holds(random_instance(seed))
 
 
+def two_nodes(a: tuple[str, int, str], b: tuple[str, int, str], network: dict, layers: int, batch: int) -> Instance:
+    """One node of (GPU type, GPUs, zone) each, zones "rX-y" in region "rX", with `network`."""
+    groups = [{"name": f"g{i}", "gpu_type": g, "gpus_per_node": n, "count": 1, "zone": z,
+               "price_per_gpu_hour_usd": 1.0} for i, (g, n, z) in enumerate((a, b))]
+    return instance_from_dict({
+        "name": "out-of-order", "cluster": {"node_groups": groups, "network": network},
+        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": layers}}, "global_batch_size": batch,
+                     "precision": "fp16", "flash_attention": True}})
+
+
+WAN_20 = {"inter_region": {"kind": "wan", "bandwidth_GBps": 20.0, "latency_s": 0.0}}
+ZONES_40 = {"inter_zone": {"kind": "ethernet", "bandwidth_GBps": 40.0, "latency_s": 0.0},
+            "inter_region": {"kind": "wan", "bandwidth_GBps": 30.0, "latency_s": 0.0}}
+
+
+# Links out of order (session 59's campaign; a node's PCIe is a link class too): the tied-embedding
+# floor of ends in one zone (a T4 node's 8 GB/s) read above that of ends in two regions (20 GB/s), so
+# seed 79's strong bound of P3 b1 D1 was 0.0342 s against 0.0336 s; and c_node, a zone's only pair
+# being a T4 node's two GPUs, above c_zone at 40 GB/s (seed 113, P3 b1 D1: 0.0612 s against 0.0603 s).
+@pytest.mark.parametrize("nodes, network, layers, batch", [
+    ((("A10G", 2, "r1-a"), ("T4", 4, "r2-a")), WAN_20, 2, 2),
+    ((("A10G", 2, "r1-a"), ("A100-40", 1, "r2-a")), WAN_20, 3, 8),
+    ((("T4", 2, "r1-a"), ("A100-40", 1, "r1-b")), ZONES_40, 4, 4),
+], ids=["tied-ends-pcie", "region-below-node", "zone-below-pcie"])
+def test_every_choices_bound_holds_with_link_classes_out_of_order(nodes, network, layers, batch) -> None:
+    assert_every_choices_bound_holds(two_nodes(*nodes, network, layers, batch))
+
+
 def test_every_choices_bound_holds_where_a_boundary_is_the_bottleneck() -> None:
     """2 A10G in r1, a 2-GPU V100 node in r2, untied embeddings: the crossing work bound took the
     sum of stage times to be at least theta >= c_region / 2, which is a boundary's; P3 b1 D1's cheap

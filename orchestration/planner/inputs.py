@@ -326,6 +326,21 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
     return {k: v for k, v in out.items() if v[0] > 0}
 
 
+def _ordered_classes(size_bytes: float, node: joint.LinkCost, zone: joint.LinkCost,
+                     region: joint.LinkCost) -> tuple[joint.LinkCost, joint.LinkCost, joint.LinkCost]:
+    """(node, zone, region) boundary links with each at least as fast as the wider ones for a
+    transfer of `size_bytes`. The bounds take every boundary at c_node or more and a crossing at
+    c_zone <= c_region; a zone whose only pairs are one node's PCIe GPUs (T4: 8 GB/s) has a slower
+    c_node than a 40 GB/s network between zones (a random campaign, session 59: seed 113, P3 b1 D1,
+    a strong bound of 0.0612 s against 0.0603 s for the best plan). Each link only gets faster, so
+    the model stays a relaxation of the simulator."""
+    def time_s(link: joint.LinkCost) -> float:
+        return link.latency_s + size_bytes / link.bandwidth_Bps
+
+    zone = min(zone, region, key=time_s)
+    return min(node, zone, key=time_s), zone, region
+
+
 def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo, objective: str,
                  max_cost: float | None, min_its: float | None, tp_choices: tuple[int, ...]) -> joint.JointInputs | None:
     """Fill the MILP's numbers for one outer choice; None when no pool can hold even one unit."""
@@ -341,8 +356,9 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     def link(spec) -> joint.LinkCost:
         return joint.LinkCost(spec.bandwidth_GBps * 1e9, spec.latency_s)
 
-    node_link, zone_link, region_link = (tables.effective_link(cls, combo.b) or link(spec) for cls, spec in (
-        ("node", net.inter_node), ("zone", net.inter_zone), ("region", net.inter_region)))
+    node_link, zone_link, region_link = _ordered_classes(tables.boundary_bytes(combo.b), *(
+        tables.effective_link(cls, combo.b) or link(spec) for cls, spec in (
+            ("node", net.inter_node), ("zone", net.inter_zone), ("region", net.inter_region))))
     inp = joint.JointInputs(
         P=combo.P, D=combo.D, b=combo.b, m=m, pools=pools, step_s=step, upd_s=upd,
         stat_bytes=stat, act_bytes=act, cap_bytes=cap, grad_bytes=tables.grad_bytes,
@@ -555,33 +571,6 @@ def _finite(floor_s: float) -> float:
     """A floor where no placement exists (inf) is 0 in the model: such plans are ruled out by the
     quota rows, and an infinite coefficient would break the MILP."""
     return floor_s if floor_s < math.inf else 0.0
-
-
-def link_order_warning(instance: Instance, quotas: dict) -> str | None:
-    """A sentence when a wider link class the cluster uses is faster than a narrower one (higher
-    bandwidth or lower latency: inter_zone over inter_node, inter_region over either, a zone pair over
-    inter_node), else None. The bounds assume each boundary, each all-reduce and the tied embedding's
-    all-reduce cost at least what they cost inside a zone, and a zone less than across regions; a
-    random campaign met a network with inter_region at 1 GB/s and inter_zone at 0.25 GB/s where a
-    choice's bound was 12.6 % above its best plan (session 58). Not corrected: such a network is a
-    typo far more often than a cluster."""
-    net = instance.cluster.network
-    zones = {z for _, z in quotas}
-    regions = {r for *_, r in quotas.values()}
-    node = ("inter_node", net.inter_node)
-    classes = [node]  # those the cluster has, narrowest first
-    if len(zones) > len(regions):  # two zones of one region
-        classes.append(("inter_zone", net.inter_zone))
-    if len(regions) > 1:
-        classes.append(("inter_region", net.inter_region))
-    pairs = [(wide, narrow) for i, wide in enumerate(classes) for narrow in classes[:i]]
-    pairs += [((f"zone_pairs {'/'.join(p.zones)}", p), node) for p in net.zone_pairs if set(p.zones) <= zones]
-    for (wide, w), (narrow, n) in pairs:
-        if w.bandwidth_GBps > n.bandwidth_GBps or w.latency_s < n.latency_s:
-            return (f"cluster.network: {wide} ({w.bandwidth_GBps:g} GB/s, {w.latency_s:g} s) has more bandwidth "
-                    f"or less latency than {narrow} ({n.bandwidth_GBps:g} GB/s, {n.latency_s:g} s); the planner's "
-                    f"bounds assume a wider link is nowhere faster, so the bound and gap it reports may not hold")
-    return None
 
 
 def enumerate_combos(instance: Instance, quotas: dict, opts: PlannerOptions) -> list[Combo]:

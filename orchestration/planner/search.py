@@ -10,7 +10,6 @@ import queue as queues
 import signal
 import threading
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
@@ -24,8 +23,7 @@ from hetplan.plan import Plan, tp_indivisible
 from hetplan.simulator import SimulationReport, simulate
 from hetplan.simulator.sailor import ring_ordered
 from hetplan.orchestration.planner.options import Combo, ComboRecord, PlannerOptions, PlannerResult, SearchProgress
-from hetplan.orchestration.planner.inputs import (_Tables, _quotas, enumerate_combos, joint_inputs, link_order_warning,
-                                               with_sync_table)
+from hetplan.orchestration.planner.inputs import _Tables, _quotas, enumerate_combos, joint_inputs, with_sync_table
 from hetplan.orchestration.planner.steps import _Step, _best_heuristic, _refine, _tight_bound
 from hetplan.orchestration.planner.helper import _Helper, _Refiner
 
@@ -402,9 +400,6 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
     quotas = _quotas(instance, opts)
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
-    order = link_order_warning(instance, quotas)
-    if order is not None:
-        warnings.warn(order, stacklevel=2)
     tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
     _check_reachable(floor, max_cost, min_its)
