@@ -740,6 +740,53 @@ def test_strong_bottleneck_bound_keeps_the_stage_time_it_rounds_past() -> None:
     assert res.bound <= rep.cost_per_iteration_usd * (1 + BOUND_TOL), f"bound {res.bound:.6g}"
 
 
+# Two 4-GPU A10G nodes, one A100, one V100, inter_node at 2 GB/s (session 59's campaign, seed 477): under
+# the floor halfway between the cheapest and the fastest plan, P3 b1 D1's MILP plan (TP 2 and TP 4 ends,
+# which cannot share a node) simulates at 0.0756 s against the model's 0.0593 s; the planner said "no plan
+# found" while the enumeration's optimum is another plan of that choice.
+SEED_477 = {"name": "tiny-477", "cluster": {"node_groups": [
+    {"name": name, "gpu_type": gpu, "gpus_per_node": per, "count": count, "zone": "r1-a", "price_per_gpu_hour_usd": usd}
+    for name, gpu, per, count, usd in (("g0", "A10G", 4, 2, 3.84), ("g1", "A100-40", 1, 1, 2.8),
+                                       ("g2", "V100-16", 1, 1, 1.6))],
+    "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 2.0, "latency_s": 1e-4}}},
+    "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3}}, "global_batch_size": 8,
+                 "precision": "fp16", "flash_attention": True}}
+
+
+def test_a_choice_whose_milp_plan_the_simulator_refuses_is_searched_on() -> None:
+    inst = instance_from_dict(SEED_477)
+    items = score_space(inst, max_stages=max_stages(inst))
+    run = runs(items)[3]  # min cost under the floor
+    best = optimum(items, run.objective, run.max_cost, run.min_its)
+    res = solve(inst, run)  # raised InfeasibleError
+    got = res.report.cost_per_iteration_usd
+    assert not res.report.constraint_violations and res.report.iters_per_s >= run.min_its * (1 - 1e-9)
+    assert got * (1 - res.gap) <= best.cost_usd * (1 + BOUND_TOL) and res.bound <= best.cost_usd * (1 + BOUND_TOL)
+    assert got == pytest.approx(best.cost_usd, rel=1e-9)  # here the optimum itself
+
+
+def test_excluded_solutions_are_left_out_of_the_milp() -> None:
+    """`joint.build(exclude=)`: the next solve differs from each excluded plan in some stage's pools
+    or layers, and is no better (the excluded one was optimal)."""
+    from hetplan.solvers import solve as solve_model
+
+    def support(sol: joint.JointSolution) -> tuple:
+        return sol.ranges, tuple(tuple(n > 0 for n in row) for row in sol.replicas)
+
+    inst = instance_from_dict(SEED_477)
+    inp = ModelView(inst).inputs_for(3, 1, 1)
+    seen: list[joint.JointSolution] = []
+    objective = []
+    for _ in range(3):
+        model = joint.build(inp, exclude=tuple(seen))
+        assert solve_model(model, backend="highs").status.value == "optimal"
+        sol = joint.decode(model, inp)
+        assert all(support(sol) != support(s) for s in seen)
+        objective.append(joint.evaluate(inp, sol)["T"])
+        seen.append(sol)
+    assert objective == sorted(objective)
+
+
 # C8, fixed: the planner compared limits with no tolerance while the simulator accepted 1e-9
 # relative; both now read instance.relaxed_limits (the planner relaxes them once, at its start).
 def test_limits_are_checked_with_the_simulators_tolerance() -> None:

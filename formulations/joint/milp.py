@@ -170,7 +170,8 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
 
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
           cost_cutoff_usd: float | None = None, layers: str = "auto", budget: bool = True,
-          extra_ceiling_s: float | None = None, nodes: bool = True) -> pyo.ConcreteModel:
+          extra_ceiling_s: float | None = None, nodes: bool = True,
+          exclude: tuple[JointSolution, ...] = ()) -> pyo.ConcreteModel:
     """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice.
 
     `time_cutoff_s` / `cost_cutoff_usd`: only plans at least this good are wanted (an incumbent's
@@ -189,7 +190,10 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
 
     `nodes=False` leaves out dn and its rows (`_apart_rows`): every boundary that crosses no zone
     takes c_node, a relaxation (its infeasibility or bound holds for the model with the rows, and
-    its plan is that model's optimum where `evaluate` rates it at the relaxation's figure)."""
+    its plan is that model's optimum where `evaluate` rates it at the relaxation's figure).
+
+    `exclude`: solutions whose pools per stage and layer split no plan of the model may repeat
+    (`_excluded_rows`); the search's answer to a plan the simulator refused."""
     if extra_ceiling_s is not None and time_cutoff_s is None:
         raise ValueError("extra_ceiling_s holds only below a time cutoff: pass time_cutoff_s")
     if layers == "auto":
@@ -242,7 +246,30 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
         m.extra_ceiling = pyo.Constraint(expr=m.sigma + m.mu <= extra_ceiling_s * TIME_UNITS_PER_S)
     _cost_and_objective(m, inp, linearize, Zs)
     _scale_rows(m, ("egress_def", "ring_egress_def"), COST_SCALE)  # USD rows in micro-dollars
+    _excluded_rows(m, inp, exclude)
     return m
+
+
+def _excluded_rows(m: pyo.ConcreteModel, inp: JointInputs, exclude: tuple[JointSolution, ...]) -> None:
+    """For each excluded solution s: sum over (i, k) of (1 - u[i,k] where s uses pool k in stage i,
+    u[i,k] where not) + sum over stages of (1 - [stage i's layers as in s]) >= 1, i.e. a plan differs
+    from s in some stage's pools or layers (u[i,k] = 1 exactly when x[i,k] > 0: use_hi, use_lo). With
+    D > 1 it also leaves out plans that differ from s in replica counts alone."""
+    rows = []
+    for sol in exclude:
+        terms = [1 - m.u[i, k] if sol.replicas[i][k] else m.u[i, k] for i in range(inp.P) for k in range(inp.K)]
+        if m.layers == "blocks":
+            counts = solution_blocks(inp, sol)
+            if counts is None or any((i, n) not in m.nb for i, n in enumerate(counts)):
+                continue  # outside this model's space already
+            terms += [1 - m.nb[i, n] for i, n in enumerate(counts)]
+        else:
+            terms += [1 - m.y[i, l] for i, (start, end) in enumerate(sol.ranges) for l in range(start, end)]
+        rows.append(sum(terms) >= 1)
+    if rows:
+        m.excluded = pyo.ConstraintList()
+        for row in rows:
+            m.excluded.add(row)
 
 
 def in_model_units(inp: JointInputs) -> JointInputs:

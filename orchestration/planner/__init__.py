@@ -56,7 +56,9 @@ are at most the simulator's on every plan of the space: formulations/joint/milp.
 and boundary figures are the communication estimator's floors over the placements first fit may
 make (`with_sync_table`, `tied_floors_s`, `_Tables.effective_link`). Every plan the search keeps
 is scored by `simulate` (`_Scorer`): the limits, the plan returned, its objective and gap are the
-simulator's, and a bound on the relaxation is one on the simulator. The search itself compares
+simulator's, and a bound on the relaxation is one on the simulator. A MILP plan the simulator
+refuses (over a limit once placed) is left out and its choice solved again (`_Search._past_refusals`,
+`joint.build(exclude=)`), the choice keeping its first bound. The search itself compares
 model figures with model figures: its incumbent and the MILP cutoffs are the model objective of the
 plan the model rates best (`_Outcome.lead`). Cutting with the simulated objective instead (a few
 tenths of a percent to ~2 % above the model's) closed fewer choices by their bounds and made the
