@@ -340,6 +340,16 @@ def _check_pair(a: str, b: str, zones: set[str], field: str) -> None:
         raise ValueError(f"{field}: both ends are {a}; a pair joins two different zones")
 
 
+def _check_endpoint(endpoint: str, gpus: dict[str, int], field: str) -> None:
+    """A node id ('<group>-<index>', all its GPUs) or one GPU of it ('<node id>:<GPU index>'). Checked
+    at load although only `opsched` reads these links: a typo fails where it is written."""
+    node, colon, index = endpoint.rpartition(":")
+    ok = node in gpus and index.isdigit() and int(index) < gpus[node] if colon else endpoint in gpus
+    if not ok:
+        raise ValueError(f"{field}: unknown device or node {endpoint!r} (a node id or 'NODE_ID:GPU_INDEX'; nodes "
+                         f"are '<group>-<index>': {', '.join(sorted(gpus)[:4])}{', ...' if len(gpus) > 4 else ''})")
+
+
 def _get_path(data: Any, *keys: str) -> Any:
     for key in keys:
         if not isinstance(data, dict):
@@ -471,9 +481,12 @@ class Instance(BaseModel):
     def _check_network(self, zones: set[str]) -> None:
         net = self.cluster.network
         # Not egress.pairs: a price table (Sailor's) lists every zone of a provider, in both
-        # directions, and prices nothing that is not used. multi_edge endpoints are checked where
-        # they are used (opsched's DeviceGraph.from_instance).
+        # directions, and prices nothing that is not used.
         _check_zone_pairs([p.zones for p in net.zone_pairs], zones, "cluster.network.zone_pairs")
+        gpus = {f"{g.name}-{k}": g.gpus_per_node for g in self.cluster.node_groups for k in range(g.count)}
+        for i, link in enumerate(net.multi_edge):
+            for end in link.endpoints:
+                _check_endpoint(end, gpus, f"cluster.network.multi_edge[{i}].endpoints")
 
     def _check_constraints(self, zones: set[str], types: set[str]) -> None:
         for field, values, known in (("allowed_gpu_types", self.constraints.allowed_gpu_types, types),

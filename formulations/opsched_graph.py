@@ -321,9 +321,8 @@ class DeviceGraph(BaseModel):
                                       memory_bytes=spec.memory_bytes))
         net = instance.cluster.network
         overrides: dict[frozenset[str], list[Channel]] = {}
-        for i, me in enumerate(net.multi_edge):
-            expanded = [_expand_endpoint(ep, node_of, f"cluster.network.multi_edge[{i}].endpoints")
-                        for ep in me.endpoints]
+        for me in net.multi_edge:
+            expanded = [_expand_endpoint(ep, node_of) for ep in me.endpoints]
             for a in expanded[0]:
                 for b in expanded[1]:
                     if a != b:
@@ -398,13 +397,9 @@ class DeviceGraph(BaseModel):
         return DeviceGraph.build(self.devices, links)
 
 
-def _expand_endpoint(endpoint: str, node_of: dict[str, Any], field: str) -> list[str]:
-    if endpoint in node_of:
-        return [endpoint]
-    gpus = [name for name, node in node_of.items() if node.node_id == endpoint]
-    if not gpus:
-        raise InstanceError(f"unknown device or node {endpoint!r} (devices are named 'NODE_ID:GPU_INDEX')", field)
-    return gpus
+def _expand_endpoint(endpoint: str, node_of: dict[str, Any]) -> list[str]:
+    """A device, or every GPU of a node (the instance checked the names: core/instance.py `_check_endpoint`)."""
+    return [endpoint] if endpoint in node_of else [name for name, node in node_of.items() if node.node_id == endpoint]
 
 
 def _default_link(na: Any, nb: Any, network: Any):

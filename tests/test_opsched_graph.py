@@ -191,10 +191,11 @@ def test_device_graph_from_instance():
     assert intra.bandwidth_GBps == gpu_catalog()["A100-40"].intra_node.bandwidth_GBps
 
 
-def test_device_graph_from_instance_names_a_bad_endpoint():
-    inst = _instance([{"endpoints": ["a100-0:0", "b200-7"], "channels": [{"name": "c", "bandwidth_GBps": 1}]}])
-    with pytest.raises(InstanceError, match=r"multi_edge\[0\].endpoints: unknown device or node 'b200-7'"):
-        DeviceGraph.from_instance(inst)
+@pytest.mark.parametrize("end", ["b200-7", "a100-0:9", "a100-0:x", "a100-0:", ":0"])
+def test_an_instance_with_a_bad_multi_edge_endpoint_is_refused_at_load(end):
+    """Once found only by DeviceGraph.from_instance (opsched): `solve` and `validate` took the typo."""
+    with pytest.raises(InstanceError, match=rf"multi_edge\[0\].endpoints: unknown device or node '{end}'"):
+        _instance([{"endpoints": ["a100-0:0", end], "channels": [{"name": "c", "bandwidth_GBps": 1}]}])
 
 
 def test_data_edge_rejects_negative_size():
