@@ -346,7 +346,7 @@ class _Supervisor:
         spec = build_spec(self.inst, self.plan)
         spec_path = spec.save(seg_dir / "launch_spec.json")
         control = seg_dir / "control"
-        write_control(control, self._planned_stop(done), self._next_fault_step(done))
+        write_control(control, stop=self._planned_stop(done), hold=self._next_fault_step(done))
         last = checkpoint.latest(opts.checkpoint_dir)
         run = RunOptions(steps=opts.steps - done, model=dict(opts.model), dtype=opts.dtype, optimizer=opts.optimizer,
                          lr=opts.lr, seed=opts.seed, backend="gloo", log_path=str(seg_dir / "log.json"),
@@ -411,7 +411,7 @@ class _Supervisor:
                     self.log(self.absorbed[-1])
             if (hold := self._next_fault_step(done)) != held:  # its fault injected: release the ranks
                 held = hold
-                write_control(control, read_control(control)[0], held)
+                write_control(control, hold=held)
             for ev in self._due_async_events():
                 self._arrive(ev, done, control)
             if failed := workers.failed():
@@ -532,7 +532,7 @@ class _Supervisor:
         what = self._describe(ev)
         if not new.plan_is_valid(self.plan):
             self.next_plan, self.next_cause = None, what
-            write_control(control, done + 1, read_control(control)[1])
+            write_control(control, stop=done + 1)
             self.log(f"iteration {done}: {what} takes GPUs of the running plan; stopping at iteration {done + 1}")
             return
         t = time.perf_counter()
@@ -543,7 +543,7 @@ class _Supervisor:
             self.log(self.absorbed[-1])
             return
         self.next_plan, self.next_cause, self.overlapped_s = res.plan, what, spent
-        write_control(control, done + 1, read_control(control)[1])
+        write_control(control, stop=done + 1)
         self.log(f"iteration {done}: {what}: a better plan found in {spent:.2f} s while training; switching")
 
     # -- reconfiguration ---------------------------------------------------------------------------

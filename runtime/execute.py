@@ -129,22 +129,21 @@ def read_control(control_path: str | Path | None) -> tuple[int, int]:
     completes iteration N, and waits after the step that completes iteration K until the file
     names another K (a supervisor injects a fault there, so the fault lands at that boundary and
     not a few steps later). Absent or caught mid-write: neither."""
-    never = (NEVER, NEVER)
-    if not control_path:
-        return never
     try:
-        fields = [int(x) for x in Path(control_path).read_text().split()]
+        fields = [int(x) for x in Path(control_path).read_text().split()] if control_path else []
     except (OSError, ValueError):
-        return never
-    if len(fields) not in (1, 2):
-        return never
-    return fields[0], fields[1] if len(fields) == 2 else NEVER
+        fields = []
+    if len(fields) == 1:
+        return fields[0], NEVER
+    return (fields[0], fields[1]) if len(fields) == 2 else (NEVER, NEVER)
 
 
-def write_control(control_path: Path, stop: int, hold: int) -> None:
-    """Atomically (a rank never reads half a file, which would read as "no hold")."""
+def write_control(control_path: Path, stop: int | None = None, hold: int | None = None) -> None:
+    """Set the stop and / or the hold (one left None keeps the file's), atomically: a rank never
+    reads half a file, which would read as "no hold"."""
+    old_stop, old_hold = read_control(control_path)
     tmp = control_path.with_name(control_path.name + ".tmp")
-    tmp.write_text(f"{stop} {hold}\n")
+    tmp.write_text(f"{old_stop if stop is None else stop} {old_hold if hold is None else hold}\n")
     os.replace(tmp, control_path)
 
 
