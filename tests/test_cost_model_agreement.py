@@ -441,16 +441,6 @@ def test_every_choices_strong_bound_holds_where_a_bound_ties_a_stage_time(seed: 
     assert_every_choices_bound_holds(random_instance(seed))
 
 
-def two_nodes(a: tuple[str, int, str], b: tuple[str, int, str], network: dict, layers: int, batch: int) -> Instance:
-    """One node of (GPU type, GPUs, zone) each, zones "rX-y" in region "rX", with `network`."""
-    groups = [{"name": f"g{i}", "gpu_type": g, "gpus_per_node": n, "count": 1, "zone": z,
-               "price_per_gpu_hour_usd": 1.0} for i, (g, n, z) in enumerate((a, b))]
-    return instance_from_dict({
-        "name": "out-of-order", "cluster": {"node_groups": groups, "network": network},
-        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": layers}}, "global_batch_size": batch,
-                     "precision": "fp16", "flash_attention": True}})
-
-
 WAN_20 = {"inter_region": {"kind": "wan", "bandwidth_GBps": 20.0, "latency_s": 0.0}}
 ZONES_40 = {"inter_zone": {"kind": "ethernet", "bandwidth_GBps": 40.0, "latency_s": 0.0},
             "inter_region": {"kind": "wan", "bandwidth_GBps": 30.0, "latency_s": 0.0}}
@@ -466,7 +456,8 @@ ZONES_40 = {"inter_zone": {"kind": "ethernet", "bandwidth_GBps": 40.0, "latency_
     ((("T4", 2, "r1-a"), ("A100-40", 1, "r1-b")), ZONES_40, 4, 4),
 ], ids=["tied-ends-pcie", "region-below-node", "zone-below-pcie"])
 def test_every_choices_bound_holds_with_link_classes_out_of_order(nodes, network, layers, batch) -> None:
-    assert_every_choices_bound_holds(two_nodes(*nodes, network, layers, batch))
+    groups = [group(f"g{i}", gpu, per_node, zone=zone) for i, (gpu, per_node, zone) in enumerate(nodes)]
+    assert_every_choices_bound_holds(tiny(groups, layers, batch, network=network))
 
 
 def test_every_choices_bound_holds_where_a_boundary_is_the_bottleneck() -> None:
@@ -566,9 +557,9 @@ def tiny(groups: list[dict], layers: int = 2, batch: int = 2, tied: bool = True,
                      "precision": "fp16", "flash_attention": True}})
 
 
-def group(name: str, gpu: str, per_node: int, count: int = 1, zone: str = "r1-a") -> dict:
+def group(name: str, gpu: str, per_node: int, count: int = 1, zone: str = "r1-a", usd: float = 1.0) -> dict:
     return {"name": name, "gpu_type": gpu, "gpus_per_node": per_node, "count": count, "zone": zone,
-            "price_per_gpu_hour_usd": 1.0}
+            "price_per_gpu_hour_usd": usd}
 
 
 def pipeline(stages: list[tuple[int, int, list[tuple[str, int, str]]]], b: int, m: int) -> Plan:
@@ -744,17 +735,14 @@ def test_strong_bottleneck_bound_keeps_the_stage_time_it_rounds_past() -> None:
 # the floor halfway between the cheapest and the fastest plan, P3 b1 D1's MILP plan (TP 2 and TP 4 ends,
 # which cannot share a node) simulates at 0.0756 s against the model's 0.0593 s; the planner said "no plan
 # found" while the enumeration's optimum is another plan of that choice.
-SEED_477 = {"name": "tiny-477", "cluster": {"node_groups": [
-    {"name": name, "gpu_type": gpu, "gpus_per_node": per, "count": count, "zone": "r1-a", "price_per_gpu_hour_usd": usd}
-    for name, gpu, per, count, usd in (("g0", "A10G", 4, 2, 3.84), ("g1", "A100-40", 1, 1, 2.8),
-                                       ("g2", "V100-16", 1, 1, 1.6))],
-    "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 2.0, "latency_s": 1e-4}}},
-    "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3}}, "global_batch_size": 8,
-                 "precision": "fp16", "flash_attention": True}}
+def seed_477() -> Instance:
+    return tiny([group("g0", "A10G", 4, count=2, usd=3.84), group("g1", "A100-40", 1, usd=2.8),
+                 group("g2", "V100-16", 1, usd=1.6)], layers=3, batch=8,
+                network={"inter_node": {"kind": "ethernet", "bandwidth_GBps": 2.0, "latency_s": 1e-4}})
 
 
 def test_a_choice_whose_milp_plan_the_simulator_refuses_is_searched_on() -> None:
-    inst = instance_from_dict(SEED_477)
+    inst = seed_477()
     items = score_space(inst, max_stages=max_stages(inst))
     run = runs(items)[3]  # min cost under the floor
     best = optimum(items, run.objective, run.max_cost, run.min_its)
@@ -773,7 +761,7 @@ def test_excluded_solutions_are_left_out_of_the_milp() -> None:
     def support(sol: joint.JointSolution) -> tuple:
         return sol.ranges, tuple(tuple(n > 0 for n in row) for row in sol.replicas)
 
-    inst = instance_from_dict(SEED_477)
+    inst = seed_477()
     inp = ModelView(inst).inputs_for(3, 1, 1)
     seen: list[joint.JointSolution] = []
     objective = []
