@@ -525,6 +525,10 @@ def test_in_region_reindexes_every_per_pool_row() -> None:
     assert {"pools", "step_s", "tied_pool_s"} <= set(per_pool)
     for name in per_pool:
         assert getattr(sub, name) == tuple(getattr(inp, name)[k] for k in keep), name
+    # the pairs of end pools ([k, k2]) keep the pairs of the region's pools, renumbered
+    pairs = replace(inp, tied_pair_s={(k, k2): (k, k2, 0.0) for k in range(inp.K) for k2 in range(inp.K)})
+    assert in_region(pairs, "r2").tied_pair_s == {(keep.index(k), keep.index(k2)): (k, k2, 0.0)
+                                                  for k in keep for k2 in keep}
 
 
 @pytest.mark.parametrize("seed", range(0, 50, 5))
@@ -741,16 +745,55 @@ def seed_477() -> Instance:
                 network={"inter_node": {"kind": "ethernet", "bandwidth_GBps": 2.0, "latency_s": 1e-4}})
 
 
-def test_a_choice_whose_milp_plan_the_simulator_refuses_is_searched_on() -> None:
-    inst = seed_477()
+# One V100 in r1-a, two 1-GPU A100 nodes in r2-a, a zone pair r1-a / r2-a at 60 GB/s (the same campaign,
+# seed 478): every MILP plan of P2 b1 D1 under the floor puts its boundary between the two A100 nodes,
+# which the model times at the fastest pair of nodes anywhere (across the regions) and the simulator at
+# the inter-node link, so the floor refuses six of them; the planner said "no plan found", then found the
+# optimum with a gap of 99.1 % (the choice kept its first bound).
+def seed_478() -> Instance:
+    return tiny([group("g0", V100, 1, usd=1.87), group("g1", A100, 1, count=2, zone="r2-a", usd=2.45)],
+                layers=3, batch=4, network={"zone_pairs": [{"zones": ["r1-a", "r2-a"], "bandwidth_GBps": 60.0}]})
+
+
+def solve_counting_refusals(inst: Instance, run: "Run", monkeypatch: pytest.MonkeyPatch) -> tuple[PlannerResult, int]:
+    """`solve`, and how many MILPs it solved again without plans the simulator refused."""
+    from hetplan.orchestration.planner import search
+
+    again, solve_choice = [], search._solve_choice
+
+    def counted(*args, **kwargs):
+        again.extend(kwargs.get("exclude", ())[-1:])
+        return solve_choice(*args, **kwargs)
+    monkeypatch.setattr(search, "_solve_choice", counted)
+    return solve(inst, run), len(again)
+
+
+@pytest.mark.parametrize("make", [seed_477, seed_478])
+def test_a_choice_whose_milp_plan_the_simulator_refuses_is_searched_on(make, monkeypatch: pytest.MonkeyPatch) -> None:
+    inst = make()
     items = score_space(inst, max_stages=max_stages(inst))
     run = runs(items)[3]  # min cost under the floor
     best = optimum(items, run.objective, run.max_cost, run.min_its)
-    res = solve(inst, run)  # raised InfeasibleError
+    res, refused = solve_counting_refusals(inst, run, monkeypatch)  # raised InfeasibleError
     got = res.report.cost_per_iteration_usd
     assert not res.report.constraint_violations and res.report.iters_per_s >= run.min_its * (1 - 1e-9)
     assert got * (1 - res.gap) <= best.cost_usd * (1 + BOUND_TOL) and res.bound <= best.cost_usd * (1 + BOUND_TOL)
     assert got == pytest.approx(best.cost_usd, rel=1e-9)  # here the optimum itself
+    if make is seed_477:  # the pair of end pools' tied floor (`tied_pair_s`) keeps the MILP off such plans
+        assert refused == 0  # 5 before
+    else:  # each refused plan was left out alone (D = 1): the choice's last solve closes it
+        assert refused > 0 and res.gap <= PlannerOptions().rel_gap  # 99.1 % before
+
+
+def test_tied_floor_of_end_pools_that_cannot_share_a_node_is_exact() -> None:
+    """The cause of seed 477: a TP 2 and a TP 4 end on 4-GPU nodes. The ring all-reduces bytes / 2
+    over two nodes; the model took the larger of the pools' own floors, the TP 2 pool's on one node
+    and the TP 4 pool's at bytes / 4 over two (0.0131 s). The floor of the pair (`tied_pair_s`) is
+    the simulator's 0.0259 s."""
+    ev, rep = both(seed_477(), pipeline([(0, 2, [(A10G, 2, "r1-a")]), (2, 5, [(A10G, 4, "r1-a")])], 1, 8))
+    assert {r.node for st in rep.plan.stages for r in st.replicas} == {"g0-0", "g0-1"}
+    for i in (0, 1):  # D = 1: the ends' all-reduce is the tied one alone
+        assert_close(ev["sync"][i], rep.stages[i].sync_s, f"stage {i} all-reduce")
 
 
 def test_excluded_solutions_are_left_out_of_the_milp() -> None:

@@ -64,7 +64,9 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
     tied = {0: 0.0, last: 0.0}
     if inp.P > 1:
         ends = set(used[0]) | set(used[last]) if inp.tied_pool_s else ()
-        t = max((tied_at(inp.tied_pool_s[k], ez, er) for k in ends), default=0.0)
+        pairs = inp.tied_pair_s or {}
+        t = max([tied_at(inp.tied_pool_s[k], ez, er) for k in ends]
+                + [tied_at(pairs[k, k2], ez, er) for k in used[0] for k2 in used[last] if (k, k2) in pairs], default=0.0)
         tied = {0: t, last: t}
     else:
         ez = er = 0

@@ -185,6 +185,10 @@ class JointInputs:
     # one zone, in zones of one region (ez = 1), in two regions (er = 1) (`planner.tied_floors_s`);
     # empty: no tied embedding
     tied_pool_s: tuple[tuple[float, float, float], ...] = ()
+    # (k, k2) -> the same floors when pool k serves the first stage and pool k2 the last, for the
+    # pairs whose floors pass both pools' own in some column (`planner.tied_pair_floors_s`): the
+    # ring's least TP is at most min(t_k, t_k2) and it holds both replicas (None: no such pair)
+    tied_pair_s: dict | None = None
     # "hetplan": the composition of simulator/pipeline.py (rows above); "sailor": Sailor's simulator
     # composition (simulator/sailor.py, module docstring "Sailor's composition")
     composition: str = "hetplan"
@@ -224,6 +228,11 @@ class JointInputs:
         if not self.tied_pool_s:
             return 0.0, 0.0, 0.0
         return tuple(min(col) for col in zip(*self.tied_pool_s))
+
+    @property
+    def tied_worst_s(self) -> float:
+        """The largest tied-embedding floor of any pool or pair of end pools (a big-M)."""
+        return max([*map(max, self.tied_pool_s), *map(max, (self.tied_pair_s or {}).values())], default=0.0)
 
     @property
     def U(self) -> int:

@@ -60,7 +60,9 @@ Constraints
                `span_sync_table`); tied[0] = tied[P-1] = tied, tied >= t(ez, er) and
                tied >= t_k(ez, er) - Mtied (1 - u[j,k]) for j in {0, P-1}, t_k(ez, er) = t_node,k +
                (t_zone,k - t_node,k) ez + (t_region,k - t_zone,k) er the floors at bytes / t_k
-               (`tied_pool_s`), t their least over k;  sigma >= sync[i];
+               (`tied_pool_s`), t their least over k, and tied >= t_kk'(ez, er) - Mtied (2 - u[0,k] -
+               u[P-1,k']) for the pairs of end pools whose ring is slower than either pool's alone
+               (`tied_pair_s`: the least TP of both, two nodes unless both fit one);  sigma >= sync[i];
                (D > 1, with `repeat_sync_table`) rep[i,g] in {0,1} per group g (zone, GPU type),
                (D - 1) rep[i,g] >= sum_{k in g} x[i,k] - 1 (two replicas of g or more force it) and
                sync[i] >= R[k,i,n_i] - Mrep (2 - u[i,k] - rep[i,g_k]) + tied[i], R the floor of a
@@ -254,7 +256,7 @@ def _excluded_rows(m: pyo.ConcreteModel, inp: JointInputs, exclude: tuple[JointS
     """For each excluded solution s: sum over (i, k) of (1 - u[i,k] where s uses pool k in stage i,
     u[i,k] where not) + sum over stages of (1 - [stage i's layers as in s]) >= 1, i.e. a plan differs
     from s in some stage's pools or layers (u[i,k] = 1 exactly when x[i,k] > 0: use_hi, use_lo). With
-    D > 1 it also leaves out plans that differ from s in replica counts alone."""
+    D > 1 it also leaves out plans that differ from s in replica counts alone (`excludes_only`)."""
     rows = []
     for sol in exclude:
         terms = [1 - m.u[i, k] if sol.replicas[i][k] else m.u[i, k] for i in range(inp.P) for k in range(inp.K)]
@@ -270,6 +272,13 @@ def _excluded_rows(m: pyo.ConcreteModel, inp: JointInputs, exclude: tuple[JointS
         m.excluded = pyo.ConstraintList()
         for row in rows:
             m.excluded.add(row)
+
+
+def excludes_only(sol: JointSolution) -> bool:
+    """Whether `sol`'s row of `_excluded_rows` leaves out its plan alone: where every stage uses one
+    pool, its D replicas are all of that pool, so the same pools per stage mean the same counts
+    (always with D = 1)."""
+    return all(sum(1 for n in row if n) == 1 for row in sol.replicas)
 
 
 def in_model_units(inp: JointInputs) -> JointInputs:
@@ -297,7 +306,9 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
         sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
         repeat_sync_table=table(inp.repeat_sync_table),
-        tied_pool_s=tuple(tuple(v * ms for v in row) for row in inp.tied_pool_s))
+        tied_pool_s=tuple(tuple(v * ms for v in row) for row in inp.tied_pool_s),
+        tied_pair_s=None if inp.tied_pair_s is None else {
+            key: tuple(v * ms for v in row) for key, row in inp.tied_pair_s.items()})
 
 
 def objective_value(inp: JointInputs, solver_objective: float) -> float:
@@ -546,12 +557,16 @@ def _sync_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     if inp.P > 1 and inp.tied_pool_s:
         # the tied-embedding all-reduce joins the first and last stage (ez/er: they differ in zone/region);
         # its ring carries bytes / the least TP of both ends, so it takes at least the floor of every
-        # pool serving an end (at t_k) and of any pool (`tied_s`)
-        last, big_t = inp.P - 1, max(map(max, inp.tied_pool_s))
+        # pool serving an end (at t_k), of any pool (`tied_s`) and of a pair of pools serving the
+        # first and the last stage (`tied_pair_s`)
+        last, big_t = inp.P - 1, inp.tied_worst_s
         m.tied = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, big_t))
         m.tied_any = pyo.Constraint(expr=m.tied >= tied_at(inp.tied_s, m.ez, m.er))
         m.tied_pool = pyo.Constraint([0, last], m.K, rule=lambda m, j, k: m.tied >= tied_at(
             inp.tied_pool_s[k], m.ez, m.er) - big_t * (1 - m.u[j, k]))
+        pairs = inp.tied_pair_s or {}
+        m.tied_pair = pyo.Constraint(list(pairs), rule=lambda m, k, k2: m.tied >= tied_at(
+            pairs[k, k2], m.ez, m.er) - big_t * (2 - m.u[0, k] - m.u[last, k2]))
         tied[0] = tied[last] = m.tied
     m.sync_tied = pyo.Constraint(m.I, rule=lambda m, i: m.sync[i] >= tied[i])
     if m.layers == "blocks":

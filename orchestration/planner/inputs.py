@@ -368,7 +368,8 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         egress_region_usd_per_GB=net.egress.inter_region_usd_per_GB,
         sync_factor=tables.sync_factor, objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
-        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
+        tied_pool_s=tied_floors_s(tables, pools, combo.D, tied),
+        tied_pair_s=tied_pair_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
         composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send,
         send_away_s=away, recv_floor_s=recv, inter=None if tables.sailor else tables.effective_link("inter", combo.b))
     return inp
@@ -551,20 +552,66 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
     return tables._tied[key]
 
 
+def tied_pair_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> dict | None:
+    """(k, k2) -> the floors of `tied_floors_s` when pool k serves the first stage and k2 the last
+    (both orders), kept only where they pass both pools' own floors in some column. The ring holds
+    a replica of each, so its least TP is at most min(t_k, t_k2), and it fits one node only where
+    both pools are of one (zone, GPU type) and a node of it holds t_k + t_k2 + (2 D - 2) t_least
+    GPUs; both ends in one zone are in the zone of both, in one region in the region of both.
+    Measured (a random campaign, session 59, seed 477: two 4-GPU A10G nodes, one A100, one V100):
+    P3 b1 D1's MILP plan with TP 2 and TP 4 ends was 0.0593 s in the model, as if they shared a
+    node (the TP 2 pool's floor) at the TP 4 pool's bytes / 4, and 0.0756 s placed."""
+    if tied_bytes <= 0:
+        return None
+    key = ("pairs", pools, D, tied_bytes)  # the same for every P and b, as `tied_floors_s`
+    if key not in tables._tied:
+        own = tied_floors_s(tables, pools, D, tied_bytes)
+        kinds: dict = {}
+        pairs = {}
+        for k, p in enumerate(pools):
+            for k2 in range(k, len(pools)):
+                q = pools[k2]
+                kind = (min(p.tp, q.tp), _pair_fits_one_node(tables, pools, p, q, 2 * D),
+                        p.zone if p.zone == q.zone else None, p.region if p.region == q.region else None)
+                if kind not in kinds:
+                    tp, one, zone, region = kind
+                    kinds[kind] = tuple(_finite(min(col)) for col in zip(*(
+                        _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one else 2, t, zone, region)
+                        for t in _least_tps(pools, tp))))
+                floors = kinds[kind]
+                if any(f > max(a, b) for f, a, b in zip(floors, own[k], own[k2])):
+                    pairs[k, k2] = pairs[k2, k] = floors
+        tables._tied[key] = pairs or None
+    return tables._tied[key]
+
+
+def _pair_fits_one_node(tables: _Tables, pools: tuple, p: joint.Pool, q: joint.Pool, members: int) -> bool:
+    """Whether a ring of `members` replicas, one of pool p and one of pool q (two replicas, also
+    when p is q), can sit on one node: only on a node of their common (zone, GPU type), with the
+    others at the least TP of its pools."""
+    if (p.zone, p.gpu_type) != (q.zone, q.gpu_type):
+        return False
+    least = min(r.tp for r in pools if (r.zone, r.gpu_type) == (p.zone, p.gpu_type))
+    need = p.tp + q.tp + (members - 2) * least
+    return max(tables.node_sizes(p.zone, p.gpu_type), default=0) >= need
+
+
 def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float, min_nodes: int,
-                   least_tp: int) -> tuple[float, float, float]:
+                   least_tp: int, zone: str | None = None, region: str | None = None) -> tuple[float, float, float]:
     """(one zone, zones of a region, two regions) floors of `tied_floors_s` for members of TP
-    `least_tp` or more, each carrying `shard_bytes` (before the sync factor); inf where no placement."""
+    `least_tp` or more, each carrying `shard_bytes` (before the sync factor); inf where no placement.
+    `zone` / `region`: the one zone (region) both ends sit in when they share one (None: any)."""
     size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
-    zones = sorted({p.zone for p in pools})
-    regions = sorted({p.region for p in pools})
+    zones = [zone] if zone is not None else sorted({p.zone for p in pools})
+    regions = [region] if region is not None else sorted({p.region for p in pools})
     node = min(tables.floor_s(tables.nodes(pools, zone=z, least_tp=least_tp), 2 * D, size, min_nodes=min_nodes)[0]
                for z in zones)
-    zone = min((tables.floor_s(tables.nodes(pools, region=r, least_tp=least_tp), 2 * D, size, spans="zone")[0]
-                for r in regions if len({p.zone for p in pools if p.region == r}) > 1), default=node)
-    region = tables.floor_s(tables.nodes(pools, least_tp=least_tp), 2 * D, size, spans="region")[0] \
-        if len(regions) > 1 else zone
-    return node, zone, region
+    spread = [r for r in regions if len({p.zone for p in pools if p.region == r}) > 1]
+    zone_s = min((tables.floor_s(tables.nodes(pools, region=r, least_tp=least_tp), 2 * D, size, spans="zone")[0]
+                  for r in spread), default=node)
+    region_s = tables.floor_s(tables.nodes(pools, least_tp=least_tp), 2 * D, size, spans="region")[0] \
+        if len({p.region for p in pools}) > 1 else zone_s
+    return node, zone_s, region_s
 
 
 def _finite(floor_s: float) -> float:

@@ -25,8 +25,7 @@ def time_upper_bound_s(inp: JointInputs) -> float:
     """T for the slowest imaginable assignment: a valid upper bound for the big-M on T."""
     worst_step = sum(max(inp.step_s[k][l] for k in range(inp.K)) for l in range(inp.U))
     tables = [inp.sync_table or {}, inp.span_sync_table or {}, inp.repeat_sync_table or {}]
-    worst_tied = max(map(max, inp.tied_pool_s), default=0.0)
-    worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + worst_tied
+    worst_sync = max([model_coef(v) for tab in tables for v in tab.values()] + [0.0]) + inp.tied_worst_s
     worst_c = (max(inp.p2p_s(link) for link in (inp.node, inp.zone, inp.region)) * max(inp.P - 1, 0)
                + 2 * max([*inp.send_floor_s, *(v for row in inp.send_away_s for v in row)], default=0.0)
                * inp.P)  # Sailor's sends: each <= c / 2 + its largest floor
@@ -291,6 +290,8 @@ def in_region(inp: JointInputs, region: str) -> JointInputs:
                    recv_floor_s=pick(inp.recv_floor_s) if inp.recv_floor_s else (),
                    send_away_s=pick(inp.send_away_s) if inp.send_away_s else (),
                    tied_pool_s=pick(inp.tied_pool_s) if inp.tied_pool_s else (),
+                   tied_pair_s={(new_index[k], new_index[k2]): v for (k, k2), v in inp.tied_pair_s.items()
+                                if k in new_index and k2 in new_index} or None if inp.tied_pair_s else None,
                    stat_bytes=pick(inp.stat_bytes), act_bytes=pick(inp.act_bytes), cap_bytes=pick(inp.cap_bytes),
                    sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
                    repeat_sync_table=table(inp.repeat_sync_table))
