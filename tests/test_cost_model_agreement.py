@@ -829,6 +829,31 @@ def test_tied_floor_of_end_pools_that_cannot_share_a_node_is_exact() -> None:
         assert_close(ev["sync"][i], rep.stages[i].sync_s, f"stage {i} all-reduce")
 
 
+def test_milp_cannot_lower_the_tied_floor_by_claiming_its_ends_apart() -> None:
+    """Two 1-GPU H100 nodes in r1-a, a 2-GPU A100 node in r2-a, the zones joined at 60 GB/s (session
+    60's campaign, seed 340): the H100 pool's tied floor is 8.3 ms with both ends in r1-a and 1.7 ms
+    over the regions. ez and er were bounded from below only, so the MILP with both ends on the H100
+    set er = 1 and its T was 6.7 ms under its plan's (a min-cost search under a floor solved MILPs
+    again for 9 plans the simulator refused; 1 now). Now ez and er are exact, and the MILP's T is its
+    plan's."""
+    import pyomo.environ as pyo
+    from hetplan.solvers import solve as solve_model
+
+    inst = tiny([group("g0", H100, 1, count=2, usd=1.47), group("g1", A100, 2, zone="r2-a", usd=2.95)],
+                layers=4, batch=4, network={"zone_pairs": [{"zones": ["r1-a", "r2-a"], "bandwidth_GBps": 60.0}]})
+    inp = ModelView(inst).inputs_for(2, 1, 1)
+    h100 = next(k for k, p in enumerate(inp.pools) if p.gpu_type == H100)
+    node, _, region = inp.tied_pool_s[h100]
+    assert region < node / 4  # the floors fall from node to region here
+    model = joint.build(inp)
+    for i in (0, 1):
+        model.u[i, h100].fix(1)
+    assert solve_model(model, backend="highs").status.value == "optimal"
+    ev = joint.evaluate(inp, joint.decode(model, inp))
+    assert (round(pyo.value(model.ez)), round(pyo.value(model.er))) == (ev["ez"], ev["er"]) == (0, 0)
+    assert pyo.value(model.T) / joint.TIME_UNITS_PER_S == pytest.approx(ev["T"], rel=1e-6)
+
+
 def test_excluded_solutions_are_left_out_of_the_milp() -> None:
     """`joint.build(exclude=)`: the next solve differs from each excluded plan in some stage's pools
     or layers, and is no better (the excluded one was optimal)."""

@@ -51,7 +51,9 @@ Constraints
                (`_apart_rows`): some pair is surely on two nodes (`composition.apart`)
                c[i] = c_node + (c_inter - c_node) dn[i] + (c_zone - c_inter) dz[i] + (c_region - c_zone) dr[i]
   ends:        ez >= v[0,z] + v[P-1,z'] - 1, ez >= span[0], ez >= span[P-1]; er likewise with rho:
-               the tied-embedding all-reduce between first and last stage crosses zones / regions
+               the tied-embedding all-reduce between first and last stage crosses zones / regions;
+               ez <= 2 - v[0,z] - v[P-1,z] + span[0] + span[P-1], er <= 2 - rho[0,r] - rho[P-1,r]
+               (exact: the tied floors need not grow with ez and er)
   bottleneck:  theta >= tau[i];  theta >= c[i] / 2              (links are full duplex)
   cuts:        tau[i] >= sum_l min_k step[k,l] y[i,l];  P theta >= sum_i tau[i]   (valid, no big-M)
   sync:        sync[i] >= tied[i];  (blocks form)  sync[i] >= S[k,i,n_i] - Msync (1 - u[i,k] + span[i]) + tied[i]
@@ -459,6 +461,14 @@ def _placement_constraints(m: pyo.ConcreteModel, inp: JointInputs, Zs: list[str]
     m.ends_span_last = pyo.Constraint(expr=m.ez >= m.span[last])
     m.ends_region = pyo.Constraint(pairs_r or [("", "")], rule=lambda m, r1, r2: (
         m.er >= m.rho[0, r1] + m.rho[last, r2] - 1) if r1 else pyo.Constraint.Skip)
+    # and from above: ends in one zone (region) have ez = 0 (er = 0). The tied floors need not grow
+    # from node to zone to region (a network between zones may be faster than the one between
+    # nodes), so a free ez or er could lower them (measured, session 60: a min-cost MILP under a
+    # floor set er = 1 with both ends in one region, its tied floor 1.7 ms for 8.3 ms, and passed
+    # the floor at T = 11.5 ms where its plan takes 18.0 ms)
+    m.ends_same_zone = pyo.Constraint(Zs, rule=lambda m, z: m.ez <= 2 - m.v[0, z] - m.v[last, z] + m.span[0]
+                                      + m.span[last])
+    m.ends_same_region = pyo.Constraint(Rs, rule=lambda m, r: m.er <= 2 - m.rho[0, r] - m.rho[last, r])
     ez, er = ends_forced(inp)  # valid: no zone (region) holds both ends; the LP relaxation does not see it
     if ez:
         m.ez.setlb(1)
