@@ -42,6 +42,14 @@ def boundary_s(inp: JointInputs, dn, dz, dr):
     return c_node + (c_inter - c_node) * dn + (c_zone - c_inter) * dz + (c_region - c_zone) * dr
 
 
+def in_zone_s(inp: JointInputs, zone: str) -> float:
+    """The least transfer between two nodes of `zone` (`JointInputs.inter_in_zone`; 0 where none is
+    known): a boundary with both sides in that zone alone and dn = 1 takes at least it."""
+    if inp.inter is None or not inp.inter_in_zone or zone not in inp.inter_in_zone:
+        return 0.0
+    return inp.p2p_s(inp.inter_in_zone[zone])
+
+
 def _link_times_s(inp: JointInputs) -> tuple[float, float, float, float]:
     """(c_node, c_inter, c_zone, c_region), once per inputs: `evaluate` asks for them at every
     boundary of every plan the heuristics score. c_inter is the least transfer between two nodes

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hetplan.plan import Plan, Replica, Stage, validate_plan
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, model_coef
 from hetplan.formulations.joint.tables import position
-from hetplan.formulations.joint.composition import (apart, boundary_s, bottleneck_terms, iteration_cost_usd,
+from hetplan.formulations.joint.composition import (apart, boundary_s, bottleneck_terms, in_zone_s, iteration_cost_usd,
     iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor,
     sailor_p2p, tied_at, tied_egress_bytes)
 
@@ -55,6 +55,9 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
               for i in range(inp.P - 1)]
     dn = [max(dz[i], apart(inp, sol.replicas[i], sol.replicas[i + 1])) for i in range(inp.P - 1)]
     c = [boundary_s(inp, dn[i], dz[i], dr[i]) for i in range(inp.P - 1)]
+    for i in range(inp.P - 1):  # both sides in one zone, some pair on two nodes of it
+        if dn[i] and len(zones[i]) == 1 and zones[i] == zones[i + 1]:
+            c[i] = max(c[i], in_zone_s(inp, next(iter(zones[i]))))
     send, A, G = sailor_sends(inp, c, used, zones, regions) if inp.sailor else ([], [], [])
     p2p = sailor_p2p(A, G) if inp.sailor else [0.0] * inp.P
     theta = max(bottleneck_terms(inp, tau, c, p2p))

@@ -210,6 +210,11 @@ class JointInputs:
     # (the hetplan composition) the fastest boundary transfer between two different nodes, for the
     # boundaries some pair of which is surely on two nodes (`composition.apart`); None: `node`
     inter: LinkCost | None = None
+    # (the hetplan composition) zone -> the fastest such transfer between two nodes of that zone:
+    # `inter` may be a pair over zones, and c_inter is capped by c_zone (a network between zones
+    # faster than the one between nodes); a boundary with both sides in that one zone and some pair
+    # on two nodes takes at least it (`composition.in_zone_s`); None: no zone has two nodes
+    inter_in_zone: dict | None = None
     # the shared stage evaluation the rows above were read from (`stage_cost.StageCosts`): scores a
     # decoded plan placed as the simulator places it (`evaluate_placed`); None for hand-made inputs
     costs: StageCosts | None = field(default=None, repr=False, compare=False)

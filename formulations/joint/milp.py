@@ -50,6 +50,8 @@ Constraints
                dn[i] >= dz[i], and first fit's rule on the GPUs of a (type, zone) q on both sides
                (`_apart_rows`): some pair is surely on two nodes (`composition.apart`)
                c[i] = c_node + (c_inter - c_node) dn[i] + (c_zone - c_inter) dz[i] + (c_region - c_zone) dr[i]
+               + cz[i], cz[i] >= (c_z - c_inter) (dn[i] + v[i,z] + v[i+1,z] - 2 - span[i] - span[i+1]) for
+               the zones z whose own pairs of nodes (c_z, `inter_in_zone`) are slower than c_inter
   ends:        ez >= v[0,z] + v[P-1,z'] - 1, ez >= span[0], ez >= span[P-1]; er likewise with rho:
                the tied-embedding all-reduce between first and last stage crosses zones / regions;
                ez <= 2 - v[0,z] - v[P-1,z] + span[0] + span[P-1], er <= 2 - rho[0,r] - rho[P-1,r]
@@ -167,7 +169,7 @@ from hetplan.formulations.joint.tables import (_class_figures, _class_sync_updat
     class_pools, ends_forced, position, stage_sum, time_classes)
 from hetplan.formulations.joint.bounds import rate_lower_bound_usd_per_s, stage_time_cap_s, time_upper_bound_s
 from hetplan.formulations.joint.evaluation import evaluate, group_of, repeated_groups, solution_blocks
-from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, first_fit_groups,
+from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms, first_fit_groups, in_zone_s,
     iteration_cost_usd, iteration_time_s, may_share_node, pipeline_egress_bytes, pipeline_transfers_s,
     replica_rate_usd_per_s, ring_factor, sailor_p2p, tied_at, tied_egress_bytes, worker_bytes)
 
@@ -304,6 +306,7 @@ def in_model_units(inp: JointInputs) -> JointInputs:
         recv_floor_s=tuple(v * ms for v in inp.recv_floor_s),
         node=link(inp.node), zone=link(inp.zone),
         region=link(inp.region), inter=None if inp.inter is None else link(inp.inter),
+        inter_in_zone=None if inp.inter_in_zone is None else {z: link(lc) for z, lc in inp.inter_in_zone.items()},
         pools=tuple(replace(p, price_per_gpu_hour_usd=p.price_per_gpu_hour_usd / ms) for p in inp.pools),
         min_iters_per_s=None if inp.min_iters_per_s is None else inp.min_iters_per_s / ms,
         sync_table=table(inp.sync_table), span_sync_table=table(inp.span_sync_table),
@@ -512,7 +515,14 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:
     B = range(inp.P - 1)
     dn = m.dz if inp.inter is None else m.dn  # without c_inter, c_inter = c_node and dn's step is 0
-    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, dn[i], m.dz[i], m.dr[i]))
+    # c_in_zone[i]: what a boundary with both sides in one zone z alone and some pair on two nodes
+    # adds over c_inter, where z's own pairs of nodes are slower (`composition.in_zone_s`)
+    slow = {z: in_zone_s(inp, z) - boundary_s(inp, 1, 0, 0) for z in inp.zones}
+    slow = {z: t for z, t in slow.items() if t > 0}
+    m.c_in_zone = pyo.Var(B, domain=pyo.NonNegativeReals, bounds=(0, max(slow.values(), default=0.0)))
+    m.inside_zone = pyo.Constraint(B, list(slow), rule=lambda m, i, z: m.c_in_zone[i] >= slow[z] * (
+        m.dn[i] + m.v[i, z] + m.v[i + 1, z] - 2 - m.span[i] - m.span[i + 1]))
+    m.boundary = pyo.Constraint(B, rule=lambda m, i: m.c[i] == boundary_s(inp, dn[i], m.dz[i], m.dr[i]) + m.c_in_zone[i])
     tau, c = [m.tau[i] for i in m.I], [m.c[i] for i in B]
     p2p = _sailor_send_rows(m, inp) if inp.sailor else [0.0] * inp.P
     terms = bottleneck_terms(inp, tau, c, p2p)
@@ -775,6 +785,7 @@ def warm_start(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> Co
         start[m.ring_egress[i]] = ring_factor(inp) * inp.egress_zone_usd_per_GB / 1e9 * len(ev["zones"][i]) * gbi if ev["span"][i] else 0.0
     for i in range(inp.P - 1):
         start[m.dz[i]], start[m.dr[i]], start[m.c[i]] = ev["dz"][i], ev["dr"][i], ev["c"][i]
+        start[m.c_in_zone[i]] = ev["c"][i] - boundary_s(inp, ev["dn"][i], ev["dz"][i], ev["dr"][i])
         start[m.dz_all[i]] = ev["dz_all"][i]
         if hasattr(m, "dn"):
             start[m.dn[i]] = ev["dn"][i]

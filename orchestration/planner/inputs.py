@@ -237,6 +237,26 @@ class _Tables:
             self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
         return self._links[key]
 
+    def inter_in_zone(self, b: int) -> dict | None:
+        """zone -> `effective_link("inter", b)` over the pairs of two nodes of that zone (None: no zone
+        has two nodes). c_inter is the fastest such pair anywhere, at most c_zone and c_region
+        (`composition._link_times_s`), which the network may make faster than a zone's own pairs.
+        Measured (a random campaign, session 60, seed 478: two 1-GPU A100 nodes in r2-a at 12.5
+        GB/s, a zone pair r1-a / r2-a at 60 GB/s): the boundary between the A100 nodes read the zone
+        pair's 0.14 ms for 0.71 ms, and a min-cost search under a floor met six MILP plans the
+        simulator refused."""
+        key = ("inter_in_zone", b)
+        if key not in self._links:
+            links = {}
+            for zone in sorted({a.zone for a in self._group_firsts()}):
+                times = [self._least_send_s(a, c, b) for a in self._group_firsts() if a.zone == zone
+                         for c in self._receivers(a) if c is not a and c.zone == zone]
+                best = min([t for t in times if t < math.inf], default=None)
+                if best:
+                    links[zone] = joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
+            self._links[key] = links or None
+        return self._links[key]
+
     def send_floor_s(self, g: str, z: str, t: int, b: int, away: str | None = None,
                      receiving: bool = False) -> float:
         """(Sailor's composition) The least time of one send from a TP-t replica of g in zone z to any
@@ -371,7 +391,8 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         tied_pool_s=tied_floors_s(tables, pools, combo.D, tied),
         tied_pair_s=tied_pair_floors_s(tables, pools, combo.D, tied), costs=tables.costs,
         composition="sailor" if tables.sailor else "hetplan", upd_fixed_s=fixed, send_floor_s=send,
-        send_away_s=away, recv_floor_s=recv, inter=None if tables.sailor else tables.effective_link("inter", combo.b))
+        send_away_s=away, recv_floor_s=recv, inter=None if tables.sailor else tables.effective_link("inter", combo.b),
+        inter_in_zone=None if tables.sailor else tables.inter_in_zone(combo.b))
     return inp
 
 
