@@ -652,7 +652,9 @@ class _Search:
         the two A100 nodes, which the model times at the fastest pair of nodes anywhere, and the
         floor refuses it (a random campaign, session 59: 4 of 800 instances' min-cost runs under a
         floor; each then found the enumerated optimum, after up to 6 refusals in one choice). With
-        the first bound kept that search's gap was 99.1 %, with the last solve's 0.02 %."""
+        the first bound kept that search's gap was 99.1 %, with the last solve's 0.02 % (the model
+        now times that boundary by the zone's own pairs of nodes: no refusal there; the test's
+        instance that still refuses is the campaign's seed 578)."""
         first, refused = item, []
         until = time.perf_counter() + self.opts.combo_time_limit_s  # the solves again share one choice's limit
         while (item.solution is not None and self.out.score(item.solution) is None and len(refused) < MAX_REFUSED
