@@ -58,8 +58,9 @@ make (`with_sync_table`, `tied_floors_s`, `_Tables.effective_link`). Every plan 
 is scored by `simulate` (`_Scorer`): the limits, the plan returned, its objective and gap are the
 simulator's, and a bound on the relaxation is one on the simulator. A MILP plan the simulator
 refuses (over a limit once placed) is left out and its choice solved again (`_Search._past_refusals`,
-`joint.build(exclude=)`), the choice keeping its first bound. The search itself compares
-model figures with model figures: its incumbent and the MILP cutoffs are the model objective of the
+`joint.build(exclude=)`); the choice keeps its first bound unless the rows left out the refused
+plans alone (`joint.excludes_only`), where the last solve's answer is the choice's. The search
+itself compares model figures with model figures: its incumbent and the MILP cutoffs are the model objective of the
 plan the model rates best (`_Outcome.lead`). Cutting with the simulated objective instead (a few
 tenths of a percent to ~2 % above the model's) closed fewer choices by their bounds and made the
 MILPs slower: 2-5x longer searches on opt350-geo-5zones-32/-80, neo27-types-3 and

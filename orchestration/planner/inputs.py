@@ -222,17 +222,18 @@ class _Tables:
                                             for n in self.inst.nodes if (n.gpu_type, n.zone) in least)
         return self._node_sets[key]
 
-    def effective_link(self, kind: str, b: int) -> joint.LinkCost | None:
+    def effective_link(self, kind: str, b: int, zone: str | None = None) -> joint.LinkCost | None:
         """One microbatch's boundary transfer inside a zone ("node": between two nodes or two GPUs of
         one node; "inter": between two nodes anywhere), between two zones of a region ("zone") or two regions,
         timed by the communication estimator (the simulator's) between the fastest pair found: a
         lower bound on the transfer of every placement, exact at this message size (the time, not
         the link, is what the model reads: `JointInputs.p2p_s`); None when the cluster has no such
-        pair."""
-        key = (kind, b)
+        pair. With `zone`, over the pairs of nodes of that zone only."""
+        key = (kind, b, zone)
         if key not in self._links:
-            times = [self._least_send_s(a, c, b) for a in self._group_firsts() for c in self._receivers(a)
-                     if (c is not a if kind == "inter" else spans_pair(kind, a, c))]
+            here = lambda n: zone in (None, n.zone)  # noqa: E731
+            times = [self._least_send_s(a, c, b) for a in self._group_firsts() if here(a) for c in self._receivers(a)
+                     if here(c) and (c is not a if kind == "inter" else spans_pair(kind, a, c))]
             best = min([t for t in times if t < math.inf], default=None)
             self._links[key] = None if not best else joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
         return self._links[key]
@@ -245,17 +246,9 @@ class _Tables:
         GB/s, a zone pair r1-a / r2-a at 60 GB/s): the boundary between the A100 nodes read the zone
         pair's 0.14 ms for 0.71 ms, and a min-cost search under a floor met six MILP plans the
         simulator refused."""
-        key = ("inter_in_zone", b)
-        if key not in self._links:
-            links = {}
-            for zone in sorted({a.zone for a in self._group_firsts()}):
-                times = [self._least_send_s(a, c, b) for a in self._group_firsts() if a.zone == zone
-                         for c in self._receivers(a) if c is not a and c.zone == zone]
-                best = min([t for t in times if t < math.inf], default=None)
-                if best:
-                    links[zone] = joint.LinkCost(self.boundary_bytes(b) / best, 0.0)
-            self._links[key] = links or None
-        return self._links[key]
+        links = {z: link for z in sorted({a.zone for a in self._group_firsts()})
+                 if (link := self.effective_link("inter", b, z)) is not None}
+        return links or None
 
     def send_floor_s(self, g: str, z: str, t: int, b: int, away: str | None = None,
                      receiving: bool = False) -> float:
@@ -520,19 +513,21 @@ def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Po
 
 
 def _least_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, members: int, zone: str | None = None,
-                 gpu_type: str | None = None) -> int:
+                 gpu_type: str | None = None, also: joint.Pool | None = None) -> int:
     """The fewest nodes of `zone` and `gpu_type` (None: any) that can hold a ring of `members`
-    replicas, one of them of `pool`: that replica takes t_k GPUs and each other one at least the least
-    TP of the selected pools, so the ring needs t_k + (members - 1) t_least GPUs, counted on the
-    largest nodes first; more than the selection has where it cannot hold them (no placement: any
-    floor holds). Measured: V100 TP 2 x 4 on 4-GPU nodes was floored at one node's ring, 1.0 ms,
-    where two nodes take 8.9 ms; 16 TP 2 replicas on 4-GPU nodes as a 4-node ring, 49.0 ms, where
-    the stage spans 8 nodes, 58.7 ms (the bound is 5 nodes)."""
+    replicas, one of them of `pool` (and another of `also`): that replica takes t_k GPUs and each
+    other one at least the least TP of the selected pools, so the ring needs t_k + (members - 1)
+    t_least GPUs (t_k + t_also + (members - 2) t_least), counted on the largest nodes first; more
+    than the selection has where it cannot hold them (no placement: any floor holds). Measured: V100
+    TP 2 x 4 on 4-GPU nodes was floored at one node's ring, 1.0 ms, where two nodes take 8.9 ms; 16
+    TP 2 replicas on 4-GPU nodes as a 4-node ring, 49.0 ms, where the stage spans 8 nodes, 58.7 ms
+    (the bound is 5 nodes)."""
     here = lambda p: zone in (None, p.zone) and gpu_type in (None, p.gpu_type)  # noqa: E731
     least = min(p.tp for p in pools if here(p))
-    key = (least, pool.tp, members, zone, gpu_type)
+    known = (pool.tp,) if also is None else (pool.tp, also.tp)
+    key = (least, known, members, zone, gpu_type)
     if key not in tables._least_nodes:  # asked for every pool of every outer choice
-        need, held, count = pool.tp + (members - 1) * least, 0, None
+        need, held, count = sum(known) + (members - len(known)) * least, 0, None
         for count, size in enumerate(tables.node_sizes(zone, gpu_type), start=1):
             held += size
             if held >= need:
@@ -608,13 +603,9 @@ def tied_pair_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float)
 
 def _pair_fits_one_node(tables: _Tables, pools: tuple, p: joint.Pool, q: joint.Pool, members: int) -> bool:
     """Whether a ring of `members` replicas, one of pool p and one of pool q (two replicas, also
-    when p is q), can sit on one node: only on a node of their common (zone, GPU type), with the
-    others at the least TP of its pools."""
-    if (p.zone, p.gpu_type) != (q.zone, q.gpu_type):
-        return False
-    least = min(r.tp for r in pools if (r.zone, r.gpu_type) == (p.zone, p.gpu_type))
-    need = p.tp + q.tp + (members - 2) * least
-    return max(tables.node_sizes(p.zone, p.gpu_type), default=0) >= need
+    when p is q), can sit on one node: only on a node of their common (zone, GPU type)."""
+    return (p.zone, p.gpu_type) == (q.zone, q.gpu_type) and \
+        _least_nodes(tables, pools, p, members, p.zone, p.gpu_type, also=q) == 1
 
 
 def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float, min_nodes: int,
