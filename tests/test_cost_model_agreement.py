@@ -833,6 +833,31 @@ def test_a_choice_whose_milp_plan_the_simulator_refuses_is_searched_on(make, mon
         assert refused > 0 and res.gap <= PlannerOptions().rel_gap * (1 + 1e-9)  # 6.0 % with the first bound
 
 
+# Two 4-GPU A10G nodes and a 1-GPU V100 node in one zone, every link class at 25 GB/s (the same campaign,
+# seed 623): the model floors a stage's all-reduce on one A10G node at a ring of two nodes over the
+# network, first fit packs it on one node's slower PCIe, and the simulator refuses the MILP's plans
+# under a floor that the model says they meet.
+def seed_623() -> Instance:
+    link = {"bandwidth_GBps": 25.0, "latency_s": 1e-6}
+    return tiny([group("g0", A10G, 4, count=2, usd=0.66), group("g1", V100, 1, usd=1.42)], layers=3, batch=8,
+                network={"inter_node": {"kind": "ethernet", **link}, "inter_zone": {"kind": "ethernet", **link},
+                         "inter_region": {"kind": "wan", **link}})
+
+
+def test_no_plan_is_proven_impossible_where_each_refused_plan_was_left_out_alone(monkeypatch) -> None:
+    """A floor just above the fastest plan of the space (enumerated): the model's plans above it
+    are refused once placed, each left out alone (`joint.excludes_only`), and the choice then holds
+    nothing; so the search proves that no plan exists and says so (session 60 said "none is proven
+    impossible")."""
+    inst = seed_623()
+    fastest = min(score_space(inst, max_stages=max_stages(inst)), key=lambda s: s.iteration_time_s)
+    with pytest.raises(InfeasibleError) as err:
+        solve_counting_refusals(inst, Run("min_cost", min_its=1.0000001 / fastest.iteration_time_s), monkeypatch)
+    text = str(err.value)
+    assert text.startswith("no plan satisfies min_throughput_iters_per_s=") and "proven" not in text
+    assert "break the limits once the simulator places them on nodes, and without those plans their choices hold none" in text
+
+
 def test_tied_floor_of_end_pools_that_cannot_share_a_node_is_exact() -> None:
     """The cause of seed 477: a TP 2 and a TP 4 end on 4-GPU nodes. The ring all-reduces bytes / 2
     over two nodes; the model took the larger of the pools' own floors, the TP 2 pool's on one node

@@ -52,6 +52,9 @@ class ComboRecord:
     bound: float | None = None
     build_s: float = 0.0
     solve_s: float = 0.0
+    # the simulator refused a plan of this choice's MILP and the choice was not searched in full
+    # without it (`_Search._past_refusals`): its other plans are neither found nor ruled out
+    refusals_open: bool = False
 
 
 @dataclass

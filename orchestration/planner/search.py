@@ -647,8 +647,10 @@ class _Search:
         plans and `combo_time_limit_s` in all. Where the rows left out the refused plans alone
         (`joint.excludes_only`), the last solve's answer is the choice's (None: nothing else beats
         the incumbent); else the choice keeps the first solve's bound, which holds for the plans
-        left out too. Without it a min-cost search under a throughput floor on one V100 and two
-        1-GPU A100 nodes found no plan: every P2 b1 D1 plan the MILP found puts a boundary between
+        left out too, and its record says that the rest of it was not searched (`refusals_open`:
+        a search without a plan then says that none was proven impossible). Without it a min-cost
+        search under a throughput floor on one V100 and two 1-GPU A100 nodes found no plan: every
+        P2 b1 D1 plan the MILP found puts a boundary between
         the two A100 nodes, which the model times at the fastest pair of nodes anywhere, and the
         floor refuses it (a random campaign, session 59: 4 of 800 instances' min-cost runs under a
         floor; each then found the enumerated optimum, after up to 6 refusals in one choice). With
@@ -665,11 +667,15 @@ class _Search:
                                   target=self._target_now(), exclude=tuple(refused))
             if again is None or again.solution is None:  # nothing else below the cutoff, or no plan in time
                 if all(map(joint.excludes_only, refused)):
+                    first.record.refusals_open = again is not None and again.open
                     return again
                 break
             item = again
+        # a refused plan the loop ended on leaves the rest of its choice unsearched
+        first.record.refusals_open = item.solution is not None and self.out.score(item.solution) is None
         if item is first or all(map(joint.excludes_only, refused)):
             return item
+        first.record.refusals_open = True
         return replace(item, bound=min(item.bound, first.bound), open=item.open and item.solution is not None)
 
     def _resume_unfinished(self) -> None:
@@ -1364,10 +1370,15 @@ def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its:
         parts.append(f"max_cost_per_iteration_usd={max_cost}")
     limits = " and ".join(parts) if parts else "the memory and quota constraints"
     rejected = [r for r in records if r.objective is not None]
-    if rejected:  # the model had plans: the simulator refused them, which proves nothing about the rest
-        r = min(rejected, key=lambda r: r.objective)
+    open_ = [r for r in rejected if r.refusals_open]
+    if open_:  # the simulator refused plans the model had, which proves nothing about the rest
+        r = min(open_, key=lambda r: r.objective)
         return (f"no plan found within {limits}, but none is proven impossible: the MILP's plans of "
-                f"{len(rejected)} outer choices (best P{r.P} b{r.b} D{r.D}, model figure {r.objective:.6g}) break "
-                f"the limits when the simulator places them on nodes (the model relaxes placement: "
-                f"formulations/joint/milp.py); loosen the limits")
-    return f"no plan satisfies {limits} over {len(records)} outer choices (P, b, D)"
+                f"{len(open_)} outer choices (best P{r.P} b{r.b} D{r.D}, model figure {r.objective:.6g}) break "
+                f"the limits when the simulator places them on nodes, and the rest of those choices was not "
+                f"searched (the model relaxes placement: formulations/joint/milp.py); loosen the limits")
+    proof = f"no plan satisfies {limits} over {len(records)} outer choices (P, b, D)"
+    if rejected:  # each refused plan was left out alone and nothing else was left in its choice
+        proof += (f"; the MILP's plans of {len(rejected)} of them break the limits once the simulator places "
+                  f"them on nodes, and without those plans their choices hold none")
+    return proof
