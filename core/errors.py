@@ -4,6 +4,8 @@ The CLI catches `HetplanError` and prints its message (no traceback); anything e
 """
 from __future__ import annotations
 
+import math
+
 
 class HetplanError(Exception):
     """Base class for every error hetplan reports to a user.
@@ -20,7 +22,7 @@ class InstanceError(HetplanError):
     """An instance file is malformed or inconsistent; `field` names the offending location."""
 
     def __init__(self, message: str, field: str | None = None):
-        self.field = field
+        self.field, self.detail = field, message
         super().__init__(f"{field}: {message}" if field else message)
 
 
@@ -28,8 +30,17 @@ class PlanError(HetplanError):
     """A plan is inconsistent with itself or with the instance it is applied to."""
 
     def __init__(self, message: str, field: str | None = None):
-        self.field = field
+        self.field, self.detail = field, message
         super().__init__(f"{field}: {message}" if field else message)
+
+
+def check_number(value: float | None, field: str, *, zero: bool = False, error: type = InstanceError) -> None:
+    """Refuse nan, inf and a value below 0 (`zero`) or not above 0, naming `field` (an option or
+    a field): nan passes every comparison with `<`, and typer parses "nan" and "inf" as floats, so
+    either would run on to a nan or inf result. None is accepted (an option not given)."""
+    if value is None or (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        return
+    raise error(f"must be a {'finite number >= 0' if zero else 'positive finite number'}, got {value:g}", field)
 
 
 class EstimatorError(HetplanError):

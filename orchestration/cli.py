@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -35,17 +34,6 @@ _COMMAND_MODULES = ["hetplan.orchestration.solvers_cli", "hetplan.orchestration.
 
 def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def check_number(value: float | None, option: str, *, zero: bool = False) -> None:
-    """Refuse nan, inf and a value below 0 (`zero`) or not above 0 of a numeric option, naming it:
-    typer parses "nan" and "inf" as floats, and they would run on to a nan or inf result."""
-    from hetplan.errors import InstanceError
-
-    if value is None or (math.isfinite(value) and (value >= 0 if zero else value > 0)):
-        return
-    raise InstanceError(f"must be a {'finite number >= 0' if zero else 'positive finite number'}, got {value:g}",
-                        option)
 
 
 @app.callback()

@@ -23,7 +23,7 @@ def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_s
 def _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages) -> None:
     """Refuse bad options before anything is loaded or searched, each naming its option."""
     from hetplan.errors import InstanceError
-    from hetplan.orchestration.cli import check_number
+    from hetplan.errors import check_number
 
     if objective not in (None, "max_throughput", "min_cost"):
         raise InstanceError(f"unknown objective {objective!r}; use max_throughput or min_cost", "--objective")

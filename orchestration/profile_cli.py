@@ -81,7 +81,7 @@ def _check_output(output: Path, fmt: str) -> None:
 def _check_threads(threads: int) -> None:
     """At least one, and no more than the cores: more only times their contention, and OpenMP crashes
     (a segmentation fault) when it cannot create that many threads."""
-    from hetplan.orchestration.cli import check_number
+    from hetplan.errors import check_number
 
     check_number(threads, "--threads")
     cores = os.cpu_count() or 1
@@ -90,7 +90,7 @@ def _check_threads(threads: int) -> None:
 
 
 def _check_counts(warmup: int, repeats: int, threads: int, device: str, dtype: str, optimizer: str) -> None:
-    from hetplan.orchestration.cli import check_number
+    from hetplan.errors import check_number
 
     check_number(warmup, "--warmup", zero=True)
     check_number(repeats, "--repeats")

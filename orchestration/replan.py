@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterable
 
 from hetplan.catalog import ModelArch
 from hetplan.cluster_state import ClusterState
-from hetplan.errors import HetplanError, InfeasibleError, PlanError
+from hetplan.errors import HetplanError, InfeasibleError, PlanError, check_number
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.memo import memoised
 from hetplan.estimators.base import Endpoint
@@ -121,16 +121,10 @@ class ReplanOptions:
     budget_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.horizon_s <= 0:
-            raise PlanError(f"horizon_s must be positive, got {self.horizon_s}", "replan.horizon_s")
-        if self.move_penalty_s < 0:
-            raise PlanError(f"move_penalty_s must be >= 0, got {self.move_penalty_s}", "replan.move_penalty_s")
-        if self.change_cost_s < 0:
-            raise PlanError(f"change_cost_s must be >= 0, got {self.change_cost_s}", "replan.change_cost_s")
-        if self.budget_s is not None and not self.budget_s > 0:
-            raise PlanError(f"budget_s must be positive, got {self.budget_s}", "replan.budget_s")
-        if self.planner_time_limit_s < 0:
-            raise PlanError("planner_time_limit_s must be >= 0", "replan.planner_time_limit_s")
+        for name, zero in (("horizon_s", False), ("budget_s", False), ("move_penalty_s", True),
+                           ("change_cost_s", True), ("planner_time_limit_s", True),
+                           ("planner_combo_time_limit_s", True)):
+            check_number(getattr(self, name), f"replan.{name}", zero=zero, error=PlanError)
         if not self.tp_choices or min(self.tp_choices) < 1:
             raise PlanError(f"tp_choices must be positive integers, got {self.tp_choices}", "replan.tp_choices")
 

@@ -30,7 +30,6 @@ and the migration estimate of `hetplan.runtime.migrate` (which needs no torch).
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ from hetplan.cluster_state import (
     event_stream,
     read_events_file,
 )
-from hetplan.errors import HetplanError, InstanceError
+from hetplan.errors import HetplanError, InstanceError, check_number
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.instance import AvailabilityEvent, Instance
 from hetplan.plan import Plan, workers
@@ -80,15 +79,13 @@ class ReplayOptions:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.strategies) - set(STRATEGIES))
         if unknown or not self.strategies:
-            raise InstanceError(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}", "replay.strategies")
-        # nan passes every comparison with `<`: a nan horizon replayed "from 0 s to nan s" with exit 0
-        for name, positive in (("horizon_s", True), ("checkpoint_interval_s", True), ("plan_horizon_s", True),
-                               ("restart_s", False), ("notice_s", False), ("initial_time_limit_s", False),
-                               ("fixed_latency_s", False)):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-                raise InstanceError(f"{name} must be {'positive' if positive else '>= 0'} and finite, got {value}",
-                                    f"replay.{name}")
+            raise InstanceError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}",
+                                "replay.strategies")
+        # a nan horizon once replayed "from 0 s to nan s" with exit 0
+        for name, zero in (("horizon_s", False), ("checkpoint_interval_s", False), ("plan_horizon_s", False),
+                           ("restart_s", True), ("notice_s", True), ("initial_time_limit_s", True),
+                           ("fixed_latency_s", True)):
+            check_number(getattr(self, name), f"replay.{name}", zero=zero)
 
 
 @dataclass(frozen=True)

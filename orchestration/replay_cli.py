@@ -13,37 +13,31 @@ import typer
 from rich.table import Table
 
 
-def _check_options(horizon, restart, notice, planner_time_limit, initial_time_limit, fixed_latency, move_penalty,
-                   checkpoint_interval) -> None:
-    """The numeric options, before the instance is loaded or anything planned. 0 is a real choice
-    where allowed: no restart cost, no notice, no planner run when a repair exists, free re-plans."""
-    from hetplan.orchestration.cli import check_number
-
-    for value, option in ((horizon, "--horizon"), (checkpoint_interval, "--checkpoint-interval")):
-        check_number(value, option)
-    for value, option in ((restart, "--restart-s"), (notice, "--notice-s"),
-                          (planner_time_limit, "--planner-time-limit"), (initial_time_limit, "--initial-time-limit"),
-                          (fixed_latency, "--fixed-latency"), (move_penalty, "--move-penalty")):
-        check_number(value, option, zero=True)
+# the options whose checks ReplayOptions and ReplanOptions make, by their fields
+FLAGS = {"replay.horizon_s": "--horizon", "replay.restart_s": "--restart-s", "replay.notice_s": "--notice-s",
+         "replay.initial_time_limit_s": "--initial-time-limit", "replay.fixed_latency_s": "--fixed-latency",
+         "replay.checkpoint_interval_s": "--checkpoint-interval", "replan.move_penalty_s": "--move-penalty",
+         "replan.planner_time_limit_s": "--planner-time-limit", "replay.strategies": "--strategies"}
 
 
 def _options(horizon, restart, notice, no_notice, planner_time_limit, initial_time_limit, fixed_latency,
              strategies, move_penalty, checkpoint_interval):
-    from hetplan.errors import InstanceError
-    from hetplan.orchestration.replay import STRATEGIES, ReplayOptions
+    """ReplayOptions from the command line; an option they refuse is named by its flag."""
+    from dataclasses import replace
 
-    _check_options(horizon, restart, notice, planner_time_limit, initial_time_limit, fixed_latency, move_penalty,
-                   checkpoint_interval)
-    base = ReplayOptions()
+    from hetplan.errors import InstanceError, PlanError
+    from hetplan.orchestration.replay import ReplayOptions
+
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
-    unknown = sorted(set(names) - set(STRATEGIES))
-    if unknown or not names:
-        raise InstanceError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}", "--strategies")
-    ropts = base.replan.__class__(**{**base.replan.__dict__, "planner_time_limit_s": planner_time_limit,
-                                     "move_penalty_s": move_penalty})
-    return ReplayOptions(horizon_s=horizon, restart_s=restart, notice_s=None if no_notice else notice,
-                         checkpoint_interval_s=checkpoint_interval, initial_time_limit_s=initial_time_limit,
-                         replan=ropts, strategies=names, fixed_latency_s=fixed_latency)
+    try:
+        ropts = replace(ReplayOptions().replan, planner_time_limit_s=planner_time_limit, move_penalty_s=move_penalty)
+        return ReplayOptions(horizon_s=horizon, restart_s=restart, notice_s=None if no_notice else notice,
+                             checkpoint_interval_s=checkpoint_interval, initial_time_limit_s=initial_time_limit,
+                             replan=ropts, strategies=names, fixed_latency_s=fixed_latency)
+    except (InstanceError, PlanError) as exc:
+        if exc.field not in FLAGS:
+            raise
+        raise InstanceError(exc.detail, FLAGS[exc.field]) from None
 
 
 def _hours(seconds: float) -> str:

@@ -80,7 +80,7 @@ def local_run_overrides(schedule: str | None, out: Path | None, hidden: int | No
     """Check the options `launch --local`, `measure --local` and `run` share (schedule, output
     folder, model sizes, learning rate) and return the model overrides they name."""
     from hetplan.errors import InstanceError
-    from hetplan.orchestration.cli import check_number
+    from hetplan.errors import check_number
     from hetplan.runtime.runnable import check_shape_options
 
     if schedule is not None and schedule not in ("GPipe", "1F1B"):
@@ -215,7 +215,7 @@ def register(app: typer.Typer) -> None:
         if checkpoint_dir is None:
             raise PlanError("--checkpoint-dir is required: the supervisor resumes from its checkpoints",
                             "--checkpoint-dir")
-        from hetplan.orchestration.cli import check_number
+        from hetplan.errors import check_number
 
         ckpt = check_dir_option(checkpoint_dir, "--checkpoint-dir")
         for value, option in ((time_scale, "--time-scale"), (heartbeat_timeout, "--heartbeat-timeout"),

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         from hetplan.files import write_atomic
         from hetplan.importers.sailor import sailor_instance_dict
         from hetplan.instance import instance_from_dict
-        from hetplan.orchestration.cli import check_number
+        from hetplan.errors import check_number
 
         counts = parse_cluster(cluster)  # the cheap checks first
         ref = sailor_dir or default_sailor_dir()

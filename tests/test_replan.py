@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 import os
 import random
 import subprocess
@@ -174,6 +175,10 @@ def test_nothing_up_gives_no_plan_and_bad_options_are_refused():
         ReplanOptions(horizon_s=0)
     with pytest.raises(PlanError, match="replan.move_penalty_s"):
         ReplanOptions(move_penalty_s=-1)
+    # nan passes `< 0`: these once made a re-plan's scores nan
+    for name in ("move_penalty_s", "change_cost_s", "planner_time_limit_s", "horizon_s", "budget_s"):
+        with pytest.raises(PlanError, match=f"replan.{name}: must be a .*, got nan"):
+            ReplanOptions(**{name: math.nan})
 
 
 def test_spot_instance_with_the_planner_and_migration_cross_check():
