@@ -2316,3 +2316,45 @@ def test_no_plan_is_called_infeasible_only_when_the_model_has_none():
         "no plan satisfies min_throughput_iters_per_s=61.4 over 3 outer choices (P, b, D); the MILP's plans of 1 "
         "of them break the limits once the simulator places them on nodes, and without those plans their choices "
         "hold none")
+
+
+def test_a_model_whose_state_outgrows_the_cluster_is_refused_with_its_size():
+    """Llama-65B on four 16 GiB T4s: mixed-precision Adam keeps 16 bytes a parameter (Rajbhandari
+    et al., ZeRO, sec. 3.1: 2 + 2 + 12), ~1,045 GB, where the cluster holds 68.7 GB: the error says
+    so instead of "no plan satisfies the memory and quota constraints over 35 outer choices"."""
+    from hetplan.errors import InfeasibleError
+    from hetplan.estimators.model_stats import total_params
+
+    inst = instance_from_dict({
+        "name": "t4x4", "cluster": {"node_groups": [{"name": "t", "gpu_type": "T4", "gpus_per_node": 4, "count": 1,
+                                                     "zone": "z-a", "price_per_gpu_hour_usd": 0.35}]},
+        "workload": {"model": "Llama-65B", "global_batch_size": 64, "precision": "fp16"}})
+    with pytest.raises(InfeasibleError) as err:
+        plan(inst, PlannerOptions(time_limit_s=10))
+    state_GB = total_params(inst.model_arch) * 16 / 1e9
+    assert 1040 < state_GB < 1050  # the published 65.2e9 parameters
+    assert str(err.value) == (f"no plan fits in memory: one copy of the model's weights, gradients and optimizer "
+                              f"state takes {state_GB:.1f} GB (fp16, adam), more than the {4 * 16 * 2**30 / 1e9:.1f} GB "
+                              f"of all 4 GPUs together; add GPUs or train a smaller model")
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
+def test_every_layout_holds_at_least_one_copy_of_the_state(zero_stage):
+    """`state_shortfall`'s premise, on the memory estimator: over the workers of any layout (stages,
+    TP, replicas sharding by ZeRO) the weights, gradients and optimizer state add up to at least one
+    worker's holding of the whole model at TP 1 and one replica."""
+    from hetplan.orchestration.planner.inputs import state_of
+
+    inst = tiny().model_copy(deep=True)
+    inst = instance_from_dict({**inst.model_dump(mode="json", exclude_none=True),
+                               "workload": {**inst.workload.model_dump(mode="json", exclude_none=True),
+                                            "zero_stage": zero_stage}})
+    mem = build_estimators(inst).memory
+    U = inst.model_arch.num_units
+    for gpu in ("A100-40", "V100-16"):
+        one = state_of(mem.worker_memory(gpu, range(U), 1, 1, 1, 1))
+        for P, tp, dp in itertools.product((1, 2, 3, U), (1, 2, 4), (1, 2, 4)):
+            cuts = [round(i * U / P) for i in range(P + 1)]
+            total = sum(tp * dp * state_of(mem.worker_memory(gpu, range(a, b), tp, 1, dp, 1))
+                        for a, b in zip(cuts, cuts[1:]))
+            assert total >= one * (1 - 1e-12), (gpu, P, tp, dp)

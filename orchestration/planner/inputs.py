@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from hetplan.errors import EstimatorError
 from hetplan.estimators import EstimatorSet
-from hetplan.estimators.base import spans_pair
+from hetplan.estimators.base import MemoryBreakdown, spans_pair
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance
@@ -337,6 +337,34 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
     if opts.available is not None:
         out = {k: (min(v[0], opts.available.get(k, 0)), *v[1:]) for k, v in out.items()}
     return {k: v for k, v in out.items() if v[0] > 0}
+
+
+def state_of(m: MemoryBreakdown) -> float:
+    """A worker's weights, gradients and optimizer state (bytes)."""
+    return m.params_bytes + m.grads_bytes + m.optimizer_bytes
+
+
+def state_shortfall(instance: Instance, est: EstimatorSet, quotas: dict) -> str | None:
+    """Why no plan fits in memory, where one copy of the model's weights, gradients and optimizer
+    state (the memory estimator's, on one GPU of each type) takes more than all GPUs of `quotas`
+    hold together; else None. Every plan holds at least that copy over its GPUs: TP splits it and
+    ZeRO shards it over the replicas, and neither makes the whole smaller (activations and
+    overheads come on top)."""
+    units = range(instance.model_arch.num_units)
+    state_bytes, capacity_bytes, gpus = math.inf, 0.0, 0
+    for (gpu_type, _zone), (count, *_rest) in quotas.items():
+        try:
+            m = est.memory.worker_memory(gpu_type, units, 1, 1, 1, 1)
+        except EstimatorError:  # an estimator that cannot say (a profile without these units)
+            return None
+        state_bytes = min(state_bytes, state_of(m))
+        capacity_bytes, gpus = capacity_bytes + count * m.capacity_bytes, gpus + count
+    if not gpus or state_bytes <= capacity_bytes:
+        return None
+    w = instance.workload
+    return (f"no plan fits in memory: one copy of the model's weights, gradients and optimizer state takes "
+            f"{state_bytes / 1e9:.1f} GB ({w.precision}, {w.optimizer}), more than the {capacity_bytes / 1e9:.1f} GB "
+            f"of all {gpus} GPUs together; add GPUs or train a smaller model")
 
 
 def _ordered_classes(size_bytes: float, node: joint.LinkCost, zone: joint.LinkCost,

@@ -23,7 +23,8 @@ from hetplan.plan import Plan, tp_indivisible
 from hetplan.simulator import SimulationReport, simulate
 from hetplan.simulator.sailor import ring_ordered
 from hetplan.orchestration.planner.options import Combo, ComboRecord, PlannerOptions, PlannerResult, SearchProgress
-from hetplan.orchestration.planner.inputs import _Tables, _quotas, enumerate_combos, joint_inputs, with_sync_table
+from hetplan.orchestration.planner.inputs import (_Tables, _quotas, enumerate_combos, joint_inputs, state_shortfall,
+                                                  with_sync_table)
 from hetplan.orchestration.planner.steps import _Step, _best_heuristic, _refine, _tight_bound
 from hetplan.orchestration.planner.helper import _Helper, _Refiner
 
@@ -919,7 +920,8 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
         if out.timed_out or any(r.status == "solved:time_limit_no_solution" for r in out.records):
             raise NoPlanInTimeError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
                               f"raise --time-limit")
-        raise InfeasibleError(_why_infeasible(out.records, *limits))
+        why = state_shortfall(instance, out.score.est, _quotas(instance, opts))
+        raise InfeasibleError(why or _why_infeasible(out.records, *limits))
     obj, sol, inp = out.best
     # the plan is a point of the model, so a bound above its figure is the rounding of a sum (by an
     # ulp: a "-0.00 %" gap on one GPU)
