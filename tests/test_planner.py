@@ -2329,13 +2329,15 @@ def test_a_model_whose_state_outgrows_the_cluster_is_refused_with_its_size():
         "name": "t4x4", "cluster": {"node_groups": [{"name": "t", "gpu_type": "T4", "gpus_per_node": 4, "count": 1,
                                                      "zone": "z-a", "price_per_gpu_hour_usd": 0.35}]},
         "workload": {"model": "Llama-65B", "global_batch_size": 64, "precision": "fp16"}})
-    with pytest.raises(InfeasibleError) as err:
-        plan(inst, PlannerOptions(time_limit_s=10))
     state_GB = total_params(inst.model_arch) * 16 / 1e9
     assert 1040 < state_GB < 1050  # the published 65.2e9 parameters
-    assert str(err.value) == (f"no plan fits in memory: one copy of the model's weights, gradients and optimizer "
-                              f"state takes {state_GB:.1f} GB (fp16, adam), more than the {4 * 16 * 2**30 / 1e9:.1f} GB "
-                              f"of all 4 GPUs together; add GPUs or train a smaller model")
+    for floor in (None, 1000.0):  # said before a floor no plan reaches: no plan exists at all
+        with pytest.raises(InfeasibleError) as err:
+            plan(inst, PlannerOptions(time_limit_s=10, min_iters_per_s=floor))
+        assert str(err.value) == (
+            f"no plan fits in memory: one copy of the model's weights, gradients and optimizer state takes "
+            f"{state_GB:.1f} GB (fp16, adam), more than the {4 * 16 * 2**30 / 1e9:.1f} GB of all 4 GPUs together; "
+            f"add GPUs or train a smaller model")
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])

@@ -401,6 +401,8 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
     quotas = _quotas(instance, opts)
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
+    if why := state_shortfall(instance, est, quotas):  # before a limit's check: no plan exists at all
+        raise InfeasibleError(why)
     tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
     _check_reachable(floor, max_cost, min_its)
@@ -920,8 +922,7 @@ def _result(instance: Instance, objective: str, limits: tuple[float | None, floa
         if out.timed_out or any(r.status == "solved:time_limit_no_solution" for r in out.records):
             raise NoPlanInTimeError(f"the time limit ({opts.time_limit_s:g} s) ran out before any plan was found; "
                               f"raise --time-limit")
-        why = state_shortfall(instance, out.score.est, _quotas(instance, opts))
-        raise InfeasibleError(why or _why_infeasible(out.records, *limits))
+        raise InfeasibleError(_why_infeasible(out.records, *limits))
     obj, sol, inp = out.best
     # the plan is a point of the model, so a bound above its figure is the rounding of a sum (by an
     # ulp: a "-0.00 %" gap on one GPU)
