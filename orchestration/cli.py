@@ -68,13 +68,22 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
     from hetplan.estimators import build_estimators
     from hetplan.instance import load_instance
 
+    from hetplan.orchestration.planner import PlannerOptions
+    from hetplan.orchestration.planner.inputs import _quotas, state_and_memory_bytes, state_shortfall
+
     inst = load_instance(instance)
-    build_estimators(inst)  # names, options and profiles: what `solve` would refuse, refused here
+    est = build_estimators(inst)  # names, options and profiles: what `solve` would refuse, refused here
     arch = inst.model_arch
+    quotas = _quotas(inst, PlannerOptions())
+    state = state_and_memory_bytes(inst, est, quotas)
     info = {"name": inst.name, "gpus": inst.total_gpus, "gpu_types": inst.gpu_types,
             "zones": sorted({n.zone for n in inst.nodes}), "model": arch.name, "layers": arch.num_layers,
             "global_batch_size": inst.workload.global_batch_size, "objective": inst.objective.kind,
-            "estimators": inst.estimators.model_dump()}
+            "estimators": inst.estimators.model_dump(),
+            "model_state_GB": None if state is None else state[0] / 1e9,
+            "gpu_memory_GB": None if state is None else state[1] / 1e9}
+    if why := state_shortfall(inst, est, quotas):  # a valid file, but `solve` will find no plan
+        print(f"warning: {why}", file=sys.stderr)
     if as_json:
         print_json(info)
         return
@@ -88,6 +97,9 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
     console.print(f"model {arch.name}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
                   f"global batch {inst.workload.global_batch_size} x {arch.seq_len} tokens; "
                   f"objective {inst.objective.kind}")
+    if state is not None:
+        console.print(f"one copy of the model's weights, gradients and optimizer state: {state[0] / 1e9:.1f} GB; "
+                      f"memory of the {state[2]} allowed GPUs: {state[1] / 1e9:.1f} GB")
 
 
 def describe_replicas(plan, stage: int) -> str:

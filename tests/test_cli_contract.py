@@ -248,3 +248,30 @@ def test_solve_says_which_figure_is_simulated_and_when_no_milp_ran(folder):
     search = data.get("search", data)
     assert search["combos_solved"] == 0 and search["plan_source"] == "heuristic"
     assert search["model_estimate"] <= search["model_objective"] * (1 + 1e-9)
+
+
+T4_LLAMA_65B = """name: t4-llama65b
+cluster:
+  node_groups:
+    - {name: t, gpu_type: T4, gpus_per_node: 4, count: 1, zone: z-a, price_per_gpu_hour_usd: 0.35}
+workload: {model: Llama-65B, global_batch_size: 64, precision: fp16}
+"""
+
+
+def test_a_model_too_large_for_the_cluster_is_said_by_validate_and_refused_by_solve(folder):
+    """Llama-65B on four 16 GiB T4s: 16 bytes a parameter of mixed-precision Adam (ZeRO paper,
+    sec. 3.1) over 65.3e9 parameters, against 4 x 16 GiB = 68.7 GB. `validate` accepts the file and
+    warns, with both sizes in its JSON; `solve` fails with status 2 and the same line."""
+    (folder / "t4_llama65b.yaml").write_text(T4_LLAMA_65B)
+    proc = run(executable(), ["validate", "{d}/t4_llama65b.yaml", "--json"], folder)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert 1040 < data["model_state_GB"] < 1050 and data["gpu_memory_GB"] == pytest.approx(4 * 16 * 2**30 / 1e9)
+    why = ("no plan fits in memory: one copy of the model's weights, gradients and optimizer state takes "
+           f"{data['model_state_GB']:.1f} GB (fp16, adam), more than the 68.7 GB of all 4 GPUs together")
+    assert error_lines(proc.stderr) == [f"warning: {why}; add GPUs or train a smaller model"]
+    proc = run(executable(), ["solve", "{d}/t4_llama65b.yaml", "--time-limit", "5"], folder)
+    assert proc.returncode == 2 and error_lines(proc.stderr) == [f"error: {why}; add GPUs or train a smaller model"]
+    proc = run(executable(), ["validate", "a100_v100_one_zone", "--json"], folder)  # fits: no warning
+    assert proc.returncode == 0 and error_lines(proc.stderr) == []
+    assert json.loads(proc.stdout)["model_state_GB"] < json.loads(proc.stdout)["gpu_memory_GB"]

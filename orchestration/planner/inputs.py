@@ -344,26 +344,34 @@ def state_of(m: MemoryBreakdown) -> float:
     return m.params_bytes + m.grads_bytes + m.optimizer_bytes
 
 
-def state_shortfall(instance: Instance, est: EstimatorSet, quotas: dict) -> str | None:
-    """Why no plan fits in memory, where one copy of the model's weights, gradients and optimizer
-    state (the memory estimator's, on one GPU of each type) takes more than all GPUs of `quotas`
-    hold together; else None. Every plan holds at least that copy over its GPUs: TP splits it and
-    ZeRO shards it over the replicas, and neither makes the whole smaller (activations and
-    overheads come on top)."""
+def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict) -> tuple[float, float, int] | None:
+    """(one copy of the model's weights, gradients and optimizer state, the memory of all GPUs of
+    `quotas`, those GPUs): the copy is the memory estimator's on one GPU of the type that holds it in
+    the fewest bytes; None for an estimator that cannot say (a profile without these units). Every
+    plan holds at least that copy over its GPUs: TP splits it and ZeRO shards it over the
+    replicas, and neither makes the whole smaller (activations and overheads come on top)."""
     units = range(instance.model_arch.num_units)
-    state_bytes, capacity_bytes, gpus = math.inf, 0.0, 0
+    state_bytes, memory_bytes, gpus = math.inf, 0.0, 0
     for (gpu_type, _zone), (count, *_rest) in quotas.items():
         try:
             m = est.memory.worker_memory(gpu_type, units, 1, 1, 1, 1)
-        except EstimatorError:  # an estimator that cannot say (a profile without these units)
+        except EstimatorError:
             return None
         state_bytes = min(state_bytes, state_of(m))
-        capacity_bytes, gpus = capacity_bytes + count * m.capacity_bytes, gpus + count
-    if not gpus or state_bytes <= capacity_bytes:
+        memory_bytes, gpus = memory_bytes + count * m.capacity_bytes, gpus + count
+    return (state_bytes, memory_bytes, gpus) if gpus else None
+
+
+def state_shortfall(instance: Instance, est: EstimatorSet, quotas: dict) -> str | None:
+    """Why no plan fits in memory, where one copy of the model's state outgrows all GPUs of `quotas`
+    together (`state_and_memory_bytes`); else None."""
+    got = state_and_memory_bytes(instance, est, quotas)
+    if got is None or got[0] <= got[1]:
         return None
+    state_bytes, memory_bytes, gpus = got
     w = instance.workload
     return (f"no plan fits in memory: one copy of the model's weights, gradients and optimizer state takes "
-            f"{state_bytes / 1e9:.1f} GB ({w.precision}, {w.optimizer}), more than the {capacity_bytes / 1e9:.1f} GB "
+            f"{state_bytes / 1e9:.1f} GB ({w.precision}, {w.optimizer}), more than the {memory_bytes / 1e9:.1f} GB "
             f"of all {gpus} GPUs together; add GPUs or train a smaller model")
 
 
