@@ -67,22 +67,19 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
     """Validate an instance file and summarise it."""
     from hetplan.estimators import build_estimators
     from hetplan.instance import load_instance
-
-    from hetplan.orchestration.planner import PlannerOptions
-    from hetplan.orchestration.planner.inputs import _quotas, state_and_memory_bytes, state_shortfall
+    from hetplan.orchestration.planner.inputs import state_and_memory_bytes, state_shortfall
 
     inst = load_instance(instance)
     est = build_estimators(inst)  # names, options and profiles: what `solve` would refuse, refused here
     arch = inst.model_arch
-    quotas = _quotas(inst, PlannerOptions())
-    state = state_and_memory_bytes(inst, est, quotas)
+    state = state_and_memory_bytes(inst, est)
     info = {"name": inst.name, "gpus": inst.total_gpus, "gpu_types": inst.gpu_types,
             "zones": sorted({n.zone for n in inst.nodes}), "model": arch.name, "layers": arch.num_layers,
             "global_batch_size": inst.workload.global_batch_size, "objective": inst.objective.kind,
             "estimators": inst.estimators.model_dump(),
             "model_state_GB": None if state is None else state[0] / 1e9,
             "gpu_memory_GB": None if state is None else state[1] / 1e9}
-    if why := state_shortfall(inst, est, quotas):  # a valid file, but `solve` will find no plan
+    if why := state_shortfall(inst, est):  # a valid file, but `solve` will find no plan
         print(f"warning: {why}", file=sys.stderr)
     if as_json:
         print_json(info)

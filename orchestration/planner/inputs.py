@@ -344,14 +344,17 @@ def state_of(m: MemoryBreakdown) -> float:
     return m.params_bytes + m.grads_bytes + m.optimizer_bytes
 
 
-def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict) -> tuple[float, float, int] | None:
+def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict | None = None
+                           ) -> tuple[float, float, int] | None:
     """(one copy of the model's weights, gradients and optimizer state, the memory of all GPUs of
-    `quotas`, those GPUs): the copy is the memory estimator's on one GPU of the type that holds it in
-    the fewest bytes; None for an estimator that cannot say (a profile without these units). Every
-    plan holds at least that copy over its GPUs: TP splits it and ZeRO shards it over the
-    replicas, and neither makes the whole smaller (activations and overheads come on top)."""
+    `quotas` (default: every allowed GPU), those GPUs): the copy is the memory estimator's on one
+    GPU of the type that holds it in the fewest bytes; None for an estimator that cannot say (a
+    profile without these units). Every plan holds at least that copy over its GPUs: TP splits it
+    and ZeRO shards it over the replicas, and neither makes the whole smaller (activations and
+    overheads come on top)."""
     units = range(instance.model_arch.num_units)
     state_bytes, memory_bytes, gpus = math.inf, 0.0, 0
+    quotas = _quotas(instance, PlannerOptions()) if quotas is None else quotas
     for (gpu_type, _zone), (count, *_rest) in quotas.items():
         try:
             m = est.memory.worker_memory(gpu_type, units, 1, 1, 1, 1)
@@ -362,7 +365,7 @@ def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict) 
     return (state_bytes, memory_bytes, gpus) if gpus else None
 
 
-def state_shortfall(instance: Instance, est: EstimatorSet, quotas: dict) -> str | None:
+def state_shortfall(instance: Instance, est: EstimatorSet, quotas: dict | None = None) -> str | None:
     """Why no plan fits in memory, where one copy of the model's state outgrows all GPUs of `quotas`
     together (`state_and_memory_bytes`); else None."""
     got = state_and_memory_bytes(instance, est, quotas)
