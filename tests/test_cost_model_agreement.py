@@ -429,14 +429,16 @@ def assert_every_choices_bound_holds(inst: Instance) -> None:
             assert bound <= best * (1 + BOUND_TOL), (name, P, b, D, bound, best)
 
 
-def assert_every_bound_holds_under_limits(inst: Instance) -> None:
+def assert_every_bound_holds_under_limits(inst: Instance, items: list[Scored] | None = None) -> None:
     """Every bound the search computes on an outer choice (`steps._tight_bound`: medium, strong,
     strongest at a target 5 % above the choice's best, and the cost bounds), for both objectives
     alone and under the limits of `runs`, is at most the simulator's best plan of that choice
-    within the limits (inf where no plan meets them, which any bound may claim)."""
+    within the limits (inf where no plan meets them, which any bound may claim). `items`: the
+    scored space (default: every plan, `score_space`)."""
     from hetplan.orchestration.planner.steps import _tight_bound
 
-    items, view = score_space(inst, max_stages=max_stages(inst)), ModelView(inst)
+    items = score_space(inst, max_stages=max_stages(inst)) if items is None else items
+    view = ModelView(inst)
     for run in runs(items):
         for P, b, D in sorted({(s.P, s.b, s.D) for s in items}):
             best = min((s.objective(run.objective) for s in items
