@@ -42,8 +42,13 @@ class MemoryBreakdown:
     fit_bytes: float | None = None
 
     @property
+    def state_bytes(self) -> float:
+        """Weights, gradients and optimizer state: what the worker holds whatever the microbatch."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
     def total_bytes(self) -> float:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.overhead_bytes
+        return self.state_bytes + self.activations_bytes + self.overhead_bytes
 
     @property
     def oom(self) -> bool:

@@ -493,7 +493,7 @@ def inputs_from_instance(instance: Any, estimators: Any, stages: Sequence[Sequen
             acts, static, cap = {}, [], 0.0
             for u in range(U):
                 mb = estimators.memory.worker_memory(ch.gpu_type, range(u, u + 1), ch.tp, shares[0], dp, 0)
-                static.append(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes)
+                static.append(mb.state_bytes)
                 cap = mb.capacity_bytes - mb.overhead_bytes
             for b in shares:
                 acts[b] = tuple(estimators.memory.worker_memory(ch.gpu_type, range(u, u + 1), ch.tp, b, dp, 1)

@@ -2345,18 +2345,16 @@ def test_every_layout_holds_at_least_one_copy_of_the_state(zero_stage):
     """`state_shortfall`'s premise, on the memory estimator: over the workers of any layout (stages,
     TP, replicas sharding by ZeRO) the weights, gradients and optimizer state add up to at least one
     worker's holding of the whole model at TP 1 and one replica."""
-    from hetplan.orchestration.planner.inputs import state_of
-
-    inst = tiny().model_copy(deep=True)
+    inst = tiny()
     inst = instance_from_dict({**inst.model_dump(mode="json", exclude_none=True),
                                "workload": {**inst.workload.model_dump(mode="json", exclude_none=True),
                                             "zero_stage": zero_stage}})
     mem = build_estimators(inst).memory
     U = inst.model_arch.num_units
     for gpu in ("A100-40", "V100-16"):
-        one = state_of(mem.worker_memory(gpu, range(U), 1, 1, 1, 1))
+        one = mem.worker_memory(gpu, range(U), 1, 1, 1, 1).state_bytes
         for P, tp, dp in itertools.product((1, 2, 3, U), (1, 2, 4), (1, 2, 4)):
             cuts = [round(i * U / P) for i in range(P + 1)]
-            total = sum(tp * dp * state_of(mem.worker_memory(gpu, range(a, b), tp, 1, dp, 1))
+            total = sum(tp * dp * mem.worker_memory(gpu, range(a, b), tp, 1, dp, 1).state_bytes
                         for a, b in zip(cuts, cuts[1:]))
             assert total >= one * (1 - 1e-12), (gpu, P, tp, dp)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from hetplan.errors import EstimatorError
 from hetplan.estimators import EstimatorSet
-from hetplan.estimators.base import MemoryBreakdown, spans_pair
+from hetplan.estimators.base import spans_pair
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance
@@ -314,7 +314,7 @@ class _Tables:
             stat, act, over = [], [], 0.0
             for l in range(self.U):
                 mb = self.est.memory.worker_memory(g, range(l, l + 1), t, b, D, 1)
-                stat.append(mb.params_bytes + mb.grads_bytes + mb.optimizer_bytes)
+                stat.append(mb.state_bytes)
                 act.append(mb.activations_bytes)
                 # what the simulator's out-of-memory rule counts besides these (MemoryBreakdown.oom:
                 # Sailor's check_config_fits adds 2-3 GB, not its footprint's 5.06 GB)
@@ -339,11 +339,6 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
     return {k: v for k, v in out.items() if v[0] > 0}
 
 
-def state_of(m: MemoryBreakdown) -> float:
-    """A worker's weights, gradients and optimizer state (bytes)."""
-    return m.params_bytes + m.grads_bytes + m.optimizer_bytes
-
-
 def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict | None = None
                            ) -> tuple[float, float, int] | None:
     """(one copy of the model's weights, gradients and optimizer state, the memory of all GPUs of
@@ -360,7 +355,7 @@ def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict |
             m = est.memory.worker_memory(gpu_type, units, 1, 1, 1, 1)
         except EstimatorError:
             return None
-        state_bytes = min(state_bytes, state_of(m))
+        state_bytes = min(state_bytes, m.state_bytes)
         memory_bytes, gpus = memory_bytes + count * m.capacity_bytes, gpus + count
     return (state_bytes, memory_bytes, gpus) if gpus else None
 
