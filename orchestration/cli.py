@@ -77,9 +77,9 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
             "zones": sorted({n.zone for n in inst.nodes}), "model": arch.name, "layers": arch.num_layers,
             "global_batch_size": inst.workload.global_batch_size, "objective": inst.objective.kind,
             "estimators": inst.estimators.model_dump(),
-            "model_state_GB": None if state is None else state[0] / 1e9,
-            "gpu_memory_GB": None if state is None else state[1] / 1e9}
-    if why := state_shortfall(inst, est):  # a valid file, but `solve` will find no plan
+            "model_state_GB": None if state is None else state.state_bytes / 1e9,
+            "gpu_memory_GB": None if state is None else state.memory_bytes / 1e9}
+    if why := state_shortfall(inst, state):  # a valid file, but `solve` will find no plan
         print(f"warning: {why}", file=sys.stderr)
     if as_json:
         print_json(info)
@@ -95,8 +95,8 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
                   f"global batch {inst.workload.global_batch_size} x {arch.seq_len} tokens; "
                   f"objective {inst.objective.kind}")
     if state is not None:
-        console.print(f"one copy of the model's weights, gradients and optimizer state: {state[0] / 1e9:.1f} GB; "
-                      f"memory of the {state[2]} allowed GPUs: {state[1] / 1e9:.1f} GB")
+        console.print(f"one copy of the model's weights, gradients and optimizer state: {state.state_bytes / 1e9:.1f} "
+                      f"GB; memory of the {state.gpus} allowed GPUs: {state.memory_bytes / 1e9:.1f} GB")
 
 
 def describe_replicas(plan, stage: int) -> str:

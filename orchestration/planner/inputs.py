@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 
 from hetplan.errors import EstimatorError
@@ -339,14 +340,20 @@ def _quotas(instance: Instance, opts: PlannerOptions) -> dict[tuple[str, str], t
     return {k: v for k, v in out.items() if v[0] > 0}
 
 
+class StateAndMemory(NamedTuple):
+    state_bytes: float  # one copy of the model's weights, gradients and optimizer state
+    memory_bytes: float  # the memory of all the GPUs counted
+    gpus: int
+
+
 def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict | None = None
-                           ) -> tuple[float, float, int] | None:
-    """(one copy of the model's weights, gradients and optimizer state, the memory of all GPUs of
-    `quotas` (default: every allowed GPU), those GPUs): the copy is the memory estimator's on one
-    GPU of the type that holds it in the fewest bytes; None for an estimator that cannot say (a
-    profile without these units). Every plan holds at least that copy over its GPUs: TP splits it
-    and ZeRO shards it over the replicas, and neither makes the whole smaller (activations and
-    overheads come on top)."""
+                           ) -> StateAndMemory | None:
+    """One copy of the model's weights, gradients and optimizer state beside the memory of all GPUs
+    of `quotas` (default: every allowed GPU): the copy is the memory estimator's on one GPU of the
+    type that holds it in the fewest bytes; None for an estimator that cannot say (a profile
+    without these units). Every plan holds at least that copy over its GPUs: TP splits it and ZeRO
+    shards it over the replicas, and neither makes the whole smaller (activations and overheads
+    come on top)."""
     units = range(instance.model_arch.num_units)
     state_bytes, memory_bytes, gpus = math.inf, 0.0, 0
     quotas = _quotas(instance, PlannerOptions()) if quotas is None else quotas
@@ -357,20 +364,18 @@ def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict |
             return None
         state_bytes = min(state_bytes, m.state_bytes)
         memory_bytes, gpus = memory_bytes + count * m.capacity_bytes, gpus + count
-    return (state_bytes, memory_bytes, gpus) if gpus else None
+    return StateAndMemory(state_bytes, memory_bytes, gpus) if gpus else None
 
 
-def state_shortfall(instance: Instance, est: EstimatorSet, quotas: dict | None = None) -> str | None:
-    """Why no plan fits in memory, where one copy of the model's state outgrows all GPUs of `quotas`
-    together (`state_and_memory_bytes`); else None."""
-    got = state_and_memory_bytes(instance, est, quotas)
-    if got is None or got[0] <= got[1]:
+def state_shortfall(instance: Instance, got: StateAndMemory | None) -> str | None:
+    """Why no plan fits in memory, where one copy of the model's state outgrows all the GPUs counted
+    in `got` (`state_and_memory_bytes`); else None."""
+    if got is None or got.state_bytes <= got.memory_bytes:
         return None
-    state_bytes, memory_bytes, gpus = got
     w = instance.workload
     return (f"no plan fits in memory: one copy of the model's weights, gradients and optimizer state takes "
-            f"{state_bytes / 1e9:.1f} GB ({w.precision}, {w.optimizer}), more than the {memory_bytes / 1e9:.1f} GB "
-            f"of all {gpus} GPUs together; add GPUs or train a smaller model")
+            f"{got.state_bytes / 1e9:.1f} GB ({w.precision}, {w.optimizer}), more than the "
+            f"{got.memory_bytes / 1e9:.1f} GB of all {got.gpus} GPUs together; add GPUs or train a smaller model")
 
 
 def _ordered_classes(size_bytes: float, node: joint.LinkCost, zone: joint.LinkCost,

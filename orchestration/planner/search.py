@@ -23,8 +23,8 @@ from hetplan.plan import Plan, tp_indivisible
 from hetplan.simulator import SimulationReport, simulate
 from hetplan.simulator.sailor import ring_ordered
 from hetplan.orchestration.planner.options import Combo, ComboRecord, PlannerOptions, PlannerResult, SearchProgress
-from hetplan.orchestration.planner.inputs import (_Tables, _quotas, enumerate_combos, joint_inputs, state_shortfall,
-                                                  with_sync_table)
+from hetplan.orchestration.planner.inputs import (_Tables, _quotas, enumerate_combos, joint_inputs,
+                                                  state_and_memory_bytes, state_shortfall, with_sync_table)
 from hetplan.orchestration.planner.steps import _Step, _best_heuristic, _refine, _tight_bound
 from hetplan.orchestration.planner.helper import _Helper, _Refiner
 
@@ -401,7 +401,8 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
     quotas = _quotas(instance, opts)
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
-    if why := state_shortfall(instance, est, quotas):  # before a limit's check: no plan exists at all
+    # before a limit's check: with the model's state beyond every GPU no plan exists at all
+    if why := state_shortfall(instance, state_and_memory_bytes(instance, est, quotas)):
         raise InfeasibleError(why)
     tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
