@@ -675,11 +675,12 @@ class _Search:
                     return again
                 break
             item = again
-        # a refused plan the loop ended on leaves the rest of its choice unsearched
-        first.record.refusals_open = item.solution is not None and self.out.score(item.solution) is None
-        if item is first or all(map(joint.excludes_only, refused)):
+        exact = all(map(joint.excludes_only, refused))
+        # rows that left out more than the refused plans, or a refused plan the loop ended on, leave
+        # the rest of the choice unsearched
+        first.record.refusals_open = not exact or (item.solution is not None and self.out.score(item.solution) is None)
+        if item is first or exact:
             return item
-        first.record.refusals_open = True
         return replace(item, bound=min(item.bound, first.bound), open=item.open and item.solution is not None)
 
     def _resume_unfinished(self) -> None:
