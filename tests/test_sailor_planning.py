@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,12 +35,18 @@ REL = 1e-9
 A100, V100 = "A100-40", "V100-16"
 
 
-def sailor_instance(layout: str, zones: tuple[str, ...] | None = None, types: tuple[str, ...] = (A100, V100),
-                    gpus: int = 8, gpus_per_type: dict[str, int] | None = None, **extra) -> Instance:
-    """Sailor's OPT-350M on `gpus` GPUs of each type in each zone (`gpus_per_type`: per type instead)."""
+def sailor_reference() -> Path:
+    """Sailor's reference data (../shared/reference/sailor); skips the test without it."""
     ref = shared_dir() / "reference" / "sailor"
     if not (ref / "profiles").is_dir():
         pytest.skip(f"Sailor reference data absent ({ref})")
+    return ref
+
+
+def sailor_instance(layout: str, zones: tuple[str, ...] | None = None, types: tuple[str, ...] = (A100, V100),
+                    gpus: int = 8, gpus_per_type: dict[str, int] | None = None, **extra) -> Instance:
+    """Sailor's OPT-350M on `gpus` GPUs of each type in each zone (`gpus_per_type`: per type instead)."""
+    ref = sailor_reference()
     counts = {(g, z): (gpus_per_type or {}).get(g, gpus) for z in zones or SAILOR_ZONES[layout] for g in types}
     return instance_from_dict(sailor_instance_dict(ref, "OPT-350", gpu_counts=counts, global_batch_size=32,
                                                    preset="sailor", **extra))
@@ -144,9 +151,7 @@ def test_planner_bound_and_gap_hold_against_enumeration_over_two_regions() -> No
     multiplied by 1.02). The enumerated plans keep the pools' order; the planner may find a better
     ring order, which only helps. Session 61's campaign of the planner on such instances (one to
     three zones of one or two regions, 4-12 GPUs): 94 instances, 376 runs, none past."""
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
+    ref = sailor_reference()
     inst = instance_from_dict(sailor_instance_dict(ref, "OPT-350", global_batch_size=2, preset="sailor",
                                                    gpu_counts={(A100, "us-central1-a"): 4, (V100, "us-west1-b"): 4}))
     items = score_space(inst, max_stages=2)
@@ -422,9 +427,7 @@ def _sailor_choices(model: str, counts: dict, batch: int, constraints: dict | No
     profiles of `model` over `counts` GPUs per (type, zone); skips without the reference data."""
     from test_planner import choice_queue
 
-    ref = shared_dir() / "reference" / "sailor"
-    if not (ref / "profiles").is_dir():
-        pytest.skip(f"Sailor reference data absent ({ref})")
+    ref = sailor_reference()
     inst = instance_from_dict(sailor_instance_dict(ref, model, gpu_counts=counts, global_batch_size=batch,
                                                    preset="sailor", constraints=constraints or {}))
     _, tables, queue = choice_queue(inst)
