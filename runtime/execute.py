@@ -631,6 +631,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replan-time-limit", type=float, default=1.0, help="seconds for that re-plan's planner")
     p.add_argument("--measure", action="store_true",
                    help="log per rank and step the forward/backward/p2p/sync/update times and peak memory")
+    p.add_argument("--check-only", action="store_true",
+                   help="check the spec, the model options and the checkpoint the run would start from, then "
+                        "exit without training (exit 1 with the reason): the pre-flight of compiled launch files, "
+                        "so that torchrun does not restart ranks that cannot start")
     return p
 
 
@@ -659,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetplan: error: {exc}", file=sys.stderr)
         return 1
     if run is None:
-        print(f"hetplan: {args.resume} already holds iteration {args.steps}; nothing to train", file=sys.stderr)
+        if not args.check_only:  # the ranks say it
+            print(f"hetplan: {args.resume} already holds iteration {args.steps}; nothing to train", file=sys.stderr)
         return 0
     opts = RunOptions(**run, model=overrides, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                       seed=args.seed, backend=args.backend, log_path=args.log, dump_dir=args.dump_params,
@@ -670,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         if opts.load_checkpoint:  # a regrouped launch (--replan-file) trains the same model and optimizer
             check_checkpoint(spec, opts, Path(opts.load_checkpoint), "--resume" if args.resume else "--load-checkpoint")
+        if args.check_only:
+            model_config(spec, opts.model)
+            return 0
         run_worker(spec, opts, single_host=args.single_host)
     except HetplanError as exc:
         print(f"hetplan: error: {exc}", file=sys.stderr)

@@ -114,6 +114,16 @@ def _resume_flags(res: Resilience | None, replan_path: str | None = None) -> lis
             + (["--replan-file", replan_path] if res.regroups else []))
 
 
+def preflight_argv(spec_path: str, res: Resilience | None) -> list[str]:
+    """The command a resilient launch runs on each node before torchrun: the executor's
+    --check-only on the checkpoint it would resume from. torchrun restarts workers that exit 1 as
+    it does any failure, so a checkpoint of another model would fail max_restarts + 1 times on
+    every rank; checked first, it fails once, with its one line. Empty without resilience."""
+    if not res:
+        return []
+    return ["python3", "-m", EXECUTOR_MODULE, "--check-only", "--spec", spec_path, "--resume", res.checkpoint_dir]
+
+
 def _nnodes(spec: LaunchSpec, res: Resilience | None) -> str:
     n = spec.rendezvous.nnodes
     return f"{res.min_nodes}:{n}" if res and res.regroups else str(n)
@@ -144,14 +154,19 @@ def _shell_words(words: list[str]) -> str:
 
 
 def _multiline(argv: list[str]) -> str:
-    """One flag (with its value) per line, for scripts people read."""
+    """One flag (with its value) per line, for scripts people read; each word quoted as in
+    `_shell_words` (a checkpoint folder may hold spaces), a flag=value whose value is one of our
+    expansions ('--master-addr="${MASTER_ADDR:-host}"') left as it is."""
+    def word(w: str) -> str:
+        return w if w.startswith('"$') or '="$' in w else _q(w)
+
     lines, i = [], 0
     while i < len(argv):
         if argv[i].startswith("-") and "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-            lines.append(f"{argv[i]} {argv[i + 1]}")
+            lines.append(f"{word(argv[i])} {word(argv[i + 1])}")
             i += 2
         else:
-            lines.append(argv[i])
+            lines.append(word(argv[i]))
             i += 1
     return " \\\n  ".join(lines)
 
@@ -195,7 +210,9 @@ def render_readme(spec: LaunchSpec, target: str, lines: list[str], resilience: R
         every = "every step" if resilience.checkpoint_every == 1 else f"every {resilience.checkpoint_every} steps"
         out += ["", f"Workers checkpoint to `{resilience.checkpoint_dir}` {every} "
                 f"and torchrun restarts them up to {resilience.max_restarts} times; they resume from the newest "
-                f"checkpoint (the folder must be shared by every node)."]
+                f"checkpoint (the folder must be shared by every node). Before torchrun starts, each node checks "
+                f"that a checkpoint there was written for this model and optimizer "
+                f"(`python3 -m {EXECUTOR_MODULE} --check-only`), so a wrong folder stops the launch once."]
     if resilience is not None and resilience.regroups:
         nodes = f"{resilience.min_nodes} node{'s' if resilience.min_nodes > 1 else ''}"
         out.append(f"Each node runs one process per GPU and the job goes on with as few as {nodes}: when nodes "
@@ -219,7 +236,9 @@ def render_torchrun(spec: LaunchSpec, resilience: Resilience | None = None) -> d
     for node in spec.nodes:
         env = node_env(node, resilience) | _restart_env(resilience)
         argv = torchrun_argv(spec, node, f"../{SPEC_FILE}", resilience=resilience)
-        lines.append(" ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + shlex.join(argv))
+        check = preflight_argv(f"../{SPEC_FILE}", resilience)
+        lines.append((shlex.join(check) + " && " if check else "")
+                     + " ".join(f"{k}={_q(v)}" for k, v in env.items()) + " " + shlex.join(argv))
         ranks = f"{node.ranks[0]}-{node.ranks[-1]}" if node.nproc > 1 else str(node.ranks[0])
         master = spec.rendezvous.master_addr
         body = [
@@ -234,6 +253,9 @@ def render_torchrun(spec: LaunchSpec, resilience: Resilience | None = None) -> d
         spec_arg = '"${HETPLAN_SPEC:-$here/../' + SPEC_FILE + '}"'
         argv = torchrun_argv(spec, node, spec_arg, '"${MASTER_ADDR:-' + master + '}"', resilience,
                              '"$here/../' + REPLAN_FILE + '"')
+        check = preflight_argv(spec_arg, resilience)
+        if check:
+            body.append(_shell_words(check).strip() + ' "$@"')
         body.append("exec " + _multiline(argv) + ' "$@"')
         files[f"torchrun/{_node_file(node)}"] = "\n".join(body) + "\n"
     files["torchrun/commands.txt"] = "\n".join(lines) + "\n"
@@ -288,6 +310,7 @@ def render_slurm(spec: LaunchSpec, pin_hosts: bool = False, resilience: Resilien
         "esac",
         'export HETPLAN_NODE_ID="$NODE_ID" CUDA_VISIBLE_DEVICES="$GPUS"',
         *[f"export {k}={v}" for k, v in _restart_env(resilience).items()],
+        *([_shell_words(preflight_argv('"$HETPLAN_SPEC"', resilience)).strip() + " || exit 1"] if resilience else []),
         f'exec torchrun --nnodes={_nnodes(spec, resilience)} --nproc-per-node="$NPROC" '
         f'{"".join(f + " " for f in _restart_flags(resilience))}'
         f'--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="hetplan-$SLURM_JOB_ID" '
@@ -333,11 +356,13 @@ def _k8s_names(spec: LaunchSpec, compressed: bool) -> _K8sNames:
 def _pod(spec: LaunchSpec, node: NodeSpec, image: str, names: _K8sNames, resilience: Resilience | None) -> dict:
     # Pods take their node rank from Kubeflow's RANK (master 0, worker i -> i + 1); static
     # rendezvous then gives GROUP_RANK = node rank, which the executor maps to the plan's node.
-    cmd = (f"{''.join(f'{k}={v} ' for k, v in _restart_env(resilience).items())}"
+    spec_path = f"{K8S_SPEC_DIR}/{names.spec_key}"
+    check = "".join(_q(a) + " " for a in preflight_argv(spec_path, resilience))
+    cmd = (f"{check + '&& ' if check else ''}{''.join(f'{k}={v} ' for k, v in _restart_env(resilience).items())}"
            f"torchrun --nnodes={len(spec.nodes)} --nproc-per-node={node.nproc} "
            f"{''.join(f + ' ' for f in _restart_flags(resilience))}--node-rank=$RANK "
            f"--master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m {executor_module(resilience)} "
-           f"--spec {K8S_SPEC_DIR}/{names.spec_key}{''.join(' ' + _q(a) for a in _resume_flags(resilience))}")
+           f"--spec {spec_path}{''.join(' ' + _q(a) for a in _resume_flags(resilience))}")
     return {"replicas": None, "restartPolicy": "OnFailure", "template": {"spec": {
         "nodeSelector": {K8S_GPU_LABEL: node.gpu_type, K8S_ZONE_LABEL: node.zone},
         "containers": [{

@@ -250,6 +250,8 @@ def test_compiled_launches_restart_and_resume(tmp_path):
     opts = CompileOptions(resilience=Resilience("/shared/ckpt", checkpoint_every=2, max_restarts=5))
     lines = compile_plan(inst, start_plan(inst), "torchrun", opts).files["torchrun/commands.txt"].splitlines()[1:]
     for line in lines:
+        check, line = line.split(" && ")
+        assert check == "python3 -m hetplan.runtime.execute --check-only --spec ../launch_spec.json --resume /shared/ckpt"
         assert line.startswith("HETPLAN_NODE_ID=") and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun " in line
         argv = line.split(" torchrun ", 1)[1].split()
         args = get_args_parser().parse_args(argv)
@@ -258,10 +260,64 @@ def test_compiled_launches_restart_and_resume(tmp_path):
     sbatch = compile_plan(inst, start_plan(inst), "slurm", opts).files["hetplan.sbatch"]
     assert "--max-restarts=5 " in sbatch and "--resume /shared/ckpt --checkpoint-every 2" in sbatch
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in sbatch
+    check = "python3 -m hetplan.runtime.execute --check-only --spec \"$HETPLAN_SPEC\" --resume /shared/ckpt || exit 1"
+    assert sbatch.index(check) < sbatch.index("exec torchrun")  # each task checks the checkpoint first
+    job = list(yaml.safe_load_all(compile_plan(inst, start_plan(inst), "kubernetes", opts).files["pytorchjob.yaml"]))[-1]
+    for pod in job["spec"]["pytorchReplicaSpecs"].values():
+        cmd = pod["template"]["spec"]["containers"][0]["command"][-1]
+        assert cmd.startswith("python3 -m hetplan.runtime.execute --check-only --spec /etc/hetplan/launch_spec.json "
+                              "--resume /shared/ckpt && ") and " torchrun " in cmd
     plain = compile_plan(inst, start_plan(inst), "slurm").files["hetplan.sbatch"]
     assert "--max-restarts" not in plain and "--resume" not in plain and "TORCH_DISABLE" not in plain
+    assert "--check-only" not in plain
     with pytest.raises(Exception, match="torchrun, slurm and kubernetes"):
         compile_plan(inst, start_plan(inst), "megatron", opts)
+
+
+def test_a_resilient_launch_checks_its_checkpoint_once_before_torchrun(tmp_path):
+    """torchrun restarts workers that exit 1 like any that fail: a checkpoint of another model made
+    every rank refuse it max_restarts + 1 times. The node script checks it first (the executor's
+    --check-only) and stops with one line; a folder holding nothing starts torchrun (a stand-in
+    on PATH that records its arguments), the folder's space kept in one word."""
+    import os
+    import stat
+    import sys
+
+    from hetplan.runtime.compile import CompileOptions, write_launch
+    from hetplan.runtime.targets import Resilience
+
+    inst, _ = bundled()
+    ckpt = tmp_path / "check points"
+    opts = CompileOptions(resilience=Resilience(str(ckpt), max_restarts=2))
+    written = write_launch(inst, start_plan(inst), "torchrun", tmp_path / "out", opts)
+    script = next(p for p in written if p.name.startswith("node0_"))
+    bin_dir, args_file = tmp_path / "bin", tmp_path / "torchrun.args"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    fake = bin_dir / "torchrun"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{args_file}"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    def launch() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), *TINY_FLAGS, "--steps", "2"], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    step = ckpt / "step_00000001"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text(json.dumps({"format": 1, "iteration": 1, "model": {"hidden_size": 24},
+                                                "optimizer": "adam", "tp_of_unit": {}}))
+    refused = launch()
+    assert refused.returncode == 1 and not args_file.exists(), refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"hetplan: error: --resume: {step} holds a checkpoint of another model: hidden_size 24 (this run: 16); "
+        f"give the same model options or another folder"]
+    (step / "meta.json").unlink()
+    step.rmdir()
+    started = launch()
+    assert started.returncode == 0, started.stdout + started.stderr
+    words = args_file.read_text().splitlines()
+    assert words[words.index("--resume") + 1] == str(ckpt) and words[-2:] == ["--steps", "2"]
 
 
 def test_torchrun_restarts_a_killed_worker_and_the_run_resumes(tmp_path):

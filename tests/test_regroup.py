@@ -50,6 +50,8 @@ def test_torchrun_lines_rendezvous_elastically_with_a_process_per_gpu(tmp_path):
     assert launch.spec.rendezvous.backend == "c10d"  # a static rendezvous cannot shrink
     assert "as few as 1 node:" in launch.files["README.md"] and "`replan.json`" in launch.files["README.md"]
     for line in launch.files["torchrun/commands.txt"].splitlines()[1:]:
+        check, line = line.split(" && ")  # the checkpoint's pre-flight, then torchrun
+        assert shlex.split(check)[:4] == ["python3", "-m", "hetplan.runtime.execute", "--check-only"]
         words = shlex.split(line)
         env = dict(w.split("=", 1) for w in words[:words.index("torchrun")])
         args = get_args_parser().parse_args(words[words.index("torchrun") + 1:])
@@ -197,7 +199,7 @@ def _iteration(ckpt: Path) -> int:
 
 
 def _agent(line: str, is_host: bool, extra: list[str]) -> tuple[dict[str, str], list[str]]:
-    words = shlex.split(line)
+    words = shlex.split(line.split(" && ")[-1])  # torchrun without the checkpoint's pre-flight
     at = words.index("torchrun")
     env = dict(w.split("=", 1) for w in words[:at])
     argv = words[at + 1:]
