@@ -6,7 +6,12 @@ microbatch sizes m_1 < ... < m_n. For a microbatch b:
 * measured (b = m_i): the measurement itself.
 * decomposition="linear" (default): linear interpolation between the two measured sizes around b,
   linear extrapolation from the two nearest ones beyond [m_1, m_n]; with one measured size m,
-  t(b) = t(m) * b / m. Estimates are floored at 0 (an extrapolation below m_1 can cross zero).
+  t(b) = t(m) * b / m. An extrapolation is kept within what a GPU's time can do beyond its
+  measurements, time growing with b and time per sample not (a larger microbatch runs at least as
+  efficiently): t(b) in [t(m_n), t(m_n) b / m_n] above m_n, in [t(m_1) b / m_1, t(m_1)] below m_1.
+  A line through noisy times can otherwise leave that band and cross zero (measured: a CPU profile
+  of a tiny model whose microbatch 2 ran faster than 1 put microbatch 4 at 0 s, and the planner
+  divided by it).
 * decomposition="power_of_two": AutoHet eq. (5) (seed 002, sec. III "Runtime profiling") sums the
   profiled times of the powers of two in the binary decomposition of a count; Metis' heterogeneous
   cost model (SamsungLabs/Metis) applies the same decomposition to a DP group's microbatch, which is
@@ -182,7 +187,13 @@ def _linear(profile: GpuProfile, unit: int, b: int, tp: int) -> UnitTime:
         lo = sizes[sizes.index(hi) - 1]
     a, c = profile.time(lo, tp).units[unit], profile.time(hi, tp).units[unit]
     w = (b - lo) / (hi - lo)
-    return UnitTime(max(0.0, a.fwd_s + w * (c.fwd_s - a.fwd_s)), max(0.0, a.bwd_s + w * (c.bwd_s - a.bwd_s)))
+    line = UnitTime(a.fwd_s + w * (c.fwd_s - a.fwd_s), a.bwd_s + w * (c.bwd_s - a.bwd_s))
+    if sizes[0] <= b <= sizes[-1]:
+        return line  # between two measurements: a mean of two times
+    m, t = (hi, c) if b > hi else (lo, a)  # the nearest measurement
+    low, high = sorted((1.0, b / m))  # the band, as multiples of t: [1, b/m] above, [b/m, 1] below
+    return UnitTime(min(max(line.fwd_s, low * t.fwd_s), high * t.fwd_s),
+                    min(max(line.bwd_s, low * t.bwd_s), high * t.bwd_s))
 
 
 def _measured_or_linear(profile: GpuProfile, unit: int, b: int, tp: int) -> UnitTime:

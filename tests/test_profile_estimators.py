@@ -75,12 +75,24 @@ def test_linear_interpolation_and_extrapolation(metis_profiles):
     assert close(est.layer_time("A100", 1, 3, 2), ms(5.4))
 
 
-def test_linear_extrapolation_is_floored_at_zero():
-    # t(2) = 1.0 s, t(4) = 4.0 s: the line gives t(1) = 1.0 - 1.5 = -0.5 s -> 0
-    times = tuple(TimeMeasurement(b, 1, (UnitTime(t, 2 * t),), 0.1) for b, t in ((2, 1.0), (4, 4.0)))
-    est = ProfileTimeEstimator(ProfileSet((GpuProfile("G", times),)))
-    assert est.layer_time("G", 0, 1, 1) == LayerTime(0.0, 0.0)
-    assert est.layer_time("G", 0, 3, 1) == LayerTime(2.5, 5.0)  # midway: (1 + 4) / 2
+def _one_unit(*points: tuple[int, float]) -> ProfileTimeEstimator:
+    times = tuple(TimeMeasurement(b, 1, (UnitTime(t, 2 * t),), 0.1) for b, t in points)
+    return ProfileTimeEstimator(ProfileSet((GpuProfile("G", times),)))
+
+
+def test_linear_extrapolation_stays_within_what_a_gpu_can_do():
+    """Beyond the measurements, time grows with the microbatch and time per sample does not."""
+    # t(2) = 1.0 s, t(4) = 4.0 s: the line gives t(1) = 1.0 - 1.5 = -0.5 s; t(1) >= t(2) / 2 = 0.5 s
+    est = _one_unit((2, 1.0), (4, 4.0))
+    assert est.layer_time("G", 0, 1, 1) == LayerTime(0.5, 1.0)
+    assert est.layer_time("G", 0, 3, 1) == LayerTime(2.5, 5.0)  # midway: (1 + 4) / 2, as measured around it
+    assert est.layer_time("G", 0, 6, 1) == LayerTime(6.0, 12.0)  # the line: 4 + 1.5 x 2 = 7 > 4 x 6 / 4 = 6
+    # noise: microbatch 2 ran faster than 1 (2.0 -> 1.0 s); the line gives t(4) = -1 s; t(4) >= t(2) = 1 s
+    # (it put a CPU profile's microbatch 4 at 0 s, and the planner divided by it)
+    est = _one_unit((1, 2.0), (2, 1.0))
+    assert est.layer_time("G", 0, 4, 1) == LayerTime(1.0, 2.0)
+    est = _one_unit((2, 1.0), (4, 1.5))  # within the band: the line itself
+    assert est.layer_time("G", 0, 1, 1) == LayerTime(0.75, 1.5) and est.layer_time("G", 0, 8, 1) == LayerTime(2.5, 5.0)
 
 
 def test_power_of_two_decomposition(metis_profiles):
