@@ -300,12 +300,14 @@ def _reject_non_finite(value: Any, path: str) -> None:
 
 
 # Ranges past which a figure is a typo, not a cluster: 1e308 USD per GPU-hour makes every cost inf,
-# 1e-20 GB/s makes the MILP's coefficients too small for HiGHS. Keyed by the field's name.
+# 1e-20 GB/s makes the MILP's coefficients too small for HiGHS. Keyed by the end of the field's name.
 SANE_RANGES: dict[str, tuple[float, float, str]] = {
     "bandwidth_GBps": (1e-6, 1e6, "GB/s"),
     "latency_s": (0.0, 60.0, "s"),
     "price_per_gpu_hour_usd": (0.0, 1e6, "USD per GPU-hour"),
     "usd_per_GB": (0.0, 1e6, "USD per GB"),
+    "memory_gib": (1e-6, 1e6, "GiB"),  # 1e300 GiB overflowed the byte count (an int)
+    "tflops": (1e-9, 1e9, "TFLOP/s"),
 }
 MAX_TOTAL_GPUS = 1_000_000  # the planner's tables grow with the GPUs; beyond this it would not answer
 
@@ -697,6 +699,30 @@ def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+# A YAML file whose aliases expand past this many values, and past ten per character of its text, is
+# refused: each check then walks the expansion (9 levels of 9 aliases: 3.9e8 values from 1.3 kB)
+MAX_EXPANDED_VALUES = 1_000_000
+
+
+def _expanded_values(data: Any) -> int:
+    """How many values `data` holds once every alias is written out: each list or mapping counted
+    once by identity (an alias is the same object), so it takes the time of the file, not of its
+    expansion. ValueError where an alias sits inside what it names (it would expand forever)."""
+    sizes: dict[int, int | None] = {}  # None: being counted
+
+    def size(value: Any) -> int:
+        if not isinstance(value, (list, dict)):
+            return 1
+        if id(value) not in sizes:
+            sizes[id(value)] = None
+            items = value.values() if isinstance(value, dict) else value
+            sizes[id(value)] = 1 + sum(size(v) for v in items)
+        if sizes[id(value)] is None:
+            raise ValueError("an alias sits inside the list or mapping it names")
+        return sizes[id(value)]
+    return size(data)
+
+
 def read_structured(path: Path, error: type[InstanceError] | type[PlanError] = InstanceError) -> Any:
     """Parse a YAML or JSON file; syntax errors (with their position), keys given twice and
     unreadable files become one `error` naming the file."""
@@ -705,7 +731,11 @@ def read_structured(path: Path, error: type[InstanceError] | type[PlanError] = I
     try:
         if path.suffix == ".json":
             return json.loads(text, object_pairs_hook=_unique_json_keys)
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        if (values := _expanded_values(data)) > MAX_EXPANDED_VALUES and values > 10 * len(text):
+            raise error(f"YAML aliases expand this file to {values:.3g} values (from {len(text):,} characters); "
+                        f"write them out, or repeat them less", str(path))
+        return data
     except json.JSONDecodeError as exc:
         raise error(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", str(path)) from None
     except yaml.YAMLError as exc:

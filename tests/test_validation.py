@@ -289,7 +289,13 @@ def test_plan_directory_and_unknown_bundled_name(tmp_path):
     ("twice.json", json.dumps(BASE).replace('"count": 2', '"count": 2, "count": 200', 1),
      r"twice\.json: invalid JSON: the key 'count' is given twice"),
     ("unhashable.yaml", "? [a, b]\n: 1\n", r"unhashable\.yaml: invalid YAML at line 1, column 3: found unhashable key"),
-], ids=["binary", "empty", "text", "a key twice in YAML", "a key twice in JSON", "a list as a key"])
+    # 1 kB whose aliases expand to 6e6 values (two more levels of 9: 5e8, and the checks walked them for minutes)
+    ("laughs.yaml", "a0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 7)) + yaml.safe_dump(BASE),
+     r"laughs\.yaml: YAML aliases expand this file to 6\.05e\+06 values \(from 1,\d{3} characters\)"),
+    ("loop.yaml", "a: &a [1, *a]\n", r"loop\.yaml: invalid YAML: an alias sits inside the list or mapping it names"),
+], ids=["binary", "empty", "text", "a key twice in YAML", "a key twice in JSON", "a list as a key", "aliases x 9^7",
+        "an alias inside itself"])
 def test_bad_instance_files(tmp_path, name, content, pattern):
     path = tmp_path / name
     path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
@@ -338,8 +344,12 @@ def assert_cli_error(args: list[str], needle: str) -> None:
     (["estimators"], {"iteration": "sailor"},
      r"estimators: iteration 'sailor' needs time: sailor and memory: sailor \(got time: analytic"),
     (["base_dir"], "/nonexistent", r"base_dir: not a field of instance files"),
+    (["cluster", "gpu_overrides"], {"A100-40": {"memory_gib": 1e300}},  # overflowed the byte count: exit 70
+     r"cluster\.gpu_overrides\.A100-40\.memory_gib: 1e\+300 GiB is outside \[1e-06, 1e\+06\]"),
+    (["cluster", "gpu_overrides"], {"V100-16": {"peak_fp16_tflops": 1e-300}},
+     r"cluster\.gpu_overrides\.V100-16\.peak_fp16_tflops: 1e-300 TFLOP/s is outside \[1e-09, 1e\+09\]"),
 ], ids=["1.6 M GPUs", "price 1e308", "bandwidth 1e-20", "latency 1e12", "egress 1e7", "100,000 layers",
-        "sailor iteration alone", "base_dir"])
+        "sailor iteration alone", "base_dir", "memory 1e300 GiB", "fp16 1e-300 TFLOP/s"])
 def test_figures_beyond_any_cluster(path, value, pattern):
     rejected(mutated(path, value), pattern)
 
