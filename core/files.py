@@ -27,20 +27,44 @@ class OutputError(HetplanError):
 
 
 def check_writable(path: str | Path, option: str) -> Path:
-    """The path as a Path, or OutputError naming `option` if a file cannot be created there."""
+    """The path as a Path, or OutputError naming `option` if it cannot be written: a new file is
+    really created (and removed) beside it, as `write_atomic` will, since some directories refuse
+    new files whatever their mode says (/proc, /sys as root). A symlink is checked at the file it
+    names; a device or FIFO (/dev/null, a pipe) only for write permission, as it is written in place."""
     target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
         raise OutputError(f"{target} is a directory; give a file name", option)
+    if _in_place(target):
+        if not os.access(target, os.W_OK):
+            raise OutputError(f"{target} is not writable", option)
+        return target
+    real = Path(os.path.realpath(target))
+    parent = real.parent
     if parent.exists() and not parent.is_dir():
         raise OutputError(f"{parent} is a file, not a directory", option)
     if not parent.is_dir():
         raise OutputError(f"directory {parent} does not exist", option)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"directory {parent} is not writable", option)
-    if target.exists() and not os.access(target, os.W_OK):
-        raise OutputError(f"{target} is not writable", option)
+    if real.exists() and not os.access(real, os.W_OK):
+        raise OutputError(f"{real} is not writable", option)
+    fd, tmp = _temporary(real, option)
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
     return target
+
+
+def _in_place(target: Path) -> bool:
+    """An existing target that is neither a regular file nor a directory (a device, a FIFO): written
+    through, never replaced (renaming over /dev/null as root replaced the device with a file)."""
+    return target.exists() and not target.is_file() and not target.is_dir()
+
+
+def _temporary(real: Path, option: str) -> tuple[int, str]:
+    """mkstemp beside `real`; OutputError naming `option` when the directory refuses it."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    except OSError as exc:  # e.g. a directory that refuses new files whatever its mode says (/proc)
+        raise OutputError(f"cannot write {real}: {exc.strerror} in {real.parent}", option) from None
+    return fd, tmp
 
 
 def check_output_dir(path: str | Path, option: str) -> Path:
@@ -57,20 +81,25 @@ def check_output_dir(path: str | Path, option: str) -> Path:
 
 
 def write_atomic(path: str | Path, data: str | bytes, option: str = "output") -> Path:
-    """Write `data` to `path` via a temporary file in the same directory and a rename."""
+    """Write `data` to `path` via a temporary file in the same directory and a rename. A symlink
+    keeps pointing where it did (the file it names is replaced); a device or FIFO is written in
+    place; a file that exists keeps its permission bits (a new one gets rw-r--r--)."""
     target = check_writable(path, option)
     mode = "wb" if isinstance(data, bytes) else "w"
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    except OSError as exc:  # e.g. a directory that refuses new files whatever its mode says (/proc)
-        raise OutputError(f"cannot write {target}: {exc.strerror} in {target.parent}", option) from None
+    if _in_place(target):
+        with open(target, mode) as fh:
+            fh.write(data)
+        return target
+    real = Path(os.path.realpath(target))
+    bits = real.stat().st_mode & 0o7777 if real.exists() else 0o644
+    fd, tmp = _temporary(real, option)
     try:
         with os.fdopen(fd, mode) as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        os.chmod(tmp, bits)
+        os.replace(tmp, real)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
