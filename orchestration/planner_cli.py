@@ -112,11 +112,27 @@ def _search_table(res) -> Table:
     return table
 
 
-def _model_vs_simulation_note(res) -> str:
+def _status_line(res, opts) -> str:
+    """Why the search stopped where the gap is above the one asked (JSON: `status`, `gap`)."""
+    if res.gap <= opts.rel_gap * (1 + 1e-9):
+        return ""
+    asked = f"{100 * res.gap:.2f} % (asked: {100 * opts.rel_gap:g} %)"
+    if res.status == "time_limit":
+        return (f"The time limit ({opts.time_limit_s:g} s) stopped the search at a gap of {asked}: the plan is the "
+                f"best found by then (status time_limit). ")
+    if res.status == "complete" and res.model_estimate is not None and res.model_estimate < res.model_objective:
+        return (f"Every outer choice was settled, and the gap stays at {asked} because the planner's model rates "
+                f"this plan below the simulator ({res.model_estimate:.5g} against {res.model_objective:.5g}): no "
+                f"bound of the model passes the model's best plan (status complete). ")
+    return f"The search ended at a gap of {asked} (status {res.status}). "
+
+
+def _model_vs_simulation_note(res, opts) -> str:
     simulated = (res.report.iteration_time_s if res.objective_kind == "max_throughput"
                  else res.report.cost_per_iteration_usd)
     what = "iteration time" if res.objective_kind == "max_throughput" else "cost per iteration"
-    note = (f"The simulated {what} ({simulated:.5g}) is the plan's figure; the proven bound holds for the simulated "
+    note = _status_line(res, opts) + (
+           f"The simulated {what} ({simulated:.5g}) is the plan's figure; the proven bound holds for the simulated "
             f"{what} of every plan the planner searches, and the gap is measured from it. The model estimate is the "
             "planner's MILP figure for the same plan, lower where the model relaxes the simulator.")
     if res.combos_solved == 0:
@@ -154,7 +170,7 @@ def register(app: typer.Typer) -> None:
             return
         render_simulation(res.report, f"hetplan plan for {inst.name} ({res.objective_kind})")
         console.print(_search_table(res))
-        console.print(_model_vs_simulation_note(res))
+        console.print(_model_vs_simulation_note(res, opts))
         for path in (output, plot):
             if path:
                 console.print(f"written: {path}")
