@@ -319,9 +319,18 @@ def _claim_first_fit(instance: Instance, rep: Replica, free: dict[str, list[int]
             gpus = tuple(free[node.node_id][: rep.tp])
             del free[node.node_id][: rep.tp]
             return rep.model_copy(update={"node": node.node_id, "gpus": gpus})
-    have = sum(len(free[n.node_id]) for n in instance.nodes if n.gpu_type == rep.gpu_type and n.zone == rep.zone)
-    raise PlanError(f"no node of {rep.gpu_type} in {rep.zone} has {rep.tp} free GPUs left "
-                    f"({have} free in total there): the plan uses more GPUs than exist", field)
+    alike = [n for n in instance.nodes if n.gpu_type == rep.gpu_type and n.zone == rep.zone]
+    if not alike:
+        raise PlanError(f"the cluster has no {rep.gpu_type} node in {rep.zone}", field)
+    widest = max(n.num_gpus for n in alike)
+    if rep.tp > widest:  # not a shortage: a TP group stays on one node
+        raise PlanError(f"tp={rep.tp} exceeds the {widest} GPUs of every {rep.gpu_type} node in {rep.zone}: TP stays "
+                        f"inside a node", f"{field}.tp")
+    have = sum(len(free[n.node_id]) for n in alike)
+    why = ("the plan uses more GPUs than exist" if have < rep.tp else
+           "they are split over nodes, and TP stays inside a node")
+    raise PlanError(f"no node of {rep.gpu_type} in {rep.zone} has {rep.tp} free GPUs left ({have} free in total "
+                    f"there): {why}", field)
 
 
 def placed_gpus(rep: Replica) -> tuple[int, ...]:

@@ -76,7 +76,7 @@ def test_constraints_must_name_cluster_members():
 def test_gpu_override_adds_a_type_and_is_validated():
     data = mutated(["cluster", "gpu_overrides"], {"A100-40": {"memory_gib": 44}})
     assert instance_from_dict(data).gpu("A100-40").memory_gib == 44
-    with pytest.raises(InstanceError, match=r"gpu_overrides\.A100-40: memory_gib"):
+    with pytest.raises(InstanceError, match=r"gpu_overrides\.A100-40\.memory_gib: -1 GiB is outside \[1e-06, 1e\+06\]"):
         instance_from_dict(mutated(["cluster", "gpu_overrides"], {"A100-40": {"memory_gib": -1}}))
 
 
@@ -131,6 +131,22 @@ def test_more_gpus_than_exist(a100_v100):
     data["num_microbatches"] = 8
     data["stages"][1]["replicas"] = [{"gpu_type": "A100-40", "zone": "us-central1-a", "microbatch_share": 8}]
     with pytest.raises(PlanError, match="uses more GPUs than exist"):
+        validate_plan(a100_v100, plan_from_dict(data))
+
+
+def test_a_tp_group_wider_than_a_node_is_not_a_shortage(a100_v100):
+    """tp 8 in a zone of 4-GPU A100 nodes was "the plan uses more GPUs than exist" (it used 8 of 16);
+    3 GPUs free on two nodes are not a shortage for tp 3 either."""
+    data = copy.deepcopy(PLAN)
+    data["stages"][1]["replicas"] = [{"gpu_type": "A100-40", "tp": 8, "zone": "us-central1-a", "microbatch_share": 8}]
+    with pytest.raises(PlanError, match=r"^stages\[1\]\.replicas\[0\]\.tp: tp=8 exceeds the 4 GPUs of every A100-40 "
+                                        r"node in us-central1-a: TP stays inside a node$"):
+        validate_plan(a100_v100, plan_from_dict(data))
+    a100 = lambda tp, share: {"gpu_type": "A100-40", "tp": tp, "zone": "us-central1-a",  # noqa: E731
+                              "microbatch_share": share}
+    data["stages"][0]["replicas"] = [a100(1, 2), a100(1, 2), a100(3, 4)]  # a100-0: 2 left, a100-1: 1 left
+    data["stages"][1]["replicas"] = [a100(3, 8)]
+    with pytest.raises(PlanError, match=r"has 3 free GPUs left \(3 free in total there\): they are split over nodes"):
         validate_plan(a100_v100, plan_from_dict(data))
 
 
