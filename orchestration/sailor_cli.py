@@ -71,7 +71,8 @@ def register(app: typer.Typer) -> None:
             objective: str = typer.Option("max_throughput", "--objective", help="max_throughput | min_cost"),
             max_cost: Optional[float] = typer.Option(None, "--max-cost", help="USD per iteration"),
             min_throughput: Optional[float] = typer.Option(None, "--min-throughput", help="iterations per second"),
-            output: Path = typer.Option(..., "-o", "--output", help="instance YAML to write")) -> None:
+            output: Path = typer.Option(..., "-o", "--output", help="instance file to write (JSON if it ends "
+                                                                    "in .json, else YAML)")) -> None:
         """An instance that scores plans as Sailor's simulator does (estimators preset sailor)."""
         from hetplan.files import write_atomic
         from hetplan.importers.sailor import sailor_instance_dict
@@ -95,7 +96,9 @@ def register(app: typer.Typer) -> None:
                                     objective=objective, constraints=constraints,
                                     name=f"sailor_{model}_{cluster.replace(',', '_').replace('=', 'x')}")
         instance_from_dict(data)  # refuse to write what would not load
-        write_atomic(output, yaml.safe_dump(data, sort_keys=False), "--output")
+        text = (json.dumps(data, indent=2) + "\n" if output.suffix == ".json"  # read back by suffix
+                else yaml.safe_dump(data, sort_keys=False))
+        write_atomic(output, text, "--output")
         typer.echo(f"written: {output}")
 
     @app.command("export-plan")

@@ -111,6 +111,23 @@ def test_import_names_its_own_numeric_options(tmp_path):
         "error: --max-cost: must be a positive finite number, got 0"], proc.stderr
 
 
+@needs_sailor
+def test_import_refuses_a_partial_vm_and_writes_json_where_asked(tmp_path):
+    """--cluster A100-40@...=5 wrote one 4-GPU node, and =3 beside V100s dropped the A100s, both with
+    exit 0; -o x.json got YAML, which `validate x.json` then refused as invalid JSON."""
+    for cluster in ("A100-40@us-central1-a=5", "A100-40@us-central1-a=3,V100-16@us-central1-a=8"):
+        proc = run(executable(), ["import", "sailor", "--model", "OPT-350", "--cluster", cluster, "-o", "x.yaml"],
+                   tmp_path)
+        assert proc.returncode == 1 and error_lines(proc.stderr) == [
+            f"error: --cluster: {cluster.split(',')[0]}: Sailor rents A100-40 in VMs of 4 GPUs; give a multiple of 4"]
+    assert not (tmp_path / "x.yaml").exists()
+    proc = run(executable(), ["import", "sailor", "--model", "OPT-350", "--cluster", "A100-40@us-central1-a=8",
+                              "-o", "x.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    inst = instance_from_dict(json.loads((tmp_path / "x.json").read_text()))
+    assert [(g.gpu_type, g.count * g.gpus_per_node) for g in inst.cluster.node_groups] == [("A100-40", 8)]
+
+
 # ---- profiles ------------------------------------------------------------------------------------
 def test_a_profile_of_one_tp_degree_plans_on_wider_nodes(tmp_path):
     # Metis' V100 fixture has TP 1 only; the nodes have 2 GPUs, so TP 2 is a choice it cannot price

@@ -110,6 +110,24 @@ def test_sailor_plan_round_trips() -> None:
         assert plan_to_sailor(plan_from_sailor(rec["plan"], inst), inst) == rec["plan"]
 
 
+def test_a_plan_exported_to_sailor_comes_back_as_the_same_plan() -> None:
+    """A hetplan plan on a hetplan instance, exported: Sailor's rule m = ceil(B / (b D)) is exact
+    when b D divides B, so the plan read back is exact and hetplan's simulator scores it as before
+    (it was read as 'ceil' and refused: "batch_rounding ... needs the sailor iteration model")."""
+    from hetplan.importers.sailor_plan import plan_from_sailor, plan_to_sailor
+    from hetplan.instance import load_instance
+
+    inst = load_instance("a100_v100_one_zone")
+    a100 = Replica(gpu_type="A100-40", tp=2, zone="us-central1-a", microbatch_share=4)
+    plan = Plan(num_microbatches=8, stages=(Stage(layer_start=0, layer_end=10, replicas=(a100, a100)),
+                                            Stage(layer_start=10, layer_end=26, replicas=(a100, a100))))
+    back = plan_from_sailor(plan_to_sailor(validate_plan(inst, plan), inst), inst)
+    assert back.batch_rounding == "exact" and back.micro_batch_size == 4 and back.num_microbatches == 8
+    assert simulate(inst, back).iteration_time_s == simulate(inst, plan).iteration_time_s
+    ceil = plan_from_sailor({**plan_to_sailor(validate_plan(inst, plan), inst), "mbs": 3}, inst)
+    assert (ceil.batch_rounding, ceil.num_microbatches) == ("ceil", 11)  # 64 / (3 x 2) rounds up
+
+
 @needs_golden
 def test_head_alone_stage_gradient_option() -> None:
     """Sailor sends the logits back from a stage that holds the head alone (golden README); the

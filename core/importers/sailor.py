@@ -562,6 +562,11 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
         if bad:
             raise InstanceError(f"no profile of {model!r} for {bad} (profiled: {profiled})", counts_field)
         check_zone_table(ref, gpu_counts, counts_field)
+        for (g, z), n in gpu_counts.items():  # quotas drop a partial VM; counts asked for are refused
+            per_node = int(cluster_config.get(g, {}).get("gpus_per_node", 1))
+            if n % per_node:
+                raise InstanceError(f"{g}@{z}={n}: Sailor rents {g} in VMs of {per_node} GPUs; give a multiple of "
+                                    f"{per_node}", counts_field)
         groups = node_groups_from_gpu_counts(dict(gpu_counts), cluster_config, prices, where=counts_field)
     elif trace is not None:
         trace_path = Path(trace) if Path(trace).suffix == ".csv" else ref / "cluster" / f"gpu_trace_{trace}.csv"
@@ -582,7 +587,8 @@ def sailor_instance_dict(reference_dir: str | Path, model: str = "OPT-350", *,
         groups = node_groups_from_gpu_counts(quotas, cluster_config, prices, where=str(quotas_path))
     groups = [g for g in groups if g["count"] > 0]
     if not groups:
-        raise InstanceError(f"no GPUs of {wanted} in zones {zones}", "cluster")
+        where = "any zone" if zones is None else f"zones {sorted(zones)}"
+        raise InstanceError(f"no whole VM of {wanted} in {where}", "cluster")
     used = sorted({g["gpu_type"] for g in groups})
     present = {(g["gpu_type"], g["zone"]) for g in groups}
     events = [e for e in events if (e.gpu_type, e.zone) in present]  # columns that never had a GPU

@@ -118,8 +118,11 @@ def plan_from_sailor(data: Mapping[str, Any], instance: Instance, name: str = ""
         raise PlanError(f"stages with different replica counts {dp}: Sailor's simulator then gives each replica "
                         f"a full microbatch on every stage, which no hetplan plan describes", "pipeline_list[0].dp")
     batch = instance.workload.global_batch_size
+    # where b x D divides B, ceil is exact: say so, and every simulator scores the plan (exact is the
+    # rule of hetplan's own; a plan exported from it came back refused as needing Sailor's)
+    rounding = "exact" if batch % (mbs * dp[0]) == 0 else "ceil"
     return Plan(name=name, instance=instance.name, num_microbatches=-(-batch // (mbs * dp[0])), micro_batch_size=mbs,
-                batch_rounding="ceil", stages=stages, metadata={"source": "sailor"})
+                batch_rounding=rounding, stages=stages, metadata={"source": "sailor"})
 
 
 def plan_to_sailor(plan: Plan, instance: Instance) -> dict[str, Any]:
