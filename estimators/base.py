@@ -51,9 +51,13 @@ class MemoryBreakdown:
         return self.state_bytes + self.activations_bytes + self.overhead_bytes
 
     @property
+    def counted_bytes(self) -> float:
+        """What the feasibility rule compares with the capacity."""
+        return self.total_bytes if self.fit_bytes is None else self.fit_bytes
+
+    @property
     def oom(self) -> bool:
-        counted = self.total_bytes if self.fit_bytes is None else self.fit_bytes
-        return counted > self.capacity_bytes
+        return self.counted_bytes > self.capacity_bytes
 
 
 @dataclass(frozen=True)

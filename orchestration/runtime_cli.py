@@ -10,6 +10,7 @@ one line and exits with the error's status.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -42,6 +43,24 @@ def _write_launch(inst, plan, target: str, out: Path, options) -> list[Path]:
         if failed is None or not (failed == out or out in failed.parents or failed in out.parents):
             raise  # not under --out: main's one line for file system errors says what it was
         raise OutputError(f"cannot write {failed}: {exc.strerror}", "--out") from None
+
+
+def _warn_out_of_memory(inst, plan) -> None:
+    """One warning line when the simulator puts ranks of the plan over their GPU's memory: `simulate`
+    refuses such a plan (exit 2), and a compiled launch of it fails on the cluster."""
+    from hetplan.errors import HetplanError
+    from hetplan.simulator import simulate
+
+    try:
+        report = simulate(inst, plan)
+    except HetplanError as exc:  # e.g. an estimator's file missing: the launch files need none
+        print(f"warning: the plan's memory was not checked: {exc}", file=sys.stderr)
+        return
+    if report.oom_ranks:
+        worst = max((r.memory for r in report.oom_ranks), key=lambda m: m.counted_bytes / m.capacity_bytes)
+        print(f"warning: the simulator puts ranks {[r.rank for r in report.oom_ranks]} over their GPU memory "
+              f"(up to {worst.counted_bytes / 2**30:.1f} GiB of {worst.capacity_bytes / 2**30:.1f} GiB); this launch "
+              f"may fail out of memory", file=sys.stderr)
 
 
 # The highest --lr taken. Adam moves every weight by about lr per step whatever the gradient's
@@ -118,7 +137,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write the launch spec and the target's launch files for a plan."""
         from hetplan.instance import load_instance
-        from hetplan.plan import load_plan
+        from hetplan.orchestration.sailor_cli import load_any_plan
         from hetplan.runtime.compile import CompileOptions
 
         if rendezvous not in ("static", "c10d"):
@@ -134,7 +153,10 @@ def register(app: typer.Typer) -> None:
         resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts, min_nodes) if checkpoint_dir else None
         options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
                                  resilience=resilience)
-        paths = _write_launch(load_instance(instance), load_plan(plan), target, out_dir, options)
+        inst = load_instance(instance)
+        placed = load_any_plan(plan, inst)
+        _warn_out_of_memory(inst, placed)
+        paths = _write_launch(inst, placed, target, out_dir, options)
         for p in paths:
             typer.echo(str(p))
 

@@ -298,3 +298,23 @@ def test_a_model_too_large_for_the_cluster_is_said_by_validate_and_refused_by_so
     proc = run(executable(), ["validate", "a100_v100_one_zone", "--json"], folder)  # fits: no warning
     assert proc.returncode == 0 and error_lines(proc.stderr) == []
     assert json.loads(proc.stdout)["model_state_GB"] < json.loads(proc.stdout)["gpu_memory_GB"]
+
+
+def test_compile_warns_of_a_plan_out_of_memory_and_reads_sailor_plans(folder):
+    """`simulate` refused the plan (exit 2, OOM) that `compile` wrote without a word; and `compile`
+    read only hetplan plans (a Sailor plan, which `simulate` takes, printed pydantic's dump)."""
+    v100 = {"gpu_type": "V100-16", "tp": 1, "zone": "us-central1-a", "microbatch_share": 8}
+    (folder / "oom.json").write_text(json.dumps({"num_microbatches": 8, "stages": [
+        {"layer_start": 0, "layer_end": 26, "replicas": [v100]}]}))
+    assert run(executable(), ["simulate", "a100_v100_one_zone", "{d}/oom.json"], folder).returncode == 2
+    proc = run(executable(), ["compile", "a100_v100_one_zone", "{d}/oom.json", "-o", "{d}/oom_launch"], folder)
+    assert proc.returncode == 0, proc.stderr
+    assert error_lines(proc.stderr) == ["warning: the simulator puts ranks [0] over their GPU memory (up to 24.5 GiB "
+                                        "of 16.0 GiB); this launch may fail out of memory"]
+    sailor = {"mbs": 4, "pipeline_list": [{"num_stages": 1, "layers_per_stage": [list(range(26))], "dp": [2],
+                                           "tmp_per_stage": [[[[["A100-40", 4, "us-central1-a"]], 2]] * 2]}]}
+    (folder / "sailor.json").write_text(json.dumps(sailor))
+    proc = run(executable(), ["compile", "a100_v100_one_zone", "{d}/sailor.json", "-o", "{d}/sailor_launch"], folder)
+    assert proc.returncode == 0 and error_lines(proc.stderr) == [], proc.stderr
+    spec = json.loads((folder / "sailor_launch" / "launch_spec.json").read_text())
+    assert [r["tp_size"] for r in spec["ranks"]] == [2] * 4
