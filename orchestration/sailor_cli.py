@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -48,14 +49,38 @@ def parse_cluster(spec: str) -> dict[tuple[str, str], int]:
 def load_any_plan(path: str, instance: Instance) -> Plan:
     """A hetplan plan file, a bundled plan's name, or a plan in Sailor's format (recognised by its keys)."""
     from hetplan.importers.sailor_plan import is_sailor_plan, plan_from_sailor
-    from hetplan.plan import load_plan
+    from hetplan.plan import load_plan, validate_plan
 
     if Path(path).is_file():
         data = read_structured(Path(path), PlanError)
         if is_sailor_plan(data):
-            return plan_from_sailor(data, instance, name=Path(path).stem)
+            plan = plan_from_sailor(data, instance, name=Path(path).stem)
+            try:  # checked here, where its errors can name the file's own keys
+                validate_plan(instance, plan)
+            except PlanError as exc:
+                raise PlanError(exc.detail, in_sailor_terms(exc.field)) from None
+            return plan
         return plan_from_dict(data) if isinstance(data, dict) else load_plan(path)
     return load_plan(path)
+
+
+# hetplan plan fields -> where a Sailor plan says the same ([[[gpu, gpus_per_node, zone]], tp] a replica)
+_SAILOR_FIELDS = [(r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.tp$", r"pipeline_list[0].tmp_per_stage[\1][\2][1]"),
+                  (r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.gpu_type$", r"pipeline_list[0].tmp_per_stage[\1][\2][0][0][0]"),
+                  (r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.zone$", r"pipeline_list[0].tmp_per_stage[\1][\2][0][0][2]"),
+                  (r"^stages\[(\d+)\]\.replicas\[(\d+)\].*$", r"pipeline_list[0].tmp_per_stage[\1][\2]"),
+                  (r"^stages\[(\d+)\]\.layer_(start|end)$", r"pipeline_list[0].layers_per_stage[\1]"),
+                  (r"^stages\[(\d+)\]$", r"pipeline_list[0].layers_per_stage[\1]"),
+                  (r"^stages$", "pipeline_list[0].layers_per_stage"),
+                  (r"^(num_microbatches|micro_batch_size)$", "mbs")]
+
+
+def in_sailor_terms(field: str | None) -> str | None:
+    """A validation error's field of the hetplan plan read from a Sailor plan, as the Sailor file's key."""
+    for pattern, repl in _SAILOR_FIELDS:
+        if field is not None and re.match(pattern, field):
+            return re.sub(pattern, repl, field)
+    return field
 
 
 def register(app: typer.Typer) -> None:

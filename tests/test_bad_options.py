@@ -138,6 +138,13 @@ SAILOR_CASES = [
     ("tp 0", lambda p: _pipe(p)["tmp_per_stage"][0][0].__setitem__(1, 0),
      "error: pipeline_list[0].tmp_per_stage[0][0][1]: "),
     ("dp of strings", lambda p: _pipe(p).update(dp=["8", "8"]), "error: pipeline_list[0].dp[0]: "),
+    # checks of the plan it reads as, named as the file says it (they named stages[1].layer_start, ...)
+    ("a layer gap", lambda p: _pipe(p)["layers_per_stage"][1].pop(0),
+     "error: pipeline_list[0].layers_per_stage[1]: layer_start "),
+    ("an unknown GPU", lambda p: _pipe(p)["tmp_per_stage"][0][0][0][0].__setitem__(0, "H100"),
+     "error: pipeline_list[0].tmp_per_stage[0][0][0][0][0]: GPU type 'H100' is not in the cluster"),
+    ("tp past a node", lambda p: _pipe(p)["tmp_per_stage"][1][0].__setitem__(1, 16),
+     "error: pipeline_list[0].tmp_per_stage[1][0][1]: tp=16 exceeds the 4 GPUs of every A100-40 node in "),
 ]
 
 
