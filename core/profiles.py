@@ -478,13 +478,17 @@ def _time_to_dict(m: TimeMeasurement) -> dict[str, Any]:
 
 def _time_from_dict(data: Any, where: str) -> TimeMeasurement:
     data = _mapping(data, where)
-    fwd = _numbers(_get(data, "fwd_s", where, list), f"{where}.fwd_s")
-    bwd = _numbers(_get(data, "bwd_s", where, list), f"{where}.bwd_s", len(fwd))
-    tp_comm = None
+    columns = ["fwd_s", "bwd_s"]
     if data.get("tp_comm_fwd_s") is not None or data.get("tp_comm_bwd_s") is not None:
-        comm_f = _numbers(_get(data, "tp_comm_fwd_s", where, list), f"{where}.tp_comm_fwd_s", len(fwd))
-        comm_b = _numbers(_get(data, "tp_comm_bwd_s", where, list), f"{where}.tp_comm_bwd_s", len(fwd))
-        tp_comm = tuple(UnitTime(f, b) for f, b in zip(comm_f, comm_b))
+        columns += ["tp_comm_fwd_s", "tp_comm_bwd_s"]
+    values = {c: _numbers(_get(data, c, where, list), f"{where}.{c}") for c in columns}
+    if len({len(v) for v in values.values()}) > 1:  # which list is short is not known: say all lengths
+        lengths = ", ".join(f"{c} {len(v)}" for c, v in values.items())
+        raise InstanceError(f"one value per layer unit in each list, got {lengths}", where)
+    fwd, bwd = values["fwd_s"], values["bwd_s"]
+    tp_comm = None
+    if "tp_comm_fwd_s" in values:
+        tp_comm = tuple(UnitTime(f, b) for f, b in zip(values["tp_comm_fwd_s"], values["tp_comm_bwd_s"]))
     return TimeMeasurement(
         microbatch=_positive_int(data.get("microbatch"), f"{where}.microbatch"),
         tp=_positive_int(data.get("tp"), f"{where}.tp"),

@@ -363,7 +363,12 @@ def test_hetplan_format_round_trip_and_errors(tmp_path):
         load_profiles(path, "hetplan", "H100")
     doc = profiles.to_dict()
     doc["profiles"][0]["times"][1]["bwd_s"] = doc["profiles"][0]["times"][1]["bwd_s"][:2]
-    with pytest.raises(InstanceError, match=r"profiles\[0\]\.times\[1\]\.bwd_s: expected 4 values, got 2"):
+    with pytest.raises(InstanceError, match=r"profiles\[0\]\.times\[1\]: one value per layer unit in each list, got "
+                                            r"fwd_s 4, bwd_s 2$"):
+        ProfileSet.from_dict(doc)
+    doc = profiles.to_dict()  # a short fwd_s was blamed on bwd_s ("bwd_s: expected 3 values, got 4")
+    doc["profiles"][0]["times"][1]["fwd_s"] = doc["profiles"][0]["times"][1]["fwd_s"][:3]
+    with pytest.raises(InstanceError, match=r"times\[1\]: one value per layer unit in each list, got fwd_s 3, bwd_s 4$"):
         ProfileSet.from_dict(doc)
     doc = profiles.to_dict()
     doc["format"] = "sailor"
