@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib import resources
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 GIB = 1024**3
 MAX_LAYERS = 4096  # far above any published model (GPT-3 has 96 layers, MT-NLG 105)
@@ -19,6 +19,16 @@ class LinkSpec(BaseModel):
     kind: Literal["nvlink", "pcie", "ethernet", "infiniband", "wan", "other"] = "other"
     bandwidth_GBps: float = Field(gt=0, description="per-direction bandwidth, 1e9 bytes per second")
     latency_s: float = Field(ge=0, default=0.0, description="one-way latency in seconds")
+
+
+def _not_bool(value: Any) -> Any:
+    """pydantic's lax mode reads `count: true` as 1; a count written as yes/no is a typo."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]  # an integer field of an instance, model or plan file
 
 
 class GpuSpec(BaseModel):
@@ -57,13 +67,13 @@ class ModelArch(BaseModel):
     family: Literal["gpt", "opt", "llama"] = "gpt"
     # at most 4,096 blocks: published models have under 200 (Llama-3-405B 126) and DeepNet trained
     # 1,000 (Wang et al. 2022); the planner's per-unit tables would take minutes at 100,000
-    num_layers: int = Field(gt=0, le=MAX_LAYERS)
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0, description="grouped-query attention; None = num_heads")
-    ffn_hidden_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
+    num_layers: Int = Field(gt=0, le=MAX_LAYERS)
+    hidden_size: Int = Field(gt=0)
+    num_heads: Int = Field(gt=0)
+    num_kv_heads: Int | None = Field(default=None, gt=0, description="grouped-query attention; None = num_heads")
+    ffn_hidden_size: Int = Field(gt=0)
+    vocab_size: Int = Field(gt=0)
+    seq_len: Int = Field(gt=0)
     mlp: Literal["gelu", "swiglu"] = "gelu"
     tied_embeddings: bool = True
 

@@ -16,25 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from hetplan.catalog import GpuSpec, LinkSpec, ModelArch, gpu_catalog, model_presets
+from hetplan.catalog import GpuSpec, Int, LinkSpec, ModelArch, gpu_catalog, model_presets
 from hetplan.errors import InstanceError, PlanError
 
 # allow_inf_nan=False: an infinite bandwidth or price would be accepted and turn into "cost inf" or a
 # zero transfer time downstream; no field of an instance means anything at infinity.
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-def _not_bool(value: Any) -> Any:
-    """pydantic's lax mode reads `count: true` as 1; a count written as yes/no is a typo."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected an integer, got {str(value).lower()}")
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_not_bool)]  # an integer field of an instance file
 
 
 class NodeGroup(BaseModel):
@@ -194,7 +184,7 @@ class Constraints(BaseModel):
     model_config = _STRICT
     max_cost_per_iteration_usd: float | None = Field(default=None, gt=0)
     min_throughput_iters_per_s: float | None = Field(default=None, gt=0)
-    max_gpus: Annotated[int, Field(gt=0), BeforeValidator(_not_bool)] | None = None
+    max_gpus: Annotated[Int, Field(gt=0)] | None = None
     allowed_gpu_types: list[str] | None = None
     allowed_zones: list[str] | None = None
 
@@ -634,7 +624,8 @@ class Node:
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    return f"{loc}: {err['msg']}" if loc else err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a ValueError of ours
+    return f"{loc}: {msg}" if loc else msg
 
 
 def format_validation_error(exc: ValidationError) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetplan.catalog import ModelArch
+from hetplan.catalog import Int, ModelArch
 from hetplan.errors import InstanceError, PlanError
 from hetplan.instance import Instance, format_validation_error, kind_of, read_structured
 
@@ -32,11 +32,11 @@ class Replica(BaseModel):
 
     model_config = _STRICT
     gpu_type: str
-    tp: int = Field(default=1, ge=1)
+    tp: Int = Field(default=1, ge=1)
     zone: str | None = Field(default=None, description="required unless `node` is given")
     node: str | None = Field(default=None, description="node id '<group>-<k>'; assigned first-fit if absent")
     gpus: tuple[int, ...] | None = Field(default=None, description="local GPU indices on the node, len = tp")
-    microbatch_share: int | None = Field(default=None, ge=1, description="sequences of each global microbatch")
+    microbatch_share: Int | None = Field(default=None, ge=1, description="sequences of each global microbatch")
 
     @model_validator(mode="after")
     def _gpus_need_node(self) -> "Replica":
@@ -48,8 +48,8 @@ class Replica(BaseModel):
 
 class Stage(BaseModel):
     model_config = _STRICT
-    layer_start: int = Field(ge=0)
-    layer_end: int = Field(gt=0, description="exclusive")
+    layer_start: Int = Field(ge=0)
+    layer_end: Int = Field(gt=0, description="exclusive")
     replicas: tuple[Replica, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -68,8 +68,8 @@ class Plan(BaseModel):
     name: str = ""
     instance: str | None = None
     schedule: Literal["1F1B", "GPipe"] = "1F1B"
-    num_microbatches: int = Field(ge=1, description="pipeline steps (gradient accumulation) per iteration")
-    micro_batch_size: int | None = Field(default=None, ge=1, description="share of replicas that give none")
+    num_microbatches: Int = Field(ge=1, description="pipeline steps (gradient accumulation) per iteration")
+    micro_batch_size: Int | None = Field(default=None, ge=1, description="share of replicas that give none")
     batch_rounding: Literal["exact", "ceil"] = Field(
         default="exact", description="exact: global microbatch x num_microbatches = global_batch_size; ceil: "
         "num_microbatches = ceil(global_batch_size / global microbatch), Sailor's rule, which may overshoot")

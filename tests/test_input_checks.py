@@ -204,6 +204,22 @@ def test_a_yes_no_value_is_no_count(where):
         instance_from_dict(doc)
 
 
+def test_a_yes_no_value_is_no_count_in_a_model_or_a_plan():
+    """A model override and a plan's counts read `true` as 1 and `false` as 0 (exit 0)."""
+    from hetplan.errors import PlanError
+    from hetplan.plan import plan_from_dict
+
+    doc = _doc([{"gpu_type": "V100-16", "path": str(METIS), "format": "metis"}])
+    doc["workload"]["model"] = {"preset": "OPT-350M", "overrides": {"num_layers": True}}
+    with pytest.raises(InstanceError, match=r"^workload\.model\.overrides: num_layers: expected an integer, got true$"):
+        instance_from_dict(doc)
+    stage = {"layer_start": 0, "layer_end": 26, "replicas": [{"gpu_type": "V100-16", "zone": "z-a"}]}
+    with pytest.raises(PlanError, match=r"num_microbatches: expected an integer, got true"):
+        plan_from_dict({"num_microbatches": True, "stages": [stage]})
+    with pytest.raises(PlanError, match=r"stages\.0\.layer_start: expected an integer, got false"):
+        plan_from_dict({"num_microbatches": 1, "stages": [{**stage, "layer_start": False}]})
+
+
 def test_an_options_key_no_chosen_estimator_reads_is_refused(tmp_path):
     base = _doc([{"gpu_type": "V100-16", "path": str(METIS), "format": "metis"}])
     ok = {**base, "estimators": {"time": "profile", "options": {"decomposition": "linear", "allreduce": "ring",
