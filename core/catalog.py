@@ -70,7 +70,8 @@ class ModelArch(BaseModel):
     num_layers: Int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: Int = Field(gt=0)
     num_heads: Int = Field(gt=0)
-    num_kv_heads: Int | None = Field(default=None, gt=0, description="grouped-query attention; None = num_heads")
+    num_kv_heads: Annotated[int, Field(gt=0), BeforeValidator(_not_bool)] | None = Field(
+        default=None, description="grouped-query attention; None = num_heads")
     ffn_hidden_size: Int = Field(gt=0)
     vocab_size: Int = Field(gt=0)
     seq_len: Int = Field(gt=0)
