@@ -5,6 +5,8 @@ The CLI catches `HetplanError` and prints its message (no traceback); anything e
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator, Mapping
 
 
 class HetplanError(Exception):
@@ -32,6 +34,19 @@ class PlanError(HetplanError):
     def __init__(self, message: str, field: str | None = None):
         self.field, self.detail = field, message
         super().__init__(f"{field}: {message}" if field else message)
+
+
+@contextmanager
+def fields_as(names: Mapping[str, str]) -> Iterator[None]:
+    """Inside the block, an InstanceError or PlanError whose field is a key of `names` is raised
+    again, same class and message, under the name it maps to: a command line names the library's
+    fields by its own flags (min_nodes -> --min-nodes)."""
+    try:
+        yield
+    except (InstanceError, PlanError) as exc:
+        if exc.field not in names:
+            raise
+        raise type(exc)(exc.detail, names[exc.field]) from None
 
 
 def check_number(value: float | None, field: str, *, zero: bool = False, error: type = InstanceError) -> None:

@@ -25,19 +25,15 @@ def _options(horizon, restart, notice, no_notice, planner_time_limit, initial_ti
     """ReplayOptions from the command line; an option they refuse is named by its flag."""
     from dataclasses import replace
 
-    from hetplan.errors import InstanceError, PlanError
+    from hetplan.errors import fields_as
     from hetplan.orchestration.replay import ReplayOptions
 
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
-    try:
+    with fields_as(FLAGS):
         ropts = replace(ReplayOptions().replan, planner_time_limit_s=planner_time_limit, move_penalty_s=move_penalty)
         return ReplayOptions(horizon_s=horizon, restart_s=restart, notice_s=None if no_notice else notice,
                              checkpoint_interval_s=checkpoint_interval, initial_time_limit_s=initial_time_limit,
                              replan=ropts, strategies=names, fixed_latency_s=fixed_latency)
-    except (InstanceError, PlanError) as exc:
-        if exc.field not in FLAGS:
-            raise
-        raise InstanceError(exc.detail, FLAGS[exc.field]) from None
 
 
 def _hours(seconds: float) -> str:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from hetplan.errors import PlanError
+from hetplan.errors import PlanError, fields_as
 
 
 def _hosts(pairs: list[str]) -> dict[str, str]:
@@ -25,7 +25,7 @@ def _hosts(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         node, sep, host = pair.partition("=")
         if not sep or not node or not host:
-            raise PlanError(f"--host expects NODE=HOSTNAME, got {pair!r}", "hosts")
+            raise PlanError(f"expects NODE=HOSTNAME, got {pair!r}", "--host")
         out[node] = host
     return out
 
@@ -43,6 +43,11 @@ def _write_launch(inst, plan, target: str, out: Path, options) -> list[Path]:
         if failed is None or not (failed == out or out in failed.parents or failed in out.parents):
             raise  # not under --out: main's one line for file system errors says what it was
         raise OutputError(f"cannot write {failed}: {exc.strerror}", "--out") from None
+
+
+# CompileOptions' fields (and compile_plan's target) as `compile` spells them
+COMPILE_FLAGS = {"target": "--target", "hosts": "--host", "min_nodes": "--min-nodes", "rendezvous": "--rendezvous",
+                 "checkpoint_dir": "--checkpoint-dir", "master_port": "--master-port", "image": "--image"}
 
 
 def _warn_out_of_memory(inst, plan) -> None:
@@ -156,7 +161,8 @@ def register(app: typer.Typer) -> None:
         inst = load_instance(instance)
         placed = load_any_plan(plan, inst)
         _warn_out_of_memory(inst, placed)
-        paths = _write_launch(inst, placed, target, out_dir, options)
+        with fields_as(COMPILE_FLAGS):
+            paths = _write_launch(inst, placed, target, out_dir, options)
         for p in paths:
             typer.echo(str(p))
 

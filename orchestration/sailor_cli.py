@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         from hetplan.files import write_atomic
         from hetplan.importers.sailor import sailor_instance_dict
         from hetplan.instance import instance_from_dict
-        from hetplan.errors import check_number
+        from hetplan.errors import check_number, fields_as
 
         counts = parse_cluster(cluster)  # the cheap checks first
         ref = sailor_dir or default_sailor_dir()
@@ -117,9 +117,10 @@ def register(app: typer.Typer) -> None:
             constraints["max_cost_per_iteration_usd"] = max_cost
         if min_throughput is not None:
             constraints["min_throughput_iters_per_s"] = min_throughput
-        data = sailor_instance_dict(ref, model, gpu_counts=counts, preset="sailor", counts_field="--cluster",
-                                    objective=objective, constraints=constraints,
-                                    name=f"sailor_{model}_{cluster.replace(',', '_').replace('=', 'x')}")
+        with fields_as({"model": "--model", "cluster": "--cluster"}):
+            data = sailor_instance_dict(ref, model, gpu_counts=counts, preset="sailor", counts_field="--cluster",
+                                        objective=objective, constraints=constraints,
+                                        name=f"sailor_{model}_{cluster.replace(',', '_').replace('=', 'x')}")
         instance_from_dict(data)  # refuse to write what would not load
         text = (json.dumps(data, indent=2) + "\n" if output.suffix == ".json"  # read back by suffix
                 else yaml.safe_dump(data, sort_keys=False))

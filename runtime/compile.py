@@ -89,7 +89,7 @@ def _check_regroup(spec: LaunchSpec, target: str, res: targets.Resilience) -> No
                         "not the plan's nodes, so the executor cannot tell which node was lost; on Kubernetes a "
                         "failed pod is rescheduled on a node with the same labels and resumes", "min_nodes")
     if not 1 <= res.min_nodes <= n:
-        raise PlanError(f"--min-nodes {res.min_nodes}: the plan has {n} nodes; use 1 to {n}", "min_nodes")
+        raise PlanError(f"{res.min_nodes}, but the plan has {n} nodes; use 1 to {n}", "min_nodes")
     if spec.rendezvous.backend != "c10d":
         raise PlanError("--min-nodes needs c10d rendezvous (--rendezvous c10d): a static one cannot change "
                         "its number of nodes", "rendezvous")

@@ -120,6 +120,10 @@ def test_import_refuses_a_partial_vm_and_writes_json_where_asked(tmp_path):
                    tmp_path)
         assert proc.returncode == 1 and error_lines(proc.stderr) == [
             f"error: --cluster: {cluster.split(',')[0]}: Sailor rents A100-40 in VMs of 4 GPUs; give a multiple of 4"]
+    proc = run(executable(), ["import", "sailor", "--model", "GPT-9", "--cluster", "A100-40@us-central1-a=8",
+                              "-o", "x.yaml"], tmp_path)
+    assert proc.returncode == 1 and error_lines(proc.stderr)[0].startswith(  # it said "model:"
+        "error: --model: no profiles for model 'GPT-9' under "), proc.stderr
     assert not (tmp_path / "x.yaml").exists()
     proc = run(executable(), ["import", "sailor", "--model", "OPT-350", "--cluster", "A100-40@us-central1-a=8",
                               "-o", "x.json"], tmp_path)
