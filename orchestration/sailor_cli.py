@@ -66,7 +66,8 @@ def load_any_plan(path: str, instance: Instance) -> Plan:
 
 # hetplan plan fields -> where a Sailor plan says the same ([[[gpu, gpus_per_node, zone]], tp] a replica)
 _SAILOR_FIELDS = [(r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.tp$", r"pipeline_list[0].tmp_per_stage[\1][\2][1]"),
-                  (r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.gpu_type$", r"pipeline_list[0].tmp_per_stage[\1][\2][0][0][0]"),
+                  (r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.gpu_type$",
+                   r"pipeline_list[0].tmp_per_stage[\1][\2][0][0][0]"),
                   (r"^stages\[(\d+)\]\.replicas\[(\d+)\]\.zone$", r"pipeline_list[0].tmp_per_stage[\1][\2][0][0][2]"),
                   (r"^stages\[(\d+)\]\.replicas\[(\d+)\].*$", r"pipeline_list[0].tmp_per_stage[\1][\2]"),
                   (r"^stages\[(\d+)\]\.layer_(start|end)$", r"pipeline_list[0].layers_per_stage[\1]"),

@@ -251,7 +251,8 @@ def test_compiled_launches_restart_and_resume(tmp_path):
     lines = compile_plan(inst, start_plan(inst), "torchrun", opts).files["torchrun/commands.txt"].splitlines()[1:]
     for line in lines:
         check, line = line.split(" && ")
-        assert check == "python3 -m hetplan.runtime.execute --check-only --spec ../launch_spec.json --resume /shared/ckpt"
+        assert check == ("python3 -m hetplan.runtime.execute --check-only --spec ../launch_spec.json "
+                         "--resume /shared/ckpt")
         assert line.startswith("HETPLAN_NODE_ID=") and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun " in line
         argv = line.split(" torchrun ", 1)[1].split()
         args = get_args_parser().parse_args(argv)

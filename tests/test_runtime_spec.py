@@ -191,7 +191,8 @@ def test_load_spec_checks_the_file(spec, tmp_path):
     (lambda d: d["stages"][1].update(layer_end=25), "stages cover layer units \\[0, 25\\)"),
     (lambda d: d["stages"][1]["replicas"][1].update(microbatch_share=4), "microbatch shares sum to 7"),
     (lambda d: d.update(num_microbatches=4), "!= global_batch_size 64"),
-    (lambda d: d["stages"][1]["replicas"][0].update(tp=8), "tp=8 exceeds the 4 GPUs of every V100-16 node in .*: TP stays inside a node"),
+    (lambda d: d["stages"][1]["replicas"][0].update(tp=8),
+     "tp=8 exceeds the 4 GPUs of every V100-16 node in .*: TP stays inside a node"),
     (lambda d: d["stages"][1]["replicas"][0].update(node="v100-0", tp=5), "TP stays inside a node"),
 ])
 def test_plan_violations_are_refused_by_compile(bundled, edit, message):
