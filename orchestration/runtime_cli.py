@@ -26,6 +26,8 @@ def _hosts(pairs: list[str]) -> dict[str, str]:
         node, sep, host = pair.partition("=")
         if not sep or not node or not host:
             raise PlanError(f"expects NODE=HOSTNAME, got {pair!r}", "--host")
+        if node in out and out[node] != host:  # the last one won without a word
+            raise PlanError(f"node {node} is given two hosts, {out[node]} and {host}", "--host")
         out[node] = host
     return out
 
@@ -134,8 +136,8 @@ def register(app: typer.Typer) -> None:
                                                      "every node): workers checkpoint there and resume from it "
                                                      "when torchrun restarts them (torchrun, slurm, kubernetes)"),
         checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, help="steps between checkpoints"),
-        max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="torchrun restarts of the whole job "
-                                         "(with --checkpoint-dir)"),
+        max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts of the "
+                                                   "whole job (with --checkpoint-dir; default 3)"),
         min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=1, help="with --checkpoint-dir: go on "
                                                 "with as few as K nodes, re-planning for those left when a node "
                                                 "does not come back (torchrun, slurm; c10d rendezvous)"),
@@ -155,7 +157,12 @@ def register(app: typer.Typer) -> None:
         if min_nodes is not None and not checkpoint_dir:
             raise PlanError("--min-nodes needs --checkpoint-dir: the nodes left resume from its checkpoints",
                             "--min-nodes")
-        resilience = Resilience(checkpoint_dir, checkpoint_every, max_restarts, min_nodes) if checkpoint_dir else None
+        if max_restarts is not None and not checkpoint_dir:  # it was dropped without a word
+            raise PlanError("needs --checkpoint-dir: restarted workers resume from its checkpoints",
+                            "--max-restarts")
+        restarts = {} if max_restarts is None else {"max_restarts": max_restarts}  # else Resilience's default
+        resilience = Resilience(checkpoint_dir, checkpoint_every, min_nodes=min_nodes,
+                                **restarts) if checkpoint_dir else None
         options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
                                  resilience=resilience)
         inst = load_instance(instance)
