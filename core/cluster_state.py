@@ -47,6 +47,7 @@ from hetplan.instance import (
     Instance,
     Network,
     ZonePairLink,
+    check_sane_ranges,
     format_validation_error,
     read_structured,
     read_trace_csv,
@@ -366,9 +367,13 @@ def parse_event(item: Any, where: str = "event") -> Event:
     if cls is None:
         raise InstanceError(f"unknown event kind {item['kind']!r}; known: {sorted(EVENT_KINDS)}", f"{where}.kind")
     try:
-        return cls(**fields)
+        event = cls(**fields)
+        check_sane_ranges(event)  # as the instance's own events are (a bandwidth of 1e-300 GB/s passed)
     except ValidationError as exc:
         raise InstanceError(format_validation_error(exc), where) from None
+    except ValueError as exc:
+        raise InstanceError(str(exc), where) from None
+    return event
 
 
 def trace_events(instance: Instance, path: str | Path) -> list[AvailabilityEvent]:

@@ -298,12 +298,14 @@ SANE_RANGES: dict[str, tuple[float, float, str]] = {
     "usd_per_GB": (0.0, 1e6, "USD per GB"),
     "memory_gib": (1e-6, 1e6, "GiB"),  # 1e300 GiB overflowed the byte count (an int)
     "tflops": (1e-9, 1e9, "TFLOP/s"),
+    "time_s": (0.0, 1e9, "s"),  # 31 years; an event at 1e300 s printed a 300-digit number of hours
+    "effective_s": (0.0, 1e9, "s"),
 }
 MAX_TOTAL_GPUS = 1_000_000  # the planner's tables grow with the GPUs; beyond this it would not answer
 
 
-def _check_sane_ranges(value: Any) -> None:
-    """ValueError naming the first link, price or egress figure outside `SANE_RANGES`."""
+def check_sane_ranges(value: Any) -> None:
+    """ValueError naming the first figure outside `SANE_RANGES` (a link, a price, a GPU, a time)."""
     for where, number in _numbers(value, ""):
         field = where.rsplit(".", 1)[-1]
         key = next((k for k in SANE_RANGES if field.endswith(k)), None)
@@ -421,7 +423,7 @@ class Instance(BaseModel):
     def _cross_checks(self) -> "Instance":
         _reject_non_finite(self, "")  # a string such as "inf" becomes a float in a catalogue model
         self._check_node_groups()
-        _check_sane_ranges(self)
+        check_sane_ranges(self)
         self._check_gpu_types()
         zones = {g.zone for g in self.cluster.node_groups}
         types = {g.gpu_type for g in self.cluster.node_groups}

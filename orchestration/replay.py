@@ -79,7 +79,8 @@ class ReplayOptions:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.strategies) - set(STRATEGIES))
         if unknown or not self.strategies:
-            raise InstanceError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}",
+            what = f"unknown strategies {unknown}" if unknown else "no strategy given"
+            raise InstanceError(f"{what}; choose from {', '.join(STRATEGIES)}",
                                 "replay.strategies")
         # a nan horizon once replayed "from 0 s to nan s" with exit 0
         for name, zero in (("horizon_s", False), ("checkpoint_interval_s", False), ("plan_horizon_s", False),

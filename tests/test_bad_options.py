@@ -179,6 +179,8 @@ def test_malformed_sailor_plan_names_the_field(folder, sailor_plan, command, nam
 def test_replay_names_an_unknown_strategy(folder):
     proc = run(executable(), ["replay", ELASTIC, "{d}/events.yaml", "--strategies", "warm,bogus"], folder)
     assert_refused(proc, "error: --strategies: unknown strategies ['bogus']; choose from warm, cold, static")
+    proc = run(executable(), ["replay", ELASTIC, "{d}/events.yaml", "--strategies", ","], folder)
+    assert_refused(proc, "error: --strategies: no strategy given; choose from")  # was "unknown strategies []"
 
 
 @pytest.mark.parametrize("field, value", [("horizon_s", float("nan")), ("restart_s", float("inf")),
@@ -201,7 +203,12 @@ def test_replay_options_refuse_what_the_cli_refuses(field, value):
     ("{kind: failure, time_s: 100, node: zz-9}", "events[2].node: unknown node 'zz-9'"),
     ("{kind: bandwidth, time_s: 100, link: zone_pair, zones: [z-a, mars], bandwidth_GBps: 1}",
      "events[2].zones: zones ['mars'] not in the cluster"),
-], ids=["availability", "preemption", "failure", "bandwidth"])
+    # the instance's own events refused these; an events file's passed (and 1e300 s printed 300 digits)
+    ("{kind: bandwidth, time_s: 100, link: inter_zone, bandwidth_GBps: 1e-300}",
+     "events[2]: bandwidth_GBps: 1e-300 GB/s is outside [1e-06, 1e+06], the range hetplan accepts"),
+    ("{kind: availability, time_s: 1e300, gpu_type: A100-40, zone: z-a, available_gpus: 2}",
+     "events[2]: time_s: 1e+300 s is outside [0, 1e+09]"),
+], ids=["availability", "preemption", "failure", "bandwidth", "1e-300 GB/s", "at 1e300 s"])
 def test_replay_names_the_events_file_and_the_event(folder, event, needle):
     """These were refused only when the replay reached them, as `events.availability`: no file, no index."""
     (folder / "bad_events.yaml").write_text(EVENTS + f"  - {event}\n")

@@ -2340,6 +2340,14 @@ def test_a_model_whose_state_outgrows_the_cluster_is_refused_with_its_size():
             f"add GPUs or train a smaller model")
 
 
+def test_sizes_in_that_message_keep_a_digit_before_the_point():
+    """A CPU profile's model of a few kB was said to take "0.0 GB, more than the 0.0 GB" of its GPUs."""
+    from hetplan.orchestration.planner.inputs import _decimal_bytes
+
+    assert [_decimal_bytes(n) for n in (1044.6e9, 68.7e9, 27_136, 999, 2.5e12)] == [
+        "1044.6 GB", "68.7 GB", "27.1 kB", "999 bytes", "2500.0 GB"]
+
+
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_every_layout_holds_at_least_one_copy_of_the_state(zero_stage):
     """`state_shortfall`'s premise, on the memory estimator: over the workers of any layout (stages,
