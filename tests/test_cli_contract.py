@@ -101,6 +101,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "error: --min-nodes: 5, but the plan has 2 nodes; use 1 to 2"),
     ("compile bad --host", ["compile", "a100_v100_one_zone", "a100_v100_one_zone", "--host", "a100-0", "-o",
                             "{d}/c2"], 1, "error: --host: expects NODE=HOSTNAME"),
+    ("export-plan of uneven shares", ["export-plan", "a100_v100_one_zone", "a100_v100_one_zone"], 2,
+     "error: stages: Sailor's format has one microbatch size; this plan's replicas take [3, 4, 5]"),
     ("compile refused by megatron", ["compile", "a100_v100_one_zone", "a100_v100_one_zone", "-t", "megatron", "-o",
                                      "{d}/c3"], 2, "cannot be launched with megatron"),
     ("launch without --local", ["launch", "a100_v100_one_zone", "a100_v100_one_zone"], 1, "--local"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any, Mapping
 
-from hetplan.errors import PlanError
+from hetplan.errors import PlanError, RefusedError
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage
 
@@ -129,9 +129,9 @@ def plan_to_sailor(plan: Plan, instance: Instance) -> dict[str, Any]:
     """Sailor's plan dict of a hetplan plan whose replicas all take the same microbatch (gpus_per_node
     written as the TP degree, as Sailor's planner does)."""
     shares = plan.distinct_shares()
-    if len(shares) != 1:
-        raise PlanError(f"Sailor's format has one microbatch size; this plan's replicas take {sorted(shares)}",
-                        "stages")
+    if len(shares) != 1:  # a valid plan the format cannot say: refused, as a launch target refuses one
+        raise RefusedError(f"Sailor's format has one microbatch size; this plan's replicas take {sorted(shares)}",
+                           "stages")
     tmp = []
     for i, stage in enumerate(plan.stages):
         row = []
