@@ -36,6 +36,7 @@ class ProfileMemoryEstimator:
     """MemoryEstimator backed by the memory measurements of a ProfileSet (module docstring)."""
 
     name = "profile"
+    READS_PROFILES = True  # workload.profiles (build_estimators warns when no chosen estimator does)
     OPTIONS: tuple[str, ...] = ("framework_overhead_GiB",) + PROFILE_FILE_OPTIONS  # the estimators.options keys it reads
 
     def __init__(self, profiles: ProfileSet, capacity_bytes: Mapping[str, float], *, optimizer: str = "adam",

@@ -86,6 +86,7 @@ class ProfileTimeEstimator:
     """TimeEstimator backed by a ProfileSet (see the module docstring for the rules)."""
 
     name = "profile"
+    READS_PROFILES = True  # workload.profiles (build_estimators warns when no chosen estimator does)
     OPTIONS: tuple[str, ...] = ("decomposition",) + PROFILE_FILE_OPTIONS  # the estimators.options keys it reads
 
     def __init__(self, profiles: ProfileSet, decomposition: Decomposition = "linear", zero_stage: int = 0):

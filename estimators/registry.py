@@ -2,6 +2,7 @@
 with `from_instance(instance, options)` plus a line in the table below."""
 from __future__ import annotations
 
+import warnings
 from difflib import get_close_matches
 from importlib import import_module
 from typing import Any, Mapping
@@ -74,6 +75,10 @@ def build_estimators(instance: Instance) -> EstimatorSet:
     opts = choice.options
     classes = {kind: _load(kind, getattr(choice, kind)) for kind in ("time", "memory", "comm", "cost")}
     check_options(list(classes.values()), opts)
+    if instance.workload.profiles and not any(getattr(c, "READS_PROFILES", False) for c in classes.values()):
+        warnings.warn(f"workload.profiles lists {len(instance.workload.profiles)} profile(s), but none of the chosen "
+                      f"estimators reads them (time: {choice.time}, memory: {choice.memory}); choose time: profile "
+                      f"(or memory: profile) to plan with the measurements")
     return EstimatorSet(
         time=classes["time"].from_instance(instance, opts),
         memory=classes["memory"].from_instance(instance, opts),

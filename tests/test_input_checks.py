@@ -224,6 +224,20 @@ def test_a_yes_no_value_is_no_count_in_a_model_or_a_plan():
         plan_from_dict({"num_microbatches": 1, "stages": [{**stage, "layer_start": False}]})
 
 
+def test_profiles_no_chosen_estimator_reads_are_said_to_be_unused():
+    """Profiles listed beside the analytic estimators were ignored without a word (a missing file too)."""
+    import warnings
+
+    doc = _doc([{"gpu_type": "V100-16", "path": str(METIS), "format": "metis"}])
+    doc["estimators"] = {"time": "analytic"}
+    with pytest.warns(UserWarning, match=r"^workload\.profiles lists 1 profile\(s\), but none of the chosen "
+                                         r"estimators reads them \(time: analytic, memory: analytic\)"):
+        build_estimators(instance_from_dict(doc))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_estimators(instance_from_dict(_doc([{"gpu_type": "V100-16", "path": str(METIS), "format": "metis"}])))
+
+
 def test_an_options_key_no_chosen_estimator_reads_is_refused(tmp_path):
     base = _doc([{"gpu_type": "V100-16", "path": str(METIS), "format": "metis"}])
     ok = {**base, "estimators": {"time": "profile", "options": {"decomposition": "linear", "allreduce": "ring",
