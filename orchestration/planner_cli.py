@@ -226,7 +226,13 @@ def _front(inst, points: int, solver, time_limit: float, max_stages: int, quiet:
     rows.append((hi, fast))
     front = [{"budget_usd": b, "cost_usd": r.report.cost_per_iteration_usd, "iters_per_s": r.report.iters_per_s,
               "samples_per_s": r.report.samples_per_s, "gpus": r.report.num_gpus, "gap": r.gap} for b, r in rows]
-    return [p for p in front if not any(_dominates(q, p) for q in front)]
+    kept = [p for p in front if not any(_dominates(q, p) for q in front)]
+    # a plan the sweep found twice (the cheapest is the fastest: one GPU allowed) is one point
+    return [p for i, p in enumerate(kept) if not any(_same_point(q, p) for q in kept[:i])]
+
+
+def _same_point(q: dict, p: dict) -> bool:
+    return q["cost_usd"] == p["cost_usd"] and q["iters_per_s"] == p["iters_per_s"]
 
 
 def _dominates(q: dict, p: dict) -> bool:

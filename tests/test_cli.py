@@ -100,6 +100,18 @@ def test_pareto_front_has_no_dominated_point(tmp_path):
     assert all(c0 < c1 and t0 < t1 for (c0, t0), (c1, t1) in zip(pairs, pairs[1:])), pairs
 
 
+def test_pareto_of_one_allowed_gpu_is_one_point(tmp_path):
+    """One GPU type and max_gpus 1: the cheapest plan is the fastest, and the front listed it twice."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "instances" / "a100_homogeneous.yaml").read_text())
+    data["constraints"] = {"max_gpus": 1}
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(data))
+    front = json.loads(run("pareto", str(tmp_path / "one.yaml"), "--points", "3", "--time-limit", "10",
+                           "--json").stdout)
+    assert len(front) == 1 and front[0]["gpus"] == 1, front
+
+
 def test_pareto_of_free_gpus_is_one_point(tmp_path):
     """Every plan costs 0: no budget lies between the cheapest and the fastest, and the fastest is the front."""
     path = _free_gpus_instance(tmp_path, ("a", "v"))
