@@ -623,9 +623,18 @@ class Node:
 
 
 # ---- loading ----------------------------------------------------------------------------------
+def field_path(loc: tuple) -> str:
+    """pydantic's error location as hetplan names fields everywhere else: `node_groups[1].count`
+    (its own form, `node_groups.1.count`, beside ours in other messages read as two notations)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
+    loc = field_path(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a ValueError of ours
     return f"{loc}: {msg}" if loc else msg
 
@@ -641,7 +650,7 @@ def format_validation_error(exc: ValidationError) -> str:
         loc_t = tuple(err["loc"])
         if err["type"] == "too_short" and any(len(o) > len(loc_t) and o[:len(loc_t)] == loc_t for o in inner):
             continue
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = field_path(err["loc"])
         msg = _one_line(err["msg"].removeprefix("Value error, "))
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)

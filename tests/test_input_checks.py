@@ -220,7 +220,7 @@ def test_a_yes_no_value_is_no_count_in_a_model_or_a_plan():
     stage = {"layer_start": 0, "layer_end": 26, "replicas": [{"gpu_type": "V100-16", "zone": "z-a"}]}
     with pytest.raises(PlanError, match=r"num_microbatches: expected an integer, got true"):
         plan_from_dict({"num_microbatches": True, "stages": [stage]})
-    with pytest.raises(PlanError, match=r"stages\.0\.layer_start: expected an integer, got false"):
+    with pytest.raises(PlanError, match=r"stages\[0\]\.layer_start: expected an integer, got false"):
         plan_from_dict({"num_microbatches": 1, "stages": [{**stage, "layer_start": False}]})
 
 

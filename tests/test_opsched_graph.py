@@ -62,11 +62,11 @@ def test_op_graph_from_yaml_and_back():
      "edges\\[0\\].dst: unknown operator 'zz'"),
     ({"operators": [{"name": "a", "flops": 1}, {"name": "b", "flops": 1}],
       "edges": [{"src": "a", "dst": "b", "size_bytes": 1}, {"src": "b", "dst": "a", "size_bytes": 1}]}, "cycle"),
-    ({"operators": [{"name": "a", "flops": -1}]}, "operators.0.flops"),
+    ({"operators": [{"name": "a", "flops": -1}]}, r"operators\[0\]\.flops"),
     ({"operators": [{"name": "a", "flops": 0, "mem_traffic_bytes": 0}]}, "needs flops > 0"),
     ({"operators": [{"name": "a", "model": "m", "flops": 1}], "models": {"other": 1.0}}, "no weight for models"),
     ({"operators": [{"name": "a", "flops": 1}, {"name": "a", "flops": 2}]}, "duplicated names"),
-    ({"operators": [{"name": "a", "flops": 1, "flop": 2}]}, "operators.0.flop"),
+    ({"operators": [{"name": "a", "flops": 1, "flop": 2}]}, r"operators\[0\]\.flop"),
     ({"operators": [{"name": "a", "model": "m", "flops": 1}, {"name": "b", "model": "n", "flops": 1}],
       "edges": [{"src": "a", "dst": "b", "size_bytes": 1}]}, "different models"),
 ])

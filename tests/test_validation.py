@@ -209,12 +209,12 @@ def two_zones(path: list | None = None, value=None) -> dict:
 
 
 @pytest.mark.parametrize("data, pattern", [
-    (mutated(["cluster", "node_groups", 0, "gpus_per_node"], 0), r"node_groups\.0\.gpus_per_node: .*greater than 0"),
+    (mutated(["cluster", "node_groups", 0, "gpus_per_node"], 0), r"node_groups\[0\]\.gpus_per_node: .*greater than 0"),
     (mutated(["cluster", "node_groups", 1, "name"], "a100"),
      r"cluster\.node_groups\[1\]\.name: 'a100' is already the name of cluster\.node_groups\[0\]"),
     (mutated(["workload", "global_batch_size"], 0), r"workload\.global_batch_size: .*greater than 0"),
     (mutated(["events"], {"availability": [{"time_s": -5, "zone": ZONE, "gpu_type": "A100-40", "available_gpus": 4}]}),
-     r"events\.availability\.0\.time_s: .*greater than or equal to 0"),
+     r"events\.availability\[0\]\.time_s: .*greater than or equal to 0"),
     (two_zones(["cluster", "network", "zone_pairs"], [{"zones": [ZONE, "mars-1a"], "bandwidth_GBps": 1}]),
      r"cluster\.network\.zone_pairs\[0\]\.zones: \['mars-1a'\] not in the cluster"),
     (two_zones(["cluster", "network", "zone_pairs"], [{"zones": [ZONE, ZONE], "bandwidth_GBps": 1}]),
@@ -249,7 +249,7 @@ def test_two_zone_fixture_is_valid():
 def test_plan_gpus_without_a_node():
     plan = copy.deepcopy(PLAN)
     plan["stages"][0]["replicas"][0]["gpus"] = [3]
-    with pytest.raises(PlanError, match=r"stages\.0\.replicas\.0: .*'gpus' are local indices on a node"):
+    with pytest.raises(PlanError, match=r"stages\[0\]\.replicas\[0\]: .*'gpus' are local indices on a node"):
         plan_from_dict(plan)
 
 
@@ -407,13 +407,13 @@ def test_a_key_beside_a_yaml_merge_overrides_it(tmp_path):
 
 def test_a_bad_replica_is_one_problem_not_two():
     """pydantic also reports the replicas tuple as empty when an item fails; the message said
-    "...tp: Input should be greater than or equal to 1; stages.0.replicas: Tuple should have at least
+    "...tp: Input should be greater than or equal to 1; stages[0].replicas: Tuple should have at least
     1 item", a false second clause. An empty tuple is still reported."""
     plan = copy.deepcopy(PLAN)
     plan["stages"][0]["replicas"][0]["tp"] = 0
     with pytest.raises(PlanError) as err:
         plan_from_dict(plan)
-    assert str(err.value) == "stages.0.replicas.0.tp: Input should be greater than or equal to 1"
+    assert str(err.value) == "stages[0].replicas[0].tp: Input should be greater than or equal to 1"
     plan["stages"][0]["replicas"] = []
-    with pytest.raises(PlanError, match=r"^stages\.0\.replicas: Tuple should have at least 1 item"):
+    with pytest.raises(PlanError, match=r"^stages\[0\]\.replicas: Tuple should have at least 1 item"):
         plan_from_dict(plan)
