@@ -21,14 +21,14 @@ class LinkSpec(BaseModel):
     latency_s: float = Field(ge=0, default=0.0, description="one-way latency in seconds")
 
 
-def _not_bool(value: Any) -> Any:
+def not_bool(value: Any) -> Any:
     """pydantic's lax mode reads `count: true` as 1; a count written as yes/no is a typo."""
     if isinstance(value, bool):
         raise ValueError(f"expected an integer, got {str(value).lower()}")
     return value
 
 
-Int = Annotated[int, BeforeValidator(_not_bool)]  # an integer field of an instance, model or plan file
+Int = Annotated[int, BeforeValidator(not_bool)]  # an integer field of an instance, model or plan file
 
 
 class GpuSpec(BaseModel):
@@ -70,7 +70,7 @@ class ModelArch(BaseModel):
     num_layers: Int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: Int = Field(gt=0)
     num_heads: Int = Field(gt=0)
-    num_kv_heads: Annotated[int, Field(gt=0), BeforeValidator(_not_bool)] | None = Field(
+    num_kv_heads: Annotated[int, Field(gt=0), BeforeValidator(not_bool)] | None = Field(
         default=None, description="grouped-query attention; None = num_heads")
     ffn_hidden_size: Int = Field(gt=0)
     vocab_size: Int = Field(gt=0)
