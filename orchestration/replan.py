@@ -117,7 +117,8 @@ class ReplanOptions:
     horizon_s: float = 3600.0  # how long the new plan is expected to run
     # the whole re-plan's wall-clock target (None: none): the repair stops improving at
     # REPAIR_SHARE of it, and the planner gets what is left, less PLACE_SHARE for placing and
-    # scoring its plan, instead of planner_time_limit_s (the planner still runs when that is 0)
+    # scoring its plan, instead of planner_time_limit_s (the planner still runs when that is 0); where
+    # nothing at all is found within it, the planner runs again on planner_time_limit_s, past it
     budget_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -426,6 +427,17 @@ def _replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterSt
         if beside is not None:
             beside.close()
     best = _best(cands)
+    if best is None and opts.budget_s is not None:
+        # nothing within the budget: a late plan beats none (the GPUs would stand idle), so the planner
+        # runs again on planner_time_limit_s; the result's latency says how late
+        t3 = time.perf_counter()
+        plan, note, more_s = _planner_candidate(instance, figs, new_state, prev, lost,
+                                                dataclasses.replace(opts, budget_s=None), None, planner_cache, None)
+        planner_s += more_s
+        notes.append(note or f"planner: nothing within the {opts.budget_s:g} s budget; planned past it")
+        if plan is not None:
+            add(scored("planner", plan, t3))
+        best = _best(cands)
     if best is None:
         raise InfeasibleError(f"no plan fits the {new_state.total_gpus} GPUs up at t={new_state.time_s:g} s "
                               f"({'; '.join(notes) or 'repair and planner found none'})")

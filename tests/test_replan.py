@@ -326,3 +326,16 @@ def test_the_replan_benchmark_prints_one_json_object_per_trace():
         assert {"trace", "events", "replan_s_mean", "replan_s_max", "warm_objective", "cold_objective"} <= set(r)
         assert 0 < r["replan_s_mean"] <= r["replan_s_max"] and r["warm_objective"] > 0 and r["cold_objective"] > 0
         assert len(r["per_event"]) == r["events"]
+
+
+def test_a_budget_too_short_for_any_plan_gives_a_late_plan_not_infeasibility():
+    """A budget the planner cannot find a first plan in (loaded machines: the replan benchmark's
+    0.3 s once ended "no plan fits the 32 GPUs up") was reported as infeasible, exit 2, though
+    plans fit: with no candidate at all the planner runs again past the budget, and says so."""
+    from hetplan.orchestration.replan import ReplanOptions, replan
+
+    inst = load_instance("a100_v100_one_zone")
+    got = replan(inst, None, ClusterState.initial(inst), ReplanOptions(budget_s=1e-4, warm=False))
+    assert got.source == "planner" and validate_plan(inst, got.plan)
+    assert "planner: nothing within the 0.0001 s budget; planned past it" in got.notes
+    assert got.latency_s > 1e-4
