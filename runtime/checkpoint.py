@@ -116,9 +116,12 @@ def check_resumable(root: Path, model: dict[str, Any], optimizer: str, option: s
     that wrote it, naming `option`: every rank would fail on loading it, and a supervisor restarted
     them 50 times. Fields meta.json does not record (older checkpoints) are not compared, nor is a
     folder without one: the load reports that, as a rank's failure."""
-    if not (root / META).exists():
-        return
-    meta = read_meta(root)
+    if (root / META).exists():
+        check_meta(read_meta(root), root, model, optimizer, option)
+
+
+def check_meta(meta: dict[str, Any], root: Path, model: dict[str, Any], optimizer: str, option: str) -> None:
+    """`check_resumable` on a meta.json already read."""
     recorded = meta.get("model") if isinstance(meta.get("model"), dict) else {}
     differ = [f"{k} {recorded[k]!r} (this run: {v!r})" for k, v in model.items() if k in recorded and recorded[k] != v]
     if differ:
@@ -155,7 +158,7 @@ def load_rank(root: Path, tp: TPContext, params: list[tuple[ParamInfo, nn.Parame
               optimizer: torch.optim.Optimizer) -> int:
     """Fill this rank's parameters and optimizer state from a checkpoint; returns its iteration."""
     meta = read_meta(root)
-    check_resumable(root, {}, type(optimizer).__name__.lower(), "optimizer")  # a rank run without the CLI's check
+    check_meta(meta, root, {}, type(optimizer).__name__.lower(), "optimizer")  # a rank run without the CLI's check
     cache: dict[int, list[dict[str, Any]]] = {}
     for info, p in params:
         if info.unit not in cache:
