@@ -11,37 +11,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 
+# PlannerOptions' fields as `solve` and `pareto` spell them
+PLANNER_FLAGS = {"planner.objective": "--objective", "planner.max_cost_usd": "--max-cost",
+                 "planner.min_iters_per_s": "--min-throughput", "planner.time_limit_s": "--time-limit",
+                 "planner.rel_gap": "--gap", "planner.max_stages": "--max-stages"}
+
+
 def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages):
+    """PlannerOptions from the command line, refused (each by its flag) before anything is loaded."""
+    from hetplan.errors import fields_as
     from hetplan.orchestration.planner import PlannerOptions
 
-    _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages)
-    return PlannerOptions(backend=solver, objective=objective, max_cost_usd=max_cost, min_iters_per_s=min_throughput,
-                          time_limit_s=time_limit, rel_gap=gap, max_stages=max_stages,
-                          linearize=(solver != "scip"))
-
-
-def _check_search_options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages) -> None:
-    """Refuse bad options before anything is loaded or searched, each naming its option."""
-    from hetplan.errors import InstanceError
-    from hetplan.errors import check_number
-
-    if objective not in (None, "max_throughput", "min_cost"):
-        raise InstanceError(f"unknown objective {objective!r}; use max_throughput or min_cost", "--objective")
-    check_number(time_limit, "--time-limit")
-    check_number(max_cost, "--max-cost")
-    check_number(min_throughput, "--min-throughput")
-    if not (math.isfinite(gap) and 0 <= gap < 1):
-        raise InstanceError(f"must be a relative gap in [0, 1), got {gap:g}", "--gap")
-    if max_stages < 1:
-        raise InstanceError(f"must be at least 1, got {max_stages}", "--max-stages")
     if solver is not None:
-        from hetplan.errors import SolverError
+        from hetplan.errors import InstanceError, SolverError
         from hetplan.solvers.registry import get_backend
 
         try:
             get_backend(solver)
         except SolverError as exc:
             raise InstanceError(str(exc), "--solver") from None
+    with fields_as(PLANNER_FLAGS):
+        return PlannerOptions(backend=solver, objective=objective, max_cost_usd=max_cost,
+                              min_iters_per_s=min_throughput, time_limit_s=time_limit, rel_gap=gap,
+                              max_stages=max_stages, linearize=(solver != "scip"))
 
 
 def _fmt(value, unit: str) -> str:
@@ -189,7 +181,7 @@ def register(app: typer.Typer) -> None:
 
         if points < 2:
             raise InstanceError(f"must be at least 2 (the cheapest and the fastest plan), got {points}", "--points")
-        _check_search_options(solver, None, None, None, time_limit, 0.01, max_stages)
+        _options(solver, None, None, None, time_limit, 0.01, max_stages)  # its checks, before the loading
         _check_outputs(None, plot)
         inst = load_instance(instance)
         front = _front(inst, points, solver, time_limit, max_stages, as_json)

@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterable
 
 from hetplan.catalog import ModelArch
 from hetplan.cluster_state import ClusterState
-from hetplan.errors import HetplanError, InfeasibleError, PlanError, check_number
+from hetplan.errors import HetplanError, InfeasibleError, PlanError, check_count, check_counts, check_number
 from hetplan.estimators import EstimatorSet, build_estimators
 from hetplan.estimators.memo import memoised
 from hetplan.estimators.base import Endpoint
@@ -126,8 +126,9 @@ class ReplanOptions:
                            ("change_cost_s", True), ("planner_time_limit_s", True),
                            ("planner_combo_time_limit_s", True)):
             check_number(getattr(self, name), f"replan.{name}", zero=zero, error=PlanError)
-        if not self.tp_choices or min(self.tp_choices) < 1:
-            raise PlanError(f"tp_choices must be positive integers, got {self.tp_choices}", "replan.tp_choices")
+        check_counts(self.tp_choices, "replan.tp_choices", error=PlanError)
+        check_counts(self.microbatch_sizes, "replan.microbatch_sizes", error=PlanError)
+        check_count(self.max_stages, "replan.max_stages", error=PlanError)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import itertools
 import os
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -2366,3 +2367,27 @@ def test_every_layout_holds_at_least_one_copy_of_the_state(zero_stage):
             total = sum(tp * dp * mem.worker_memory(gpu, range(a, b), tp, 1, dp, 1).state_bytes
                         for a, b in zip(cuts, cuts[1:]))
             assert total >= one * (1 - 1e-12), (gpu, P, tp, dp)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("microbatch_sizes", (0,), "must be a non-empty list of positive integers, got (0,)"),  # ZeroDivisionError
+    ("tp_choices", (), "must be a non-empty list of positive integers, got ()"),  # max() of an empty sequence
+    ("objective", "MIN_COST", "unknown objective 'MIN_COST'"),  # searched for throughput without a word
+    ("time_limit_s", float("nan"), "must be a positive finite number, got nan"),  # said "got inf"
+    ("time_limit_s", 0.0, "must be a positive finite number, got 0"),  # "ran out ... raise --time-limit"
+    ("max_cost_usd", float("nan"), "must be a positive finite number, got nan"),  # searched, "none is proven"
+    ("max_stages", 0, "must be an integer of at least 1, got 0"),  # "no plan fits in memory"
+    ("combo_time_limit_s", -1.0, "must be a positive finite number, got -1"),
+    ("workers", -1, "must be an integer of at least 1, got -1"),
+    ("concurrent_milps", 0, "must be an integer of at least 1, got 0"),
+    ("rel_gap", 2.0, "must be a relative gap in [0, 1), got 2"),
+    ("available", {"A100-40": 4}, "keys are (GPU type, zone) pairs, got 'A100-40'"),  # "no GPUs are available"
+    ("available", {("A100-40", "z-a"): -1}, "must be an integer of at least 0, got -1"),
+])
+def test_planner_options_refuse_what_the_search_cannot_use(field, value, says):
+    """Each once ran to a bare Python error or to a misleading answer (comments); now a PlanError
+    naming planner.<field>, as ReplanOptions names replan.<field>."""
+    from hetplan.errors import PlanError
+
+    with pytest.raises(PlanError, match=rf"^planner\.{field}(\[.*\])?: " + re.escape(says)):
+        PlannerOptions(**{field: value})

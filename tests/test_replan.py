@@ -339,3 +339,13 @@ def test_a_budget_too_short_for_any_plan_gives_a_late_plan_not_infeasibility():
     assert got.source == "planner" and validate_plan(inst, got.plan)
     assert "planner: nothing within the 0.0001 s budget; planned past it" in got.notes
     assert got.latency_s > 1e-4
+
+
+def test_replan_options_refuse_sizes_the_planner_cannot_use():
+    """microbatch_sizes (0,) reached the planner and divided by zero; max_stages 0 read as "found nothing"."""
+    from hetplan.orchestration.replan import ReplanOptions
+
+    with pytest.raises(PlanError, match=r"^replan\.microbatch_sizes: must be a non-empty list of positive integers"):
+        ReplanOptions(microbatch_sizes=(0,))
+    with pytest.raises(PlanError, match=r"^replan\.max_stages: must be an integer of at least 1, got 0"):
+        ReplanOptions(max_stages=0)

@@ -1,9 +1,10 @@
 """What a caller gives the joint planner and gets back: options, outer choices, records, the result."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-
+from hetplan.errors import PlanError, check_count, check_counts, check_number
 from hetplan.plan import Plan
 from hetplan.simulator import SimulationReport
 
@@ -32,6 +33,28 @@ class PlannerOptions:
     climb_runs: int = 12  # then heuristic runs of the local search over the neighbouring choices (`_climb`)
     workers: int = 2  # processes refining bounds (2: a forked helper works ahead of the search; 1: none)
     concurrent_milps: int = 2  # choices' MILPs solving at once, each in a thread (HiGHS); 1: one after another
+
+    def __post_init__(self) -> None:
+        """Refuse what the search would divide by, loop on or silently read as something else (an
+        unknown objective searched for throughput; microbatch size 0 divided by zero), naming the
+        field as planner.<field>."""
+        if self.objective not in (None, "max_throughput", "min_cost"):
+            raise PlanError(f"unknown objective {self.objective!r}; use max_throughput or min_cost", "planner.objective")
+        for name in ("max_cost_usd", "min_iters_per_s", "time_limit_s", "combo_time_limit_s"):
+            check_number(getattr(self, name), f"planner.{name}", error=PlanError)
+        gap = self.rel_gap
+        if not (isinstance(gap, (int, float)) and math.isfinite(gap) and 0 <= gap < 1):
+            got = f"{gap:g}" if isinstance(gap, (int, float)) else repr(gap)
+            raise PlanError(f"must be a relative gap in [0, 1), got {got}", "planner.rel_gap")
+        for name, least in (("max_stages", 1), ("heuristic_choices", 0), ("heuristic_degrees", 0),
+                            ("climb_runs", 0), ("workers", 1), ("concurrent_milps", 1)):
+            check_count(getattr(self, name), f"planner.{name}", least=least, error=PlanError)
+        check_counts(self.microbatch_sizes, "planner.microbatch_sizes", error=PlanError)
+        check_counts(self.tp_choices, "planner.tp_choices", error=PlanError)
+        for key, count in (self.available or {}).items():
+            if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+                raise PlanError(f"keys are (GPU type, zone) pairs, got {key!r}", "planner.available")
+            check_count(count, f"planner.available[{key!r}]", least=0, error=PlanError)
 
 
 @dataclass(frozen=True)
