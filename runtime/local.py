@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
-from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, ready_path, run_worker
+from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, ready_path, run_worker, steps_log_path
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
 
@@ -108,6 +108,9 @@ class LocalWorkers:
         # absolute: in file://run/store the first word would be read as a host name (rendezvous hangs)
         self.store = out_dir.resolve() / f"store-{os.getpid()}-{time.monotonic_ns()}"
         errs = [out_dir / f"rank{r}.err" for r in range(spec.world_size)]
+        # rank 0 appends its steps: a folder reused (run's segment_000 of an earlier run) kept the
+        # earlier rows, and `run --json` reported their losses as this run's
+        steps_log_path(out_dir).unlink(missing_ok=True)
         for r, e in enumerate(errs):
             for stale in (e, _started_path(out_dir, r), progress_path(out_dir, r), heartbeat_path(out_dir, r),
                           ready_path(out_dir, r)):

@@ -185,6 +185,18 @@ def test_an_idle_loss_changes_nothing_and_a_finished_run_resumes_to_nothing(tmp_
     assert again.steps_completed == 4 and again.reconfigurations == [] and again.losses == []
 
 
+def test_a_resumed_run_in_the_same_folder_reports_its_own_losses_only(tmp_path):
+    """The second run trains iterations 4-5 in run/segment_000, where the first had left its
+    steps.jsonl (iterations 0-3): `losses` held six entries, four of them the first run's."""
+    inst, _ = bundled()
+    first = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=4))
+    again = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=6))
+    assert len(first.losses) == 4 and len(again.losses) == 2
+    ref = reference_train(model_config(build_spec(inst, again.final_plan), TINY), global_batch_size=BATCH, steps=6,
+                          optimizer="adam", lr=1e-2)
+    assert again.losses == pytest.approx(ref.losses[4:], abs=1e-9)
+
+
 def test_losing_every_gpu_stops_the_run_with_a_reason(tmp_path):
     """The re-planner answers "no GPU is up" with no plan; the supervisor passed that None on and
     ended in an AttributeError (exit 70). It is a run that cannot go on: LaunchError (exit 3)."""
