@@ -70,15 +70,18 @@ def _started_path(out_dir: Path, rank: int) -> Path:
 
 
 def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int) -> None:
-    _started_path(Path(err_path).parent, rank).write_text(f"{os.getpid()}\n")
-    os.environ.update(_local_env())
-    import torch
-
-    torch.set_num_threads(threads)
     try:
+        _started_path(Path(err_path).parent, rank).write_text(f"{os.getpid()}\n")
+        os.environ.update(_local_env())
+        import torch
+
+        torch.set_num_threads(threads)
         run_worker(load_spec(spec_path), opts, spec_rank=rank, init_method=init_method, process_rank=rank)
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises LaunchError
-        Path(err_path).write_text(traceback.format_exc())
+        try:
+            Path(err_path).write_text(traceback.format_exc())
+        except OSError:  # the launcher was stopped and removed its folder: nobody to report to
+            pass
         sys.exit(1)
 
 
