@@ -70,6 +70,12 @@ def _warn_out_of_memory(inst, plan) -> None:
               f"may fail out of memory", file=sys.stderr)
 
 
+# `run --heartbeat-timeout` below this is refused: ranks touch their heartbeat file every
+# min(0.25 s, timeout / 4) from a thread that a training step can keep waiting, and at 0.01 s a
+# healthy rank was read as hung and re-planned away (4 -> 2 GPUs); 1 s ran 8 steps with none.
+MIN_HEARTBEAT_TIMEOUT_S = 1.0
+
+
 # The highest --lr taken. Adam moves every weight by about lr per step whatever the gradient's
 # scale, and the weights start at a scale of 0.02: rates that train LLMs lie in 1e-5..1e-2, SGD's
 # rarely above 1. 10 leaves a decade of room over any rate that can learn (SGD at 10 still gives a
@@ -256,6 +262,9 @@ def register(app: typer.Typer) -> None:
         for value, option in ((time_scale, "--time-scale"), (heartbeat_timeout, "--heartbeat-timeout"),
                               (replan_time_limit, "--replan-time-limit")):
             check_number(value, option)
+        if heartbeat_timeout < MIN_HEARTBEAT_TIMEOUT_S:
+            raise PlanError(f"must be at least {MIN_HEARTBEAT_TIMEOUT_S:g} s, got {heartbeat_timeout:g}",
+                            "--heartbeat-timeout")
         overrides = local_run_overrides(None, out, hidden, heads, ffn, vocab, seq_len, lr)
         out_dir = out if out is not None else check_dir_option(ckpt.parent / "run", "--out")
         import sys

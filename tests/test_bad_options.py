@@ -74,6 +74,7 @@ def test_replay_refuses_a_nonsensical_option_before_planning(folder, option, val
 
 
 RUN_CASES = [("--time-scale", "nan"), ("--time-scale", "0"), ("--heartbeat-timeout", "-1"),
+             ("--heartbeat-timeout", "0.01"),  # read a healthy rank as hung and re-planned it away
              ("--replan-time-limit", "inf")]
 
 
