@@ -73,16 +73,16 @@ def test_replay_refuses_a_nonsensical_option_before_planning(folder, option, val
     assert proc.stdout == ""  # nothing replayed, no table printed
 
 
-RUN_CASES = [("--time-scale", "nan"), ("--time-scale", "0"), ("--heartbeat-timeout", "-1"),
-             ("--heartbeat-timeout", "0.01"),  # read a healthy rank as hung and re-planned it away
-             ("--replan-time-limit", "inf")]
+RUN_CASES = [("--time-scale", "nan", POSITIVE), ("--time-scale", "0", POSITIVE), ("--heartbeat-timeout", "-1", POSITIVE),
+             ("--heartbeat-timeout", "0.01", "must be at least 1 s"),  # a healthy rank was read as hung
+             ("--replan-time-limit", "inf", POSITIVE)]
 
 
-@pytest.mark.parametrize("option, value", RUN_CASES, ids=[f"{o} {v}" for o, v in RUN_CASES])
-def test_run_refuses_a_nonsensical_option_before_starting(folder, option, value):
+@pytest.mark.parametrize("option, value, says", RUN_CASES, ids=[f"{o} {v}" for o, v, _ in RUN_CASES])
+def test_run_refuses_a_nonsensical_option_before_starting(folder, option, value, says):
     proc = run(executable(), ["run", ELASTIC, ELASTIC_PLAN, "--local", "--elastic", "--checkpoint-dir", "{d}/ckpt",
                               option, value], folder)
-    assert_refused(proc, f"error: {option}: {POSITIVE}, got {value}")
+    assert_refused(proc, f"error: {option}: {says}, got {value}")
     assert not (folder / "ckpt").exists()  # refused before the supervisor made anything
 
 
