@@ -73,7 +73,8 @@ def test_replay_refuses_a_nonsensical_option_before_planning(folder, option, val
     assert proc.stdout == ""  # nothing replayed, no table printed
 
 
-RUN_CASES = [("--time-scale", "nan", POSITIVE), ("--time-scale", "0", POSITIVE), ("--heartbeat-timeout", "-1", POSITIVE),
+RUN_CASES = [("--time-scale", "nan", POSITIVE), ("--time-scale", "0", POSITIVE),
+             ("--heartbeat-timeout", "-1", POSITIVE),
              ("--heartbeat-timeout", "0.01", "must be at least 1 s"),  # a healthy rank was read as hung
              ("--replan-time-limit", "inf", POSITIVE)]
 
