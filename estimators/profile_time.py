@@ -28,6 +28,7 @@ replicas, so the step is divided by dp.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal, Mapping
 
 from hetplan.errors import EstimatorError
@@ -74,12 +75,34 @@ def instance_profiles(instance: Any, opts: Mapping[str, Any], who: str) -> Profi
                 f"{who}: the profile of {profile.gpu_type} ({profile.source}) has "
                 f"{profile.num_units} layer units, the model {arch.name} has {arch.num_units} "
                 f"({arch.num_layers} blocks + embedding + head)")
+        _warn_other_model(profile, arch)
     used = set(instance.constraints.allowed_gpu_types or instance.gpu_types)
     missing = sorted(used - set(loaded.gpu_types))
     if missing:
         raise EstimatorError(f"{who}: no profile for GPU types {missing} of the cluster; "
                              f"workload.profiles covers {loaded.gpu_types}")
     return loaded
+
+
+# Parameters a profile's TP-1 memory measurement may count beyond or below the model's before it is
+# said to be another model's (Sailor's OPT-350 profile and hetplan's OPT-350M differ by 0.02 %)
+OTHER_MODEL_SHARE = 0.05
+
+
+def _warn_other_model(profile: GpuProfile, arch: Any) -> None:
+    """A warning when the profile's units hold another number of parameters than the model's: the
+    layer count matched, but a profile of hidden 16 planned a model of hidden 32 on its times."""
+    from hetplan.estimators.model_stats import unit_params
+
+    counted = [m for m in profile.memory if m.tp == 1 and all(u.params_per_gpu is not None for u in m.units)]
+    if not counted:
+        return
+    measured = sum(u.params_per_gpu for u in counted[0].units)
+    model = sum(unit_params(arch, u).per_gpu(1) for u in range(arch.num_units))
+    if abs(measured - model) > OTHER_MODEL_SHARE * model:
+        warnings.warn(f"workload.profiles: the profile of {profile.gpu_type} ({profile.source}) counts "
+                      f"{measured:,.0f} parameters at TP 1, the model {arch.name} {model:,.0f}: its times are "
+                      f"another model's")
 
 
 class ProfileTimeEstimator:

@@ -141,6 +141,28 @@ def _instance(folder: Path, **estimators):
     return load_instance(folder / "inst.yaml")
 
 
+def test_a_profile_of_another_width_is_said_to_be_another_models(folder, profile):
+    """Only the layer count was checked: a profile measured at hidden 32 planned a model of hidden 64
+    on its times without a word. Its TP-1 parameter count says so (by hand, biases and norms in:
+    hidden 32: 2,560 + 2 x 12,704 + 2,112 = 30,080; hidden 64: 5,120 + 2 x 33,472 + 4,224 = 76,288);
+    the model's own profile is quiet."""
+    import warnings
+
+    from hetplan.estimators import build_estimators
+    from hetplan.instance import instance_from_dict
+
+    inst = _instance(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_estimators(inst)
+    wider = inst.model_dump(exclude={"base_dir"})
+    wider["workload"]["model"] = {"arch": {**ARCH, "hidden_size": 64}}
+    wider["workload"]["profiles"] = [{"gpu_type": DEVICE, "path": str(folder / "prof.yaml")}]
+    with pytest.warns(UserWarning, match=r"^workload\.profiles: the profile of CPU-2core .* counts 30,080 parameters "
+                                         r"at TP 1, the model tiny 76,288: its times are another model's$"):
+        build_estimators(instance_from_dict(wider))
+
+
 def test_a_profile_defines_a_new_gpu_type(folder, profile):
     inst = _instance(folder)
     gpu = inst.gpu(DEVICE)
