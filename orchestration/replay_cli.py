@@ -105,8 +105,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def replay(instance: str = typer.Argument(..., help="instance file or bundled name"),
-               trace: Optional[str] = typer.Argument(None, help="Sailor trace CSV or events YAML/JSON "
-                                                     "(default: the instance's events and trace_csv)"),
+               trace: Optional[str] = typer.Argument(None, help="Sailor trace CSV (in place of the instance's "
+                                                     "trace_csv) or events YAML/JSON, played with the instance's own "
+                                                     "events (at the same time, those apply after a trace's row)"),
                horizon: Optional[float] = typer.Option(None, "--horizon", help="end time in seconds"),
                restart: float = typer.Option(30.0, "--restart-s", help="seconds per reconfiguration for restart"),
                notice: float = typer.Option(30.0, "--notice-s", help="preemption notice before availability drops"),
