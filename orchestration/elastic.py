@@ -241,6 +241,7 @@ class ElasticResult:
     out_dir: Path
     last_segment_dir: Path
     final_plan: Plan
+    resumed_from: int = 0  # the iteration of the checkpoint the run started from (0: none)
 
     @property
     def downtime_s(self) -> float:
@@ -248,6 +249,7 @@ class ElasticResult:
 
     def summary(self) -> dict[str, Any]:
         return {"steps_completed": self.steps_completed, "samples_trained": self.samples_trained,
+                "resumed_from": self.resumed_from,
                 "downtime_s": self.downtime_s, "wall_s": self.wall_s,
                 "reconfigurations": [r.summary() for r in self.reconfigurations],
                 "absorbed_events": self.absorbed, "plans": self.plans, "losses": self.losses,
@@ -308,7 +310,7 @@ class _Supervisor:
     def run(self) -> ElasticResult:
         opts = self.opts
         opts.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        done = self._committed()
+        done = first = self._committed()
         pending: _Pending | None = None
         segment, stuck = 0, 0
         seg_dir = opts.out_dir
@@ -334,7 +336,7 @@ class _Supervisor:
                              reconfigurations=self.reconfs, absorbed=self.absorbed, plans=self.plans,
                              losses=[self.losses[i] for i in sorted(self.losses) if i < opts.steps],
                              wall_s=time.monotonic() - self.t0, out_dir=opts.out_dir, last_segment_dir=seg_dir,
-                             final_plan=self.plan)
+                             final_plan=self.plan, resumed_from=first)
 
     def _committed(self) -> int:
         last = checkpoint.latest(self.opts.checkpoint_dir)

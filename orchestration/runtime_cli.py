@@ -289,8 +289,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(result.summary())
             return
-        typer.echo(f"trained {result.steps_completed} steps ({result.samples_trained} samples) in "
-                   f"{result.wall_s:.1f} s; {len(result.reconfigurations)} reconfigurations, total downtime "
+        trained = result.steps_completed - result.resumed_from  # a resumed run said "trained 12" for none
+        resumed = f", resumed at iteration {result.resumed_from}" if result.resumed_from else ""
+        typer.echo(f"trained {trained} steps ({trained * inst.workload.global_batch_size} samples) in "
+                   f"{result.wall_s:.1f} s{resumed}; {len(result.reconfigurations)} reconfigurations, total downtime "
                    f"{result.downtime_s:.2f} s")
         for r in result.reconfigurations:
             typer.echo(f"  iteration {r.at_iteration:4d}  {r.kind:12s} {r.cause}: downtime {r.downtime_s:.2f} s "

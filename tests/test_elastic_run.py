@@ -192,6 +192,7 @@ def test_a_resumed_run_in_the_same_folder_reports_its_own_losses_only(tmp_path):
     first = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=4))
     again = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=6))
     assert len(first.losses) == 4 and len(again.losses) == 2
+    assert (first.resumed_from, again.resumed_from) == (0, 4)  # the CLI said "trained 6 steps" for 2
     ref = reference_train(model_config(build_spec(inst, again.final_plan), TINY), global_batch_size=BATCH, steps=6,
                           optimizer="adam", lr=1e-2)
     assert again.losses == pytest.approx(ref.losses[4:], abs=1e-9)
