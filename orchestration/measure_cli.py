@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hetplan.errors import PlanError
+from hetplan.errors import PlanError, fields_as
 from hetplan.orchestration.runtime_cli import local_run_overrides
 
 MIB = 2**20
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
         from hetplan.runtime.measure import measure_plan  # torch: only once the arguments are checked
 
-        with _progress(steps) as on_progress:
+        with _progress(steps) as on_progress, fields_as({"warmup": "--warmup"}):
             result = measure_plan(instance, plan, steps, warmup, overrides, schedule=schedule, dtype=dtype,
                                   optimizer=optimizer, lr=lr, seed=seed, out_dir=out, on_progress=on_progress)
         if as_json:

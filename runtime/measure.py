@@ -151,7 +151,8 @@ def measure_plan(instance: Instance | str | Path, plan: Plan | str | Path, steps
     the simulator (see the module docstring). Raises PlanError for bad input, LaunchError when a
     rank fails."""
     if warmup < 0 or steps <= warmup:
-        raise PlanError(f"steps ({steps}) must exceed warmup ({warmup}) and warmup must be >= 0", "steps")
+        raise PlanError(f"warmup {warmup} must be at least 0 and below the {steps} steps (the medians need a step "
+                        f"after it)", "warmup")
     inst = instance if isinstance(instance, Instance) else load_instance(instance)
     pl = plan if isinstance(plan, Plan) else load_plan(plan)
     if schedule is not None:

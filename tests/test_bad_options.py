@@ -224,6 +224,7 @@ LOCAL_CASES = [("launch", ["--lr", "inf"], "error: --lr: must be a positive fini
                ("measure", ["--lr", "1e308", "--lr", "nan"], "error: --lr: must be a positive finite number, got nan"),
                ("launch", ["--hidden", "0"], "error: --hidden: must be at least 1, got 0"),
                ("measure", ["--seq-len", "-1"], "error: --seq-len: must be at least 1, got -1"),
+               ("measure", ["--warmup", "5"], "error: --warmup: warmup 5 must be at least 0 and below the 2 steps"),
                # once each rank failed on a 25.6 GB allocation (exit 3): profile's ceilings hold here too
                ("launch", ["--hidden", "99999998"], "error: --hidden: 99999998 is above the ceiling of 131,072")]
 
