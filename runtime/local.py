@@ -244,14 +244,14 @@ def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s
     if opts.measure:
         argv.append("--measure")
     try:
-        proc = subprocess.run(argv, env={**os.environ, **_local_env()}, capture_output=True, text=True,
-                              timeout=timeout_s)
+        # the ranks' progress lines go where the processes method's go, as they come: file descriptor
+        # 1, which the CLI points at stderr (they were printed on stdout at the end of the run)
+        proc = subprocess.run(argv, env={**os.environ, **_local_env()}, text=True, timeout=timeout_s,
+                              stdout=subprocess.PIPE if opts.quiet else None, stderr=subprocess.PIPE)
     except subprocess.TimeoutExpired:
         raise LaunchError(f"torchrun did not finish within {timeout_s:.0f} s") from None
-    if not opts.quiet and proc.stdout:
-        print(proc.stdout, end="")
     if proc.returncode != 0:
-        raise LaunchError(_torchrun_failure(spec, opts, proc.returncode, proc.stderr + proc.stdout))
+        raise LaunchError(_torchrun_failure(spec, opts, proc.returncode, proc.stderr + (proc.stdout or "")))
 
 
 def _torchrun_failure(spec: LaunchSpec, opts: RunOptions, returncode: int, output: str) -> str:

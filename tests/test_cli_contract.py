@@ -329,3 +329,14 @@ def test_compile_warns_of_a_plan_out_of_memory_and_reads_sailor_plans(folder):
     assert proc.returncode == 0 and error_lines(proc.stderr) == [], proc.stderr
     spec = json.loads((folder / "sailor_launch" / "launch_spec.json").read_text())
     assert [r["tp_size"] for r in spec["ranks"]] == [2] * 4
+
+
+def test_launch_through_torchrun_keeps_progress_off_stdout(folder):
+    """--method torchrun printed the ranks' "[hetplan] step" lines on stdout, all at the end; they go
+    to stderr as the processes method's do, and stdout holds the results only."""
+    tiny = ["--hidden", "16", "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8"]
+    proc = run(executable(), ["launch", "--local", "elastic_small", "elastic_small", "--steps", "2", "--method",
+                              "torchrun", "--out", "{d}/tr_launch", *tiny], folder, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "[hetplan] step" not in proc.stdout and proc.stderr.count("[hetplan] step") == 2, proc.stdout
+    assert "log.json" in proc.stdout.splitlines()[0]  # the results: where the log is, then the steps' table
