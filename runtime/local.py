@@ -309,7 +309,12 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
                       save_checkpoint=str(save_checkpoint) if save_checkpoint else None,
                       load_checkpoint=str(load_checkpoint) if load_checkpoint else None,
                       timeout_s=min(timeout_s, 300.0), quiet=quiet, progress_dir=str(out), measure=measure)
-    _check_options(spec, opts)  # before anything is written: a refused launch leaves the folder as it was
+    try:
+        _check_options(spec, opts)  # before anything is written: a refused launch leaves the folder as it was
+    except BaseException:
+        if out_dir is None:  # and leaves no empty temporary folder behind
+            out.rmdir()
+        raise
     out.mkdir(parents=True, exist_ok=True)
     spec_path = spec.save(out / "launch_spec.json")
     log_path.unlink(missing_ok=True)

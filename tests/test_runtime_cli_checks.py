@@ -105,6 +105,21 @@ def test_a_rank_refuses_a_checkpoint_of_another_optimizer_with_the_same_sentence
         load_rank(latest(tiny_ckpt), None, [], sgd)
 
 
+def test_a_refused_launch_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """Without out_dir the launch made /tmp/hetplan-local-XXXX before its checks, and a refusal left
+    it there, empty."""
+    import tempfile
+
+    from hetplan.errors import PlanError
+    from hetplan.runtime.local import launch_local
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bad = {"hidden_size": 16, "num_heads": 3, "ffn_hidden_size": 32, "vocab_size": 32, "seq_len": 8}
+    with pytest.raises(PlanError, match="not divisible by num_heads 3"):
+        launch_local(ELASTIC, ELASTIC_PLAN, 1, bad)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_launch_local_refuses_a_checkpoint_of_another_model(folder, tiny_ckpt):
     """The library's launch resumes from `load_checkpoint`: refused there too, before a rank starts."""
     from hetplan.errors import PlanError
