@@ -31,13 +31,25 @@ def check_writable(path: str | Path, option: str) -> Path:
     really created (and removed) beside it, as `write_atomic` will, since some directories refuse
     new files whatever their mode says (/proc, /sys as root). A symlink is checked at the file it
     names; a device or FIFO (/dev/null, a pipe) only for write permission, as it is written in place."""
+    target, real = _resolved(path, option)
+    if real is not None:
+        fd, tmp = _temporary(real, option)
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+def _resolved(path: str | Path, option: str) -> tuple[Path, Path | None]:
+    """(the path, the file a rename replaces: the path with its symlinks followed; None for a device
+    or FIFO, written in place), or OutputError for what no write can reach; the directory's own
+    refusal of new files is for `_temporary` to find."""
     target = Path(path)
     if target.is_dir():
         raise OutputError(f"{target} is a directory; give a file name", option)
     if _in_place(target):
         if not os.access(target, os.W_OK):
             raise OutputError(f"{target} is not writable", option)
-        return target
+        return target, None
     real = Path(os.path.realpath(target))
     parent = real.parent
     if parent.exists() and not parent.is_dir():
@@ -46,10 +58,7 @@ def check_writable(path: str | Path, option: str) -> Path:
         raise OutputError(f"directory {parent} does not exist", option)
     if real.exists() and not os.access(real, os.W_OK):
         raise OutputError(f"{real} is not writable", option)
-    fd, tmp = _temporary(real, option)
-    os.close(fd)
-    Path(tmp).unlink(missing_ok=True)
-    return target
+    return target, real
 
 
 def _in_place(target: Path) -> bool:
@@ -84,15 +93,14 @@ def write_atomic(path: str | Path, data: str | bytes, option: str = "output") ->
     """Write `data` to `path` via a temporary file in the same directory and a rename. A symlink
     keeps pointing where it did (the file it names is replaced); a device or FIFO is written in
     place; a file that exists keeps its permission bits (a new one gets rw-r--r--)."""
-    target = check_writable(path, option)
+    target, real = _resolved(path, option)
     mode = "wb" if isinstance(data, bytes) else "w"
-    if _in_place(target):
+    if real is None:
         with open(target, mode) as fh:
             fh.write(data)
         return target
-    real = Path(os.path.realpath(target))
     bits = real.stat().st_mode & 0o7777 if real.exists() else 0o644
-    fd, tmp = _temporary(real, option)
+    fd, tmp = _temporary(real, option)  # the directory's refusal found here, as `check_writable` finds it
     try:
         with os.fdopen(fd, mode) as fh:
             fh.write(data)
