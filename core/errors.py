@@ -58,21 +58,22 @@ def check_number(value: float | None, field: str, *, zero: bool = False, error: 
     raise error(f"must be a {'finite number >= 0' if zero else 'positive finite number'}, got {value:g}", field)
 
 
+def _is_count(value: object, least: int) -> bool:
+    """An integer of at least `least`; a bool, a float or a string is none."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def check_count(value: object, field: str, *, least: int = 1, error: type = InstanceError) -> None:
-    """Refuse anything but an integer of at least `least` (a bool, a float, a string included),
-    naming `field`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    """Refuse anything but an integer of at least `least`, naming `field`."""
+    if not _is_count(value, least):
         raise error(f"must be an integer of at least {least}, got {value!r}", field)
 
 
 def check_counts(values: object, field: str, *, error: type = InstanceError) -> None:
     """Refuse anything but a non-empty tuple or list of positive integers (microbatch sizes, TP
     degrees), naming `field`: 0 divided by later, an empty one failed inside max()."""
-    if not isinstance(values, (tuple, list)) or not values:
+    if not (isinstance(values, (tuple, list)) and values and all(_is_count(v, 1) for v in values)):
         raise error(f"must be a non-empty list of positive integers, got {values!r}", field)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise error(f"must be a non-empty list of positive integers, got {values!r}", field)
 
 
 class EstimatorError(HetplanError):

@@ -632,11 +632,15 @@ def field_path(loc: tuple) -> str:
     return out
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+def _error_line(err: dict) -> str:
+    """One pydantic error as `field: problem`, without pydantic's prefix for a ValueError of ours."""
     loc = field_path(err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a ValueError of ours
+    msg = _one_line(err["msg"].removeprefix("Value error, "))
     return f"{loc}: {msg}" if loc else msg
+
+
+def _first_error(exc: ValidationError) -> str:
+    return _error_line(exc.errors()[0])
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -650,9 +654,7 @@ def format_validation_error(exc: ValidationError) -> str:
         loc_t = tuple(err["loc"])
         if err["type"] == "too_short" and any(len(o) > len(loc_t) and o[:len(loc_t)] == loc_t for o in inner):
             continue
-        loc = field_path(err["loc"])
-        msg = _one_line(err["msg"].removeprefix("Value error, "))
-        lines.append(f"{loc}: {msg}" if loc else msg)
+        lines.append(_error_line(err))
     return "; ".join(lines)
 
 
