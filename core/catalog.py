@@ -29,6 +29,8 @@ def not_bool(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(not_bool)]  # an integer field of an instance, model or plan file
+# the same, above 0, for a field that may be None (`Int | None` with Field(gt=0) writes "gt" into the schema)
+PositiveInt = Annotated[int, Field(gt=0), BeforeValidator(not_bool)]
 
 
 class GpuSpec(BaseModel):
@@ -70,8 +72,7 @@ class ModelArch(BaseModel):
     num_layers: Int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: Int = Field(gt=0)
     num_heads: Int = Field(gt=0)
-    num_kv_heads: Annotated[int, Field(gt=0), BeforeValidator(not_bool)] | None = Field(
-        default=None, description="grouped-query attention; None = num_heads")
+    num_kv_heads: PositiveInt | None = Field(default=None, description="grouped-query attention; None = num_heads")
     ffn_hidden_size: Int = Field(gt=0)
     vocab_size: Int = Field(gt=0)
     seq_len: Int = Field(gt=0)

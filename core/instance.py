@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from hetplan.catalog import GpuSpec, Int, LinkSpec, ModelArch, gpu_catalog, model_presets, not_bool
+from hetplan.catalog import GpuSpec, Int, LinkSpec, ModelArch, PositiveInt, gpu_catalog, model_presets
 from hetplan.errors import InstanceError, PlanError
 
 # allow_inf_nan=False: an infinite bandwidth or price would be accepted and turn into "cost inf" or a
@@ -184,7 +184,7 @@ class Constraints(BaseModel):
     model_config = _STRICT
     max_cost_per_iteration_usd: float | None = Field(default=None, gt=0)
     min_throughput_iters_per_s: float | None = Field(default=None, gt=0)
-    max_gpus: Annotated[int, Field(gt=0), BeforeValidator(not_bool)] | None = None
+    max_gpus: PositiveInt | None = None
     allowed_gpu_types: list[str] | None = None
     allowed_zones: list[str] | None = None
 

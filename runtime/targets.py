@@ -150,7 +150,11 @@ def torchrun_argv(spec: LaunchSpec, node: NodeSpec, spec_path: str, master_addr:
 
 def _shell_words(words: list[str]) -> str:
     """' w1 w2 ...', each quoted unless it is a double-quoted shell expansion of ours."""
-    return "".join(" " + (w if w.startswith('"$') else _q(w)) for w in words)
+    return "".join(" " + _word(w) for w in words)
+
+
+def _word(w: str) -> str:
+    return w if w.startswith('"$') else _q(w)
 
 
 def _multiline(argv: list[str]) -> str:
@@ -158,7 +162,7 @@ def _multiline(argv: list[str]) -> str:
     `_shell_words` (a checkpoint folder may hold spaces), a flag=value whose value is one of our
     expansions ('--master-addr="${MASTER_ADDR:-host}"') left as it is."""
     def word(w: str) -> str:
-        return w if w.startswith('"$') or '="$' in w else _q(w)
+        return w if '="$' in w else _word(w)
 
     lines, i = [], 0
     while i < len(argv):
