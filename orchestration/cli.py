@@ -67,7 +67,7 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
     """Validate an instance file and summarise it."""
     from hetplan.estimators import build_estimators
     from hetplan.instance import load_instance
-    from hetplan.orchestration.planner.inputs import state_and_memory_bytes, state_shortfall
+    from hetplan.orchestration.planner.inputs import decimal_bytes, state_and_memory_bytes, state_shortfall
 
     inst = load_instance(instance)
     est = build_estimators(inst)  # names, options and profiles: what `solve` would refuse, refused here
@@ -95,8 +95,9 @@ def validate(instance: str = typer.Argument(..., help="instance file, or the nam
                   f"global batch {inst.workload.global_batch_size} x {arch.seq_len} tokens; "
                   f"objective {inst.objective.kind}")
     if state is not None:
-        console.print(f"one copy of the model's weights, gradients and optimizer state: {state.state_bytes / 1e9:.1f} "
-                      f"GB; memory of the {state.gpus} allowed GPUs: {state.memory_bytes / 1e9:.1f} GB")
+        console.print(f"one copy of the model's weights, gradients and optimizer state: "
+                      f"{decimal_bytes(state.state_bytes)}; memory of the {state.gpus} allowed GPUs: "
+                      f"{decimal_bytes(state.memory_bytes)}")
 
 
 def describe_replicas(plan, stage: int) -> str:

@@ -2343,9 +2343,9 @@ def test_a_model_whose_state_outgrows_the_cluster_is_refused_with_its_size():
 
 def test_sizes_in_that_message_keep_a_digit_before_the_point():
     """A CPU profile's model of a few kB was said to take "0.0 GB, more than the 0.0 GB" of its GPUs."""
-    from hetplan.orchestration.planner.inputs import _decimal_bytes
+    from hetplan.orchestration.planner.inputs import decimal_bytes
 
-    assert [_decimal_bytes(n) for n in (1044.6e9, 68.7e9, 27_136, 999, 2.5e12)] == [
+    assert [decimal_bytes(n) for n in (1044.6e9, 68.7e9, 27_136, 999, 2.5e12)] == [
         "1044.6 GB", "68.7 GB", "27.1 kB", "999 bytes", "2500.0 GB"]
 
 

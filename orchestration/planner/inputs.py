@@ -367,7 +367,7 @@ def state_and_memory_bytes(instance: Instance, est: EstimatorSet, quotas: dict |
     return StateAndMemory(state_bytes, memory_bytes, gpus) if gpus else None
 
 
-def _decimal_bytes(n: float) -> str:
+def decimal_bytes(n: float) -> str:
     """Bytes in the largest decimal unit that keeps a digit before the point ("0.0 GB" said nothing
     of a CPU profile's 27 kB model)."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -383,8 +383,8 @@ def state_shortfall(instance: Instance, got: StateAndMemory | None) -> str | Non
         return None
     w = instance.workload
     return (f"no plan fits in memory: one copy of the model's weights, gradients and optimizer state takes "
-            f"{_decimal_bytes(got.state_bytes)} ({w.precision}, {w.optimizer}), more than the "
-            f"{_decimal_bytes(got.memory_bytes)} of all {got.gpus} GPUs together; add GPUs or train a smaller model")
+            f"{decimal_bytes(got.state_bytes)} ({w.precision}, {w.optimizer}), more than the "
+            f"{decimal_bytes(got.memory_bytes)} of all {got.gpus} GPUs together; add GPUs or train a smaller model")
 
 
 def _ordered_classes(size_bytes: float, node: joint.LinkCost, zone: joint.LinkCost,
