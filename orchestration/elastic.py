@@ -302,7 +302,9 @@ class _Supervisor:
         self.losses: dict[int, float] = {}
         self.next_plan: Plan | None = None  # found by a re-plan while training
         self.next_cause = ""
+        self.called_off = ""  # a switch called off after the ranks were asked to stop
         self.overlapped_s = 0.0
+        self.planned_stop = NEVER  # the running segment's stop for at_step events
         self.session = ReplanSession()  # estimator figures and planner tables kept across events
         self.t0 = time.monotonic()
 
@@ -332,6 +334,9 @@ class _Supervisor:
             done = resumed
             segment += 1
         done = self._committed()
+        if self.next_cause:  # a stop was asked for, but the last step came first
+            self.absorbed.append(f"{self.next_cause}: the run ended at iteration {done} before switching")
+            self.log(self.absorbed[-1])
         return ElasticResult(steps_completed=done, samples_trained=done * self.inst.workload.global_batch_size,
                              reconfigurations=self.reconfs, absorbed=self.absorbed, plans=self.plans,
                              losses=[self.losses[i] for i in sorted(self.losses) if i < opts.steps],
@@ -348,7 +353,8 @@ class _Supervisor:
         spec = build_spec(self.inst, self.plan)
         spec_path = spec.save(seg_dir / "launch_spec.json")
         control = seg_dir / "control"
-        write_control(control, stop=self._planned_stop(done), hold=self._next_fault_step(done))
+        self.planned_stop = self._planned_stop(done)
+        write_control(control, stop=self.planned_stop, hold=self._next_fault_step(done))
         last = checkpoint.latest(opts.checkpoint_dir)
         run = RunOptions(steps=opts.steps - done, model=dict(opts.model), dtype=opts.dtype, optimizer=opts.optimizer,
                          lr=opts.lr, seed=opts.seed, backend="gloo", log_path=str(seg_dir / "log.json"),
@@ -415,7 +421,7 @@ class _Supervisor:
                 held = hold
                 write_control(control, hold=held)
             for ev in self._due_async_events():
-                self._arrive(ev, done, control)
+                self._arrive(ev, lambda: base + steps_done(seg_dir, world), control)
             if failed := workers.failed():
                 killed = [r for r in failed if r in faults] or failed
                 r, code = killed[0], workers.codes()[killed[0]]
@@ -524,29 +530,46 @@ class _Supervisor:
     def _describe(self, ev: ElasticEvent | Event) -> str:
         return ev.describe() if isinstance(ev, ElasticEvent) else describe_event(ev)
 
-    def _arrive(self, ev, done: int, control: Path) -> None:
+    def _arrive(self, ev, position: Callable[[], int], control: Path) -> None:
         """An availability change seen while training (trace, at_s, watched file): stop at the
         next boundary if it takes running GPUs; otherwise re-plan now, while the ranks train, and
         stop only for a different plan. Never a fault: `check_timed` refuses one with at_s, and
-        `_poll_watch` leaves out the watched ones."""
+        `_poll_watch` leaves out the watched ones. `position`: the iterations done now (the ranks
+        train on while this re-plans, so the stop is set from where they are once it is known)."""
         new = self.state.apply(self._cluster_event(ev, self.state))
         self.state = new
         what = self._describe(ev)
         if not new.plan_is_valid(self.plan):
             self.next_plan, self.next_cause = None, what
-            write_control(control, stop=done + 1)
-            self.log(f"iteration {done}: {what} takes GPUs of the running plan; stopping at iteration {done + 1}")
+            self._stop_next(control, position(), f"{what} takes GPUs of the running plan")
             return
         t = time.perf_counter()
         res = replan(self.inst, self.plan, new, self.opts.replan, session=self.session)
         spent = time.perf_counter() - t
+        done = position()
         if res.plan is None or same_plan(res.plan, self.plan):
-            self.absorbed.append(f"iteration {done}: {what} (re-planned in {spent:.2f} s: plan kept)")
+            # a switch asked for by an earlier change is off: its plan was found for a cluster
+            # that is gone (it may not even fit this one)
+            dropped = f"; the switch asked for by {self.next_cause} is off" if self.next_cause else ""
+            if dropped:
+                self.called_off = f"{self.next_cause} (its switch called off by {what})"
+                self.next_plan, self.next_cause = None, ""
+                write_control(control, stop=self.planned_stop)
+            self.absorbed.append(f"iteration {done}: {what} (re-planned in {spent:.2f} s: plan kept{dropped})")
             self.log(self.absorbed[-1])
             return
         self.next_plan, self.next_cause, self.overlapped_s = res.plan, what, spent
+        self._stop_next(control, done, f"{what}: a better plan found in {spent:.2f} s while training")
+
+    def _stop_next(self, control: Path, done: int, why: str) -> None:
+        """Ask the ranks to stop after the step in flight. A rank that read the control file
+        before this write finishes one more step, so the iteration the run really stops at is
+        the reconfiguration's (logged when the new ranks are ready)."""
         write_control(control, stop=done + 1)
-        self.log(f"iteration {done}: {what}: a better plan found in {spent:.2f} s while training; switching")
+        if done + 1 < self.opts.steps:
+            self.log(f"iteration {done}: {why}; stopping after the step in flight")
+        else:
+            self.log(f"iteration {done}: {why}; the run ends at its last step before it could switch")
 
     # -- reconfiguration ---------------------------------------------------------------------------
     def _reconfigure(self, stop: _Stop, resumed: int) -> _Pending:
@@ -559,7 +582,7 @@ class _Supervisor:
             self.todo = [e for e in self.todo if e not in due]
             for ev in due:
                 self.state = self.state.apply(self._cluster_event(ev, self.state))
-            stop.cause = ", ".join(e.describe() for e in due) or "stopped"
+            stop.cause = ", ".join(e.describe() for e in due) or self.called_off or "stopped"
         if stop.kind in ("failure", "hang"):
             rows = build_spec(self.inst, before).ranks
             lost = [(rows[r].node, rows[r].gpu_index) for r in stop.lost_ranks]
@@ -576,7 +599,7 @@ class _Supervisor:
             after, moved = res.plan, res.moved_ranks
             if after is None:  # no GPU is up (replan's answer, not an error): the run cannot go on
                 raise LaunchError(f"cannot continue at iteration {resumed}: {'; '.join(res.notes) or 'no GPU is up'}")
-        self.next_plan, self.next_cause, self.overlapped_s = None, "", 0.0
+        self.next_plan, self.next_cause, self.overlapped_s, self.called_off = None, "", 0.0, ""
         last = checkpoint.latest(self.opts.checkpoint_dir)
         meta = checkpoint.read_meta(last) if last is not None else {}
         save_s = float(meta.get("save_s", 0.0)) if stop.kind == "boundary" else 0.0

@@ -174,6 +174,23 @@ def test_a_time_scaled_trace_takes_the_v100s_away(tmp_path):
     assert_matches_reference(result, steps)
 
 
+def test_a_switch_found_for_a_cluster_that_is_gone_again_is_called_off(tmp_path):
+    """The trace gives 4 A100s (no V100) and then the starting 2 + 2 back, both at the first poll
+    (time scale 1e9). The first change finds a 4-A100 plan while the ranks train; the second
+    makes it unrunnable, and the run switched to it all the same (4 A100 ranks on 2 up)."""
+    inst, _ = bundled()
+    trace = tmp_path / "trace.csv"
+    trace.write_text(",Timestamp,A100-40_z-a,V100-16_z-a\n0,1000.0,2,2\n1,1002.0,4,0\n2,1004.0,2,2\n")
+    log: list[str] = []
+    opts = options(tmp_path, inst, [], steps=6, time_scale=1e9)
+    opts = dataclasses.replace(opts, cluster_events=tuple(event_stream(inst, trace=trace)))
+    result = run_elastic(inst, None, opts, log=log.append)
+    assert any("A100-40@z-a -> 2 GPUs" in line and "is off" in line for line in log), log
+    assert all(row["gpus_by_type"].get("A100-40", 0) <= 2 for row in result.plans), result.plans
+    assert result.steps_completed == 6
+    assert_matches_reference(result, 6)
+
+
 def test_an_idle_loss_changes_nothing_and_a_finished_run_resumes_to_nothing(tmp_path):
     inst, _ = bundled()
     # node a-1 is down from the start (the instance's event at t=0): its failure takes no GPU of
