@@ -58,13 +58,15 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from hetplan.catalog import Int, PositiveInt
 
 from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_event
 from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
-from hetplan.instance import AvailabilityEvent, Instance, format_validation_error, read_structured
+from hetplan.instance import SANE_RANGES, AvailabilityEvent, Instance, format_validation_error, read_structured
 from hetplan.plan import Plan, validate_plan
 from hetplan.orchestration.replan import ReplanOptions, ReplanSession, replan, same_plan
 from hetplan.runtime import checkpoint
@@ -81,25 +83,33 @@ POLL_S = 0.02
 # supervisor gives up: a failure that restarting does not cure (a corrupt checkpoint, a model that
 # does not fit) otherwise ran to `max_reconfigurations` restarts (50, tens of seconds).
 MAX_FAILURES_WITHOUT_PROGRESS = 3
+MAX_TIME_S = SANE_RANGES["time_s"][1]  # an event's at_s, as an instance's event times
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected seconds, got {str(value).lower()}")
+    return value
 
 
 class GpuChange(BaseModel):
     model_config = _STRICT
     gpu_type: str
     zone: str
-    count: int = Field(ge=1)
+    count: PositiveInt
 
 
 class ElasticEvent(BaseModel):
     """One line of an events file: when (at_step or at_s; neither: when seen) and one action."""
 
     model_config = _STRICT
-    at_step: int | None = Field(default=None, ge=1)
-    at_s: float | None = Field(default=None, ge=0)
+    # true/false are not counts or times (pydantic reads them as 1 and 0: `kill_rank: true` killed rank 1)
+    at_step: Annotated[Int, Field(ge=1)] | None = None
+    at_s: Annotated[float, Field(ge=0, le=MAX_TIME_S), BeforeValidator(_seconds)] | None = None
     lose: GpuChange | None = None
     gain: GpuChange | None = None
-    kill_rank: int | None = Field(default=None, ge=0)
-    hang_rank: int | None = Field(default=None, ge=0)
+    kill_rank: Annotated[Int, Field(ge=0)] | None = None
+    hang_rank: Annotated[Int, Field(ge=0)] | None = None
     fail_node: str | None = None
 
     @model_validator(mode="after")
@@ -344,8 +354,7 @@ class _Supervisor:
                              final_plan=self.plan, resumed_from=first)
 
     def _committed(self) -> int:
-        last = checkpoint.latest(self.opts.checkpoint_dir)
-        return checkpoint.read_meta(last)["iteration"] if last is not None else 0
+        return committed(self.opts.checkpoint_dir)
 
     def _segment(self, seg_dir: Path, done: int, pending: _Pending | None) -> _Stop:
         opts = self.opts
@@ -414,7 +423,7 @@ class _Supervisor:
                     workers.signal(rank, signal.SIGKILL if ev.kill_rank is not None else signal.SIGSTOP)
                     self.log(f"iteration {done}: {ev.describe()} (pid {workers.pids[rank]})")
                 else:  # a loss of GPUs the plan does not use (_planned_stop)
-                    self.state = self.state.apply(self._cluster_event(ev, self.state))
+                    self._apply(ev)
                     self.absorbed.append(f"iteration {done}: {ev.describe()} (idle GPUs: plan kept)")
                     self.log(self.absorbed[-1])
             if (hold := self._next_fault_step(done)) != held:  # its fault injected: release the ranks
@@ -518,14 +527,20 @@ class _Supervisor:
         return [ev for ev in new if not ev.is_fault]
 
     def _cluster_event(self, ev: ElasticEvent | Event, state: ClusterState) -> Event:
-        t = time.monotonic() - self.t0
-        if not isinstance(ev, ElasticEvent):
-            return ev.model_copy(update={"time_s": max(t, state.time_s)})
-        if ev.fail_node is not None:
-            return NodeFailure(time_s=t, node=ev.fail_node)
-        ch, sign = (ev.lose, -1) if ev.lose else (ev.gain, 1)
-        have = state.requested_gpus((ch.gpu_type, ch.zone)) if (ch.gpu_type, ch.zone) in state.quota else 0
-        return AvailabilityEvent(time_s=t, gpu_type=ch.gpu_type, zone=ch.zone, available_gpus=max(have + sign * ch.count, 0))
+        return cluster_event(ev, state, time.monotonic() - self.t0)
+
+    def _apply(self, ev: ElasticEvent | Event) -> ClusterState:
+        """Apply `ev` to the cluster, saying what it could not do as written (a loss of more GPUs
+        than are up, a gain past the cluster's GPUs): both used to be cut to fit without a word."""
+        notes = len(self.state.clamped)
+        if isinstance(ev, ElasticEvent) and ev.lose is not None:
+            up = self.state.requested_gpus((ev.lose.gpu_type, ev.lose.zone))
+            if ev.lose.count > up:
+                self.log(f"'{ev.describe()}': {up} were up, all of them lost")
+        self.state = self.state.apply(self._cluster_event(ev, self.state))
+        for note in self.state.clamped[notes:]:
+            self.log(f"'{self._describe(ev)}': {note}")
+        return self.state
 
     def _describe(self, ev: ElasticEvent | Event) -> str:
         return ev.describe() if isinstance(ev, ElasticEvent) else describe_event(ev)
@@ -536,8 +551,7 @@ class _Supervisor:
         stop only for a different plan. Never a fault: `check_timed` refuses one with at_s, and
         `_poll_watch` leaves out the watched ones. `position`: the iterations done now (the ranks
         train on while this re-plans, so the stop is set from where they are once it is known)."""
-        new = self.state.apply(self._cluster_event(ev, self.state))
-        self.state = new
+        new = self._apply(ev)
         what = self._describe(ev)
         if not new.plan_is_valid(self.plan):
             self.next_plan, self.next_cause = None, what
@@ -581,7 +595,7 @@ class _Supervisor:
             due = [e for e in self.todo if e.at_step <= resumed and not e.is_fault]
             self.todo = [e for e in self.todo if e not in due]
             for ev in due:
-                self.state = self.state.apply(self._cluster_event(ev, self.state))
+                self._apply(ev)
             stop.cause = ", ".join(e.describe() for e in due) or self.called_off or "stopped"
         if stop.kind in ("failure", "hang"):
             rows = build_spec(self.inst, before).ranks
@@ -638,6 +652,66 @@ def initial_state(instance: Instance, events: tuple[Event, ...]) -> ClusterState
     return ClusterState.initial(instance).apply_all(ev for ev in events if ev.time_s <= 0)
 
 
+def cluster_event(ev: ElasticEvent | Event, state: ClusterState, t: float) -> Event:
+    """`ev` as the cluster event it is at `t` seconds (a lose/gain counts from what `state` has)."""
+    if not isinstance(ev, ElasticEvent):
+        return ev.model_copy(update={"time_s": max(t, state.time_s)})
+    if ev.fail_node is not None:
+        return NodeFailure(time_s=t, node=ev.fail_node)
+    ch, sign = (ev.lose, -1) if ev.lose else (ev.gain, 1)
+    have = state.requested_gpus((ch.gpu_type, ch.zone)) if (ch.gpu_type, ch.zone) in state.quota else 0
+    return AvailabilityEvent(time_s=t, gpu_type=ch.gpu_type, zone=ch.zone, available_gpus=max(have + sign * ch.count, 0))
+
+
+def committed(checkpoint_dir: Path) -> int:
+    """The iteration of the newest complete checkpoint in the folder (0: none)."""
+    last = checkpoint.latest(checkpoint_dir)
+    return checkpoint.read_meta(last)["iteration"] if last is not None else 0
+
+
+def check_events(state: ClusterState, events: tuple[ElasticEvent, ...]) -> None:
+    """Refuse, before anything runs, an event that names GPUs or a node the cluster lacks, or a
+    rank no plan on it can have (one per GPU): found only when it fired, mid-run (a bad GPU type
+    ended the run there; a rank beyond the world was logged as ignored)."""
+    gpus = sum(node.num_gpus for node in state.instance.nodes)
+    for i, ev in enumerate(events):
+        where = f"events[{i}]"
+        rank = ev.kill_rank if ev.kill_rank is not None else ev.hang_rank
+        if rank is not None and rank >= gpus:
+            raise InstanceError(f"rank {rank} does not exist: the cluster has {gpus} GPUs, so ranks 0-{gpus - 1} "
+                                "at most", f"{where}.{'kill_rank' if ev.kill_rank is not None else 'hang_rank'}")
+        if ev.lose or ev.gain:
+            ch = ev.lose or ev.gain
+            state.check(AvailabilityEvent(time_s=0, gpu_type=ch.gpu_type, zone=ch.zone, available_gpus=0),
+                        f"{where}.{'lose' if ev.lose else 'gain'}")
+        if ev.fail_node is not None:
+            try:
+                state.check(NodeFailure(time_s=0, node=ev.fail_node), where)
+            except InstanceError as exc:  # its field reads `.node`; the file says fail_node
+                raise InstanceError(exc.detail, f"{where}.fail_node") from None
+
+
+def _events_before(first: int, state: ClusterState, opts: ElasticOptions,
+                   log: Callable[[str], None]) -> tuple[ClusterState, ElasticOptions, bool]:
+    """A run resumed at iteration `first` starts on the cluster its at_step events left there:
+    they fired at the first poll, a loss of the plan's GPUs was taken for idle ones, and the run
+    trained on GPUs the events said were gone. Faults before it are not injected again. Events at
+    or after the last step never fire: said once here."""
+    past = [ev for ev in opts.events if ev.at_step is not None and ev.at_step <= first]
+    for ev in past:
+        if ev.is_fault:
+            log(f"'{ev.describe()}' at step {ev.at_step} is not injected: the run resumes at iteration {first}")
+        else:
+            state = state.apply(cluster_event(ev, state, 0.0))
+    changes = [ev.describe() for ev in past if not ev.is_fault]
+    if changes:
+        log(f"resuming at iteration {first} on the cluster the events before it left: {', '.join(changes)}")
+    for ev in opts.events:
+        if ev.at_step is not None and ev.at_step >= opts.steps:
+            log(f"'{ev.describe()}' at step {ev.at_step} never fires: the run ends at iteration {opts.steps}")
+    return state, replace(opts, events=tuple(ev for ev in opts.events if ev not in past)), bool(changes)
+
+
 def _check_resumable(instance: Instance, plan: Plan, opts: ElasticOptions) -> None:
     """The newest checkpoint in the folder, if any, must be of this run's model and optimizer:
     otherwise every segment's ranks failed on loading it, and the supervisor restarted them until
@@ -654,19 +728,29 @@ def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
     None: the planner's plan for the starting cluster. Raises LaunchError when the job cannot go
     on (no plan fits what is left, too many reconfigurations)."""
     state = initial_state(instance, opts.cluster_events)
-    later = tuple(ev for ev in opts.cluster_events if ev.time_s > 0)
+    check_events(state, opts.events)
+    say = log or (lambda _msg: None)
+    tp_choices = runnable_tp(instance, opts.model, opts.replan.tp_choices)
+    opts = replace(opts, cluster_events=tuple(ev for ev in opts.cluster_events if ev.time_s > 0),
+                   replan=replace(opts.replan, tp_choices=tp_choices),
+                   checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
+    first = committed(opts.checkpoint_dir)
+    state, opts, changed = _events_before(first, state, opts, say)
     if plan is None:
         res = replan(instance, None, state, opts.replan)
         if res.plan is None:
             raise InfeasibleError("no GPU is up at the start")
         plan = res.plan
     plan = validate_plan(instance, plan)
+    if changed and not state.plan_is_valid(plan):
+        say(f"resuming at iteration {first}: the given plan uses GPUs the events before it took; re-planning")
+        res = replan(instance, plan, state, opts.replan)
+        if res.plan is None:
+            raise InfeasibleError(f"no GPU is up at iteration {first}: {'; '.join(res.notes)}")
+        plan = validate_plan(instance, res.plan)
     state.check_plan(plan)
-    tp_choices = runnable_tp(instance, opts.model, opts.replan.tp_choices)
-    opts = replace(opts, cluster_events=later, replan=replace(opts.replan, tp_choices=tp_choices),
-                   checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
     _check_resumable(instance, plan, opts)
-    sup = _Supervisor(instance, plan, state, opts, log or (lambda _msg: None))
+    sup = _Supervisor(instance, plan, state, opts, say)
     try:
         return sup.run()
     except RunFailedError:

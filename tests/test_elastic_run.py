@@ -215,6 +215,57 @@ def test_a_resumed_run_in_the_same_folder_reports_its_own_losses_only(tmp_path):
     assert again.losses == pytest.approx(ref.losses[4:], abs=1e-9)
 
 
+def test_a_resumed_run_starts_on_the_cluster_its_earlier_events_left(tmp_path):
+    """The first run loses the V100s at step 4 and stops at 5; the same command again with 8
+    steps resumed at 5 on the given plan, took the old loss (fired at its first poll) for one of
+    idle GPUs and trained on the lost V100s. Also: a loss of more GPUs than are up, and an event
+    past the last step, are said, not dropped silently."""
+    inst, _ = bundled()
+    events = [{"at_step": 4, "lose": {"gpu_type": "V100-16", "zone": "z-a", "count": 4}},
+              {"at_step": 9, "kill_rank": 0}]
+    logs: list[list[str]] = [[], []]
+    first = run_elastic(inst, start_plan(inst), options(tmp_path, inst, events, steps=5), log=logs[0].append)
+    again = run_elastic(inst, start_plan(inst), options(tmp_path, inst, events, steps=8), log=logs[1].append)
+    assert "V100-16" not in first.plans[-1]["gpus_by_type"] and again.resumed_from == 5
+    assert all("V100-16" not in row["gpus_by_type"] for row in again.plans), again.plans
+    assert again.reconfigurations == [] and again.absorbed == [], again.absorbed
+    assert "'lose 4 V100-16@z-a': 2 were up, all of them lost" in logs[0]
+    assert "resuming at iteration 5 on the cluster the events before it left: lose 4 V100-16@z-a" in logs[1]
+    assert all(any("'kill rank 0' at step 9 never fires" in line for line in log) for log in logs)
+    ref = reference_train(model_config(build_spec(inst, again.final_plan), TINY), global_batch_size=BATCH, steps=8,
+                          optimizer="adam", lr=1e-2)
+    assert again.losses == pytest.approx(ref.losses[5:], abs=1e-9)
+
+
+@pytest.mark.parametrize("event, field, needle", [
+    ({"at_step": 2, "kill_rank": True}, "kill_rank", "expected an integer, got true"),  # killed rank 1
+    ({"at_step": True, "hang_rank": 0}, "at_step", "expected an integer, got true"),
+    ({"at_s": True, "fail_node": "a-0"}, "at_s", "expected seconds, got true"),
+    ({"at_s": 1e300, "fail_node": "a-0"}, "at_s", "less than or equal to 1000000000"),
+    ({"at_step": 2, "gain": {"gpu_type": "A100-40", "zone": "z-a", "count": True}}, "gain.count", "got true"),
+])
+def test_events_refuse_true_and_false_as_numbers(event, field, needle):
+    with pytest.raises(InstanceError, match=needle) as err:
+        parse_events([event], "ev")
+    assert err.value.field == "ev[0]" and str(err.value).startswith(f"ev[0]: {field}:")
+
+
+@pytest.mark.parametrize("event, field, needle", [
+    ({"at_step": 2, "kill_rank": 6}, "kill_rank", "rank 6 does not exist: the cluster has 6 GPUs"),
+    ({"at_step": 2, "hang_rank": 99}, "hang_rank", "rank 99 does not exist"),
+    ({"at_step": 2, "lose": {"gpu_type": "H100", "zone": "z-a", "count": 1}}, "lose", "H100 in zone z-a is not"),
+    ({"at_s": 2, "fail_node": "b-7"}, "fail_node", "unknown node 'b-7'"),
+])
+def test_events_the_cluster_cannot_have_are_refused_before_the_run(tmp_path, event, field, needle):
+    """Each was found only when it fired: a rank beyond the world was logged as ignored, an
+    unknown GPU type or node ended the run there."""
+    inst, _ = bundled()
+    with pytest.raises(InstanceError, match=needle) as err:
+        run_elastic(inst, start_plan(inst), options(tmp_path, inst, [{"at_step": 1, "kill_rank": 5}, event]))
+    assert err.value.field == f"events[1].{field}"
+    assert not (tmp_path / "run").exists()
+
+
 def test_losing_every_gpu_stops_the_run_with_a_reason(tmp_path):
     """The re-planner answers "no GPU is up" with no plan; the supervisor passed that None on and
     ended in an AttributeError (exit 70). It is a run that cannot go on: LaunchError (exit 3)."""
