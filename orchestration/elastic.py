@@ -364,6 +364,7 @@ class _Supervisor:
         control = seg_dir / "control"
         self.planned_stop = self._planned_stop(done)
         write_control(control, stop=self.planned_stop, hold=self._next_fault_step(done))
+        checkpoint.set_aside(opts.checkpoint_dir, self.log)
         last = checkpoint.latest(opts.checkpoint_dir)
         run = RunOptions(steps=opts.steps - done, model=dict(opts.model), dtype=opts.dtype, optimizer=opts.optimizer,
                          lr=opts.lr, seed=opts.seed, backend="gloo", log_path=str(seg_dir / "log.json"),
@@ -372,7 +373,7 @@ class _Supervisor:
                          timeout_s=opts.collective_timeout_s, quiet=True, progress_dir=str(seg_dir),
                          checkpoint_every=opts.checkpoint_every, control_path=str(control),
                          heartbeat_s=opts.heartbeat_s)
-        _check_options(spec, run)
+        _check_options(spec, run, warn=False)  # the run's start said it (_check_resumable)
         workers = LocalWorkers(spec, spec_path, run, seg_dir)
         box: list[_Pending] = [pending] if pending is not None else []
         try:
@@ -718,7 +719,7 @@ def _check_resumable(instance: Instance, plan: Plan, opts: ElasticOptions) -> No
     `max_reconfigurations` (50 restarts, exit 3)."""
     last = checkpoint.latest(opts.checkpoint_dir)
     if last is not None:
-        run = RunOptions(steps=opts.steps, model=dict(opts.model), optimizer=opts.optimizer)
+        run = RunOptions(steps=opts.steps, model=dict(opts.model), optimizer=opts.optimizer, dtype=opts.dtype)
         check_checkpoint(build_spec(instance, plan), run, last, "--checkpoint-dir")
 
 
@@ -734,6 +735,7 @@ def run_elastic(instance: Instance, plan: Plan | None, opts: ElasticOptions,
     opts = replace(opts, cluster_events=tuple(ev for ev in opts.cluster_events if ev.time_s > 0),
                    replan=replace(opts.replan, tp_choices=tp_choices),
                    checkpoint_dir=opts.checkpoint_dir.resolve(), out_dir=opts.out_dir.resolve())
+    checkpoint.set_aside(opts.checkpoint_dir, say)
     first = committed(opts.checkpoint_dir)
     state, opts, changed = _events_before(first, state, opts, say)
     if plan is None:

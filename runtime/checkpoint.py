@@ -41,9 +41,53 @@ def _complete(root: Path) -> list[Path]:
 
 
 def latest(root: Path) -> Path | None:
-    """The newest complete per-step checkpoint under `root`, or None."""
-    done = _complete(root)
-    return done[-1] if done else None
+    """The newest complete, undamaged per-step checkpoint under `root`, or None: a shard cut short
+    (a crash or a full disk after meta.json was written, a copy gone wrong) made every rank fail
+    on loading it, while the step before it (`prune` keeps two) was intact."""
+    good = [d for d in _complete(root) if damage(d) is None]
+    return good[-1] if good else None
+
+
+def damaged(root: Path) -> list[tuple[Path, str]]:
+    """The complete per-step checkpoints newer than `latest(root)` and why each is passed over."""
+    last = latest(root)
+    return [(d, why) for d in _complete(root) if (last is None or d.name > last.name) and (why := damage(d))]
+
+
+def damage(root: Path) -> str | None:
+    """What is wrong with the shard files meta.json lists (name and size, written once every rank
+    had written its files), or None; a checkpoint whose meta.json lists none is not checked, nor
+    is one whose meta.json cannot be read (`read_meta` says that)."""
+    try:
+        files = json.loads((root / META).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    for name, size in (files or {}).items():
+        try:
+            have = (root / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if have != size:
+            return f"{name} has {have} bytes, {size} were written"
+    return None
+
+
+def shard_sizes(root: Path) -> dict[str, int]:
+    """Every shard file under `root` the writing host sees, by path relative to `root`."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.glob("unit_*/tp*of*.pt"))}
+
+
+def set_aside(root: Path, log) -> None:
+    """Rename the damaged checkpoints newer than the newest intact one to damaged_step_*, saying
+    so: a run resumed before them writes those steps again, into clean folders."""
+    for d, why in damaged(root):
+        aside = d.with_name(f"damaged_{d.name}")
+        if aside.exists():
+            import shutil
+
+            shutil.rmtree(aside, ignore_errors=True)
+        d.rename(aside)
+        log(f"{d} is damaged ({why}); resuming from the step before it, {d.name} set aside as {aside.name}")
 
 
 def prune(root: Path, keep: int = 2) -> None:
@@ -87,11 +131,16 @@ def save_rank(root: Path, layer_start: int, layer_end: int, tp: TPContext,
 
 
 def write_meta(root: Path, iteration: int, model: dict[str, Any], optimizer: str, tp_of_unit: dict[int, int],
-               save_s: float | None = None) -> None:
+               save_s: float | None = None, dtype: str | None = None, files: dict[str, int] | None = None) -> None:
     """`save_s`: how long the ranks took to write their shards (a supervisor counts it as downtime
-    when the checkpoint was taken to stop)."""
+    when the checkpoint was taken to stop); `dtype`: the run's parameter dtype (float32, ...);
+    `files`: the shard files' sizes (`shard_sizes`), which `latest` checks."""
     meta = {"format": 1, "iteration": iteration, "model": model, "optimizer": optimizer,
             "tp_of_unit": {str(u): t for u, t in sorted(tp_of_unit.items())}}
+    if dtype is not None:
+        meta["dtype"] = dtype
+    if files is not None:
+        meta["files"] = files
     if save_s is not None:
         meta["save_s"] = save_s
     (root / META).write_text(json.dumps(meta, indent=2) + "\n")
@@ -111,17 +160,11 @@ def read_meta(root: Path) -> dict[str, Any]:
     return meta
 
 
-def check_resumable(root: Path, model: dict[str, Any], optimizer: str, option: str) -> None:
-    """Refuse to resume from the checkpoint at `root` with another model or optimizer than the one
-    that wrote it, naming `option`: every rank would fail on loading it, and a supervisor restarted
-    them 50 times. Fields meta.json does not record (older checkpoints) are not compared, nor is a
-    folder without one: the load reports that, as a rank's failure."""
-    if (root / META).exists():
-        check_meta(read_meta(root), root, model, optimizer, option)
-
-
 def check_meta(meta: dict[str, Any], root: Path, model: dict[str, Any], optimizer: str, option: str) -> None:
-    """`check_resumable` on a meta.json already read."""
+    """Refuse to resume from the checkpoint at `root` (its meta.json read: `meta`) with another model
+    or optimizer than the one that wrote it, naming `option`: every rank would fail on loading it,
+    and a supervisor restarted them 50 times. Fields meta.json does not record (older checkpoints)
+    are not compared."""
     recorded = meta.get("model") if isinstance(meta.get("model"), dict) else {}
     differ = [f"{k} {recorded[k]!r} (this run: {v!r})" for k, v in model.items() if k in recorded and recorded[k] != v]
     if differ:
@@ -130,6 +173,17 @@ def check_meta(meta: dict[str, Any], root: Path, model: dict[str, Any], optimize
     if meta.get("optimizer") and meta["optimizer"] != optimizer:
         raise PlanError(f"{root} holds a checkpoint written with optimizer {meta['optimizer']}, this run uses "
                         f"{optimizer}; resume with {meta['optimizer']} or use another folder", option)
+
+
+def dtype_note(meta: dict[str, Any], root: Path, dtype: str) -> str | None:
+    """A line when the checkpoint's parameters were written in another dtype than `dtype` (they
+    are converted on loading: a float64 run resumed under float32 silently lost its precision, and
+    its losses left an uninterrupted run's). None when they agree or meta.json does not say."""
+    wrote = meta.get("dtype")
+    if not wrote or wrote == dtype:
+        return None
+    return (f"{root} was written in {wrote}; this run trains in {dtype}, so its values are converted "
+            f"(resume with --dtype {wrote} to continue as it was)")
 
 
 def _full(shards: list[dict[str, Any]], name: str, field: str | None) -> Any:

@@ -33,6 +33,7 @@ import os
 import resource
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -171,11 +172,18 @@ def model_config(spec: LaunchSpec, overrides: dict[str, Any]) -> ModelConfig:
     return cfg
 
 
-def check_checkpoint(spec: LaunchSpec, opts: RunOptions, root: Path, option: str) -> None:
+def check_checkpoint(spec: LaunchSpec, opts: RunOptions, root: Path, option: str, warn: bool = True) -> None:
     """Refuse, before any rank starts, a checkpoint at `root` that another model or optimizer than
-    `opts` wrote (checkpoint.check_resumable): every rank would fail on loading it, and be restarted."""
+    `opts` wrote (checkpoint.check_meta): every rank would fail on loading it, and be restarted.
+    `warn`: say when it holds another dtype than the run's (a conversion, allowed)."""
+    if not (root / checkpoint.META).exists():  # the load says so, as a rank's failure
+        return
+    meta = checkpoint.read_meta(root)
     optimizer = opts.optimizer or spec.training.optimizer  # as Trainer picks it
-    checkpoint.check_resumable(root, asdict(model_config(spec, opts.model)), optimizer, option)
+    checkpoint.check_meta(meta, root, asdict(model_config(spec, opts.model)), optimizer, option)
+    note = checkpoint.dtype_note(meta, root, opts.dtype)
+    if warn and note:
+        warnings.warn(note, stacklevel=2)
 
 
 # ---- process identity and groups --------------------------------------------------------------
@@ -512,6 +520,8 @@ class Trainer:
         every rank has written (a folder without it is incomplete)."""
         me = self.world.me
         t0 = time.perf_counter()
+        if self.world.is_reporter:  # a step written again (after a damaged one): incomplete until the end
+            (root / checkpoint.META).unlink(missing_ok=True)
         if me.replica == 0:
             checkpoint.save_rank(root, me.layer_start, me.layer_end, self.world.tp, self.params, self.optimizer)
         dist.barrier(group=self.world.group)
@@ -521,7 +531,8 @@ class Trainer:
                 lead = self.world.spec.replicas(s)[0]
                 tp_of_unit.update({u: lead.tp_size for u in range(lead.layer_start, lead.layer_end)})
             checkpoint.write_meta(root, iteration, asdict(self.cfg), self.optimizer_name, tp_of_unit,
-                                  save_s=time.perf_counter() - t0)
+                                  save_s=time.perf_counter() - t0, dtype=self.opts.dtype,
+                                  files=checkpoint.shard_sizes(root))
             if self.opts.checkpoint_every:
                 checkpoint.prune(root.parent, keep=2)
         dist.barrier(group=self.world.group)
@@ -647,6 +658,9 @@ def _resume_options(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.save_checkpoint or args.load_checkpoint:
         raise PlanError("--resume replaces --save-checkpoint and --load-checkpoint", "--resume")
     last = checkpoint.latest(Path(args.resume))
+    if args.check_only or os.environ.get("RANK", "0") == "0":  # once, not from every rank
+        for d, why in checkpoint.damaged(Path(args.resume)):
+            warnings.warn(f"{d} is damaged ({why}); resuming from {last.name if last else 'the start'}", stacklevel=2)
     start = checkpoint.read_meta(last)["iteration"] if last is not None else 0
     if start >= args.steps:
         return None
@@ -654,8 +668,14 @@ def _resume_options(args: argparse.Namespace) -> dict[str, Any] | None:
             "load_checkpoint": str(last) if last is not None else None, "checkpoint_every": args.checkpoint_every or 1}
 
 
+def _warning_line(message, *_args, **_kw) -> None:
+    """A warning as one line, as the errors below (Python's adds the file, line and source)."""
+    print(f"hetplan: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    warnings.showwarning = _warning_line
     overrides = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k, None) is not None}
     try:
         run = _resume_options(args)
@@ -674,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_spec(args.spec)
         if opts.load_checkpoint:  # a regrouped launch (--replan-file) trains the same model and optimizer
-            check_checkpoint(spec, opts, Path(opts.load_checkpoint), "--resume" if args.resume else "--load-checkpoint")
+            # the dtype line once: from the pre-flight (--check-only) or else rank 0, not from every rank
+            check_checkpoint(spec, opts, Path(opts.load_checkpoint), "--resume" if args.resume else "--load-checkpoint",
+                             warn=args.check_only or os.environ.get("RANK", "0") == "0")
         if args.check_only:
             model_config(spec, opts.model)
             return 0

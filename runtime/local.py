@@ -267,14 +267,15 @@ def _torchrun_failure(spec: LaunchSpec, opts: RunOptions, returncode: int, outpu
     return f"torchrun exited with {returncode}: {errors[-1] if errors else output[-500:]}"
 
 
-def _check_options(spec: LaunchSpec, opts: RunOptions) -> None:
-    """Errors a rank would hit, raised here before any process starts."""
+def _check_options(spec: LaunchSpec, opts: RunOptions, warn: bool = True) -> None:
+    """Errors a rank would hit, raised here before any process starts (`warn`: say what the ranks
+    will convert, check_checkpoint)."""
     from hetplan.errors import PlanError
     from hetplan.runtime.execute import DTYPES, check_checkpoint, model_config
 
     model_config(spec, opts.model)
     if opts.load_checkpoint:
-        check_checkpoint(spec, opts, Path(opts.load_checkpoint), "load_checkpoint")
+        check_checkpoint(spec, opts, Path(opts.load_checkpoint), "load_checkpoint", warn=warn)
     if opts.dtype not in DTYPES:
         raise PlanError(f"unknown dtype {opts.dtype!r}; use one of {sorted(DTYPES)}", "dtype")
     if opts.optimizer not in (None, "adam", "sgd"):

@@ -266,6 +266,51 @@ def test_events_the_cluster_cannot_have_are_refused_before_the_run(tmp_path, eve
     assert not (tmp_path / "run").exists()
 
 
+def cut_short(step: Path) -> Path:
+    """Truncate one shard of a checkpoint to 100 bytes (a crash or a full disk mid-copy)."""
+    shard = sorted(step.glob("unit_*/tp*.pt"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    return shard
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_step_before(tmp_path):
+    """Every rank failed on loading the cut shard (3 failures in a row, exit 3) while step 2,
+    which `prune` keeps, was intact; the run resumes there and writes step 3 again."""
+    inst, _ = bundled()
+    run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=3))
+    ckpt = tmp_path / "ckpt"
+    shard = cut_short(ckpt / "step_00000003")
+    log: list[str] = []
+    again = run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=5), log=log.append)
+    assert again.resumed_from == 2 and again.steps_completed == 5 and again.reconfigurations == []
+    assert any(f"{shard.relative_to(ckpt / 'step_00000003')} has 100 bytes" in line and "set aside" in line
+               for line in log), log
+    assert (ckpt / "damaged_step_00000003").is_dir()
+    ref = reference_train(model_config(build_spec(inst, again.final_plan), TINY), global_batch_size=BATCH, steps=5,
+                          optimizer="adam", lr=1e-2)
+    assert again.losses == pytest.approx(ref.losses[2:], abs=1e-9)
+
+
+def test_resume_says_which_checkpoint_it_passes_over(tmp_path):
+    """`python -m hetplan.runtime.execute --resume` (compiled launches) reads the newest intact step."""
+    from hetplan.runtime import checkpoint
+
+    inst, _ = bundled()
+    run_elastic(inst, start_plan(inst), options(tmp_path, inst, [], steps=3))
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_00000003" / "unit_0001").rename(ckpt / "gone")
+    assert checkpoint.latest(ckpt).name == "step_00000002"
+    assert [why for _, why in checkpoint.damaged(ckpt)] == ["unit_0001/tp0of1.pt is missing"]
+    spec = build_spec(inst, start_plan(inst)).save(tmp_path / "spec.json")
+    proc = subprocess.run(["python3", "-m", "hetplan.runtime.execute", "--check-only", "--spec", str(spec),
+                           "--resume", str(ckpt), "--steps", "5", "--hidden", "16", "--heads", "2", "--ffn", "32",
+                           "--vocab", "32", "--seq-len", "8", "--dtype", "float64"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"hetplan: warning: {ckpt / 'step_00000003'} is damaged (unit_0001/tp0of1.pt "
+                                        "is missing); resuming from step_00000002"]
+
+
 def test_losing_every_gpu_stops_the_run_with_a_reason(tmp_path):
     """The re-planner answers "no GPU is up" with no plan; the supervisor passed that None on and
     ended in an AttributeError (exit 70). It is a run that cannot go on: LaunchError (exit 3)."""

@@ -84,17 +84,31 @@ def test_run_refuses_a_checkpoint_of_another_model_up_front(folder, tiny_ckpt, e
     assert made(folder) == set()  # no segment started
 
 
+def test_a_checkpoint_of_another_dtype_is_said_once(folder, tiny_ckpt):
+    """tiny_ckpt is float32; resuming it under float64 converts the values (allowed), which went
+    without a word: a run that meant to continue in float64 left the uninterrupted run's losses."""
+    import shutil
+
+    ckpt = shutil.copytree(tiny_ckpt, folder / "ckpt")
+    args = [*RUN, "--checkpoint-dir", str(ckpt), "--steps", "2", "--dtype", "float64", "-o", "{d}/out"]
+    proc = run(executable(), args, folder)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "was written in float32" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: "), proc.stderr
+    assert "this run trains in float64" in warned[0] and "--dtype float32" in warned[0]
+
+
 def test_a_checkpoint_without_a_recorded_model_is_still_read(tmp_path):
     """Fields meta.json does not hold (older checkpoints) are not compared; the load checks shapes."""
-    from hetplan.runtime.checkpoint import check_resumable
+    from hetplan.runtime.checkpoint import check_meta, read_meta
 
     (tmp_path / "meta.json").write_text(json.dumps({"format": 1, "iteration": 1, "tp_of_unit": {}}))
-    check_resumable(tmp_path, {"hidden_size": 32}, "adam", "--checkpoint-dir")
+    check_meta(read_meta(tmp_path), tmp_path, {"hidden_size": 32}, "adam", "--checkpoint-dir")
 
 
 def test_a_rank_refuses_a_checkpoint_of_another_optimizer_with_the_same_sentence(tiny_ckpt):
     """A rank started without the CLI (torchrun of a compiled spec) loads through load_rank, which
-    states the optimizer check once, with check_resumable."""
+    states the optimizer check once, with check_meta."""
     import torch
 
     from hetplan.errors import PlanError
@@ -135,13 +149,14 @@ def test_launch_local_refuses_a_checkpoint_of_another_model(folder, tiny_ckpt):
 def test_a_damaged_checkpoint_stops_the_supervisor_after_three_failures(folder, tiny_ckpt):
     """A failure that restarting cannot cure (here a shard overwritten after the up-front check passes
     on meta.json) restarted the ranks 50 times; now the supervisor gives up after 3 failures in a row
-    with no step done, exit 3, naming the file."""
+    with no step done, exit 3, naming the file. The garbage keeps the shard's size: a shard of
+    another size is passed over before any rank starts (tests/test_elastic_run.py)."""
     import shutil
 
     ckpt = folder / "ckpt"
     shutil.copytree(tiny_ckpt, ckpt)
     for shard in (ckpt / "step_00000001").glob("unit_0001/*.pt"):
-        shard.write_bytes(b"garbage")
+        shard.write_bytes(b"g" * shard.stat().st_size)
     proc = run(executable(), [*RUN, "--checkpoint-dir", str(ckpt), "--steps", "2", "-o", "{d}/run"], folder)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-2000:]
