@@ -23,7 +23,9 @@ and at each reconfiguration). Between events a plan trains at its simulated thro
 (`simulator.simulate` on the state's instance view) and costs its simulated cost per iteration
 (compute + egress) / iteration time; during a reconfiguration the new plan's GPUs are paid, while
 static waits it pays the GPUs it keeps. The replay uses the measured re-plan latency unless
-`fixed_latency_s` is given (for reproducible runs).
+`fixed_latency_s` is given (for reproducible runs). A switch whose re-plan is still running when
+the next change comes (or the replay ends) never begins: its record reads `superseded` (or
+`unstarted`), without downtime, and the next change is judged against the plan still training.
 
 This module sits at the end of the pipeline, like the CLI: it drives the planner, the simulator
 and the migration estimate of `hetplan.runtime.migrate` (which needs no torch).
@@ -103,7 +105,10 @@ class Segment:
 class EventRecord:
     time_s: float
     events: list[str]
-    action: str  # kept | patched | repaired | planner | none | prepared | stop | resume | continue
+    # kept | patched | repaired | planner | none | prepared | stop | resume | continue; a switch whose
+    # re-plan was still running (the old plan training) when the next change came: superseded, or
+    # when the replay ended: unstarted (neither has downtime)
+    action: str
     latency_s: float
     migration_s: float
     downtime_s: float
@@ -234,6 +239,8 @@ def replay(instance: Instance, trace: str | Path | None = None, options: ReplayO
                 progress(ReplayProgress(name, k + 1, len(groups), t, runner.report.samples_per_s
                                         if runner.report is not None else 0.0))
         runner.advance(horizon)
+        if isinstance(runner, _Adaptive):
+            runner.call_off("unstarted")
         results[name] = runner.result
     return ReplayResult(instance.name, start, horizon, len(events), initial, results, time.perf_counter() - t_wall,
                         notes)
@@ -426,6 +433,7 @@ class _Adaptive(_Runner):
     def __init__(self, *args):
         super().__init__(*args)
         self.prepared: tuple[tuple, ReplanResult, float, float] | None = None  # (state key, result, latency, t)
+        self.switch: int | None = None  # the record of a switch not begun: its re-plan still runs
         base = self.opts.replan
         self.ropts = ReplanOptions(**{**base.__dict__, "warm": self.name == "warm",
                                       "change_cost_s": max(base.change_cost_s, self.opts.restart_s),
@@ -447,7 +455,19 @@ class _Adaptive(_Runner):
         self.prepared = (predicted.key(), res, latency, t)
         self.record(t, notices, "prepared", latency=latency)
 
+    def call_off(self, action: str) -> None:
+        """Drop a switch whose re-plan had not finished (the old plan still training): it was
+        recorded with its downtime, and `plan` named the new plan, so a re-plan latency longer than
+        the time to the next change reported switches that never happened."""
+        if self.switch is not None and self.phases and self.phases[0][1] == "train":
+            self.plan, self.report, self.phases = self.holder, self.phases[0][2], []
+            rec = self.result.records[self.switch]
+            self.result.records[self.switch] = replace(rec, action=action, migration_s=0.0, downtime_s=0.0,
+                                                       moved_ranks=0, remote_only_s=0.0)
+        self.switch = None
+
     def on_change(self, t: float, changes: list[Event], announced: bool) -> None:
+        self.call_off("superseded")
         old_valid = self.plan is not None and self.state.plan_is_valid(self.plan) and not (
             self.lost & {(r.node, g) for st in self.plan.stages for r in st.replicas for g in r.gpus})
         lost = 0.0 if (announced or old_valid) else self.lose_work(t)
@@ -481,6 +501,7 @@ class _Adaptive(_Runner):
                        _gpu_usd_per_h(self.instance, res.plan)))
         self.phases = phases
         self.waiting = False
+        self.switch = len(self.result.records) if phases[0][1] == "train" else None
         self.record(t, changes, res.source, latency=latency, mig=mig, down=down, moved=res.moved_ranks, lost=lost,
                     remote_only=remote_only)
 

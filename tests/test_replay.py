@@ -113,6 +113,29 @@ def test_warm_replan_on_a_drop_with_and_without_notice(notice):
     check_tiling(res, 0.0, 1000)
 
 
+@pytest.mark.parametrize("fails_again", [True, False])
+def test_a_switch_whose_replan_outlasts_the_next_change_never_happens(fails_again):
+    """Node a-1 is down at the start and back at t=100; the re-plan takes 50 s (fixed), so the
+    2-GPU plan trains on until t=150. a-1 fails again at t=120 (or the replay ends at t=130):
+    the switch never begins. It was recorded with its downtime (30 s restart and a migration),
+    counted as a reconfiguration, and the next change was judged against the plan never
+    deployed. By hand: the starting plan trains the whole time, nothing is lost."""
+    inst = tiny()
+    events = [NodeFailure(time_s=0, node="a-1"), NodeRecovery(time_s=100, node="a-1")]
+    if fails_again:
+        events.append(NodeFailure(time_s=120, node="a-1"))
+    horizon = 500 if fails_again else 130
+    opts = ReplayOptions(horizon_s=horizon, restart_s=30, notice_s=None, fixed_latency_s=50.0, strategies=("warm",),
+                         plan_horizon_s=3600)
+    res = replay(inst, None, opts, extra_events=events)
+    warm = res.strategies["warm"]
+    first = res.initial["samples_per_s"]
+    assert [r.action for r in warm.records] == (["superseded", "kept"] if fails_again else ["unstarted"])
+    assert all(r.downtime_s == 0 for r in warm.records) and warm.summary()["reconfigurations"] == 0
+    assert warm.total_samples == pytest.approx(horizon * first) and warm.lost_samples == 0
+    check_tiling(warm, 0.0, horizon)
+
+
 def test_bundled_trace_all_strategies():
     """The bundled spot trace from the bundled plan, for its first hour and a bit (a bandwidth drop
     at 3600 s): every strategy's segments tile the time; warm re-planning trains more than the
