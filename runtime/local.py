@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal
 from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
+from hetplan.runtime._forkserver import PARENT_ENV, die_with_parent
 from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, ready_path, run_worker, steps_log_path
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
@@ -70,6 +71,7 @@ def _started_path(out_dir: Path, rank: int) -> Path:
 
 
 def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int) -> None:
+    die_with_parent()  # the forkserver: gone when the launcher is (runtime/_forkserver.py)
     try:
         _started_path(Path(err_path).parent, rank).write_text(f"{os.getpid()}\n")
         os.environ.update(_local_env())
@@ -98,6 +100,18 @@ def rank_steps_done(out_dir: Path, rank: int) -> int:
         return 0
 
 
+def _start_forkserver() -> None:
+    """Start the forkserver (if not running) with PARENT_ENV naming this process; the variable is
+    removed at once, so no other child of this process (a `hetplan` it runs) reads it."""
+    from multiprocessing import forkserver
+
+    os.environ[PARENT_ENV] = str(os.getpid())
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(PARENT_ENV, None)
+
+
 class LocalWorkers:
     """One forkserver child per spec rank on this host, started at construction. A launcher
     polls it (`failed`, `finished`, `heartbeat_age_s`), can signal one rank (`signal`) and must
@@ -105,8 +119,10 @@ class LocalWorkers:
 
     def __init__(self, spec: LaunchSpec, spec_path: Path, opts: RunOptions, out_dir: Path, threads: int = 1):
         ctx = mp.get_context("forkserver")
-        # torch.optim imports torch._dynamo on first use (seconds): pay it once in the server.
-        ctx.set_forkserver_preload(["hetplan.runtime.execute", "torch._dynamo"])
+        # torch.optim imports torch._dynamo on first use (seconds): pay it once in the server, in a
+        # process group of its own (runtime/_forkserver.py: out of reach of the terminal's Ctrl-C)
+        ctx.set_forkserver_preload(["hetplan.runtime._forkserver", "hetplan.runtime.execute", "torch._dynamo"])
+        _start_forkserver()
         self.spec, self.opts, self.out_dir = spec, opts, out_dir
         # absolute: in file://run/store the first word would be read as a host name (rendezvous hangs)
         self.store = out_dir.resolve() / f"store-{os.getpid()}-{time.monotonic_ns()}"
@@ -122,8 +138,12 @@ class LocalWorkers:
                                                        threads))
                       for r in range(spec.world_size)]
         self.started_at = time.monotonic()
-        for proc in self.procs:
-            proc.start()
+        try:
+            for proc in self.procs:
+                proc.start()
+        except BaseException:  # Ctrl-C while starting them: the caller never gets to close()
+            self.close()
+            raise
 
     @property
     def pids(self) -> list[int]:
@@ -156,10 +176,11 @@ class LocalWorkers:
         os.kill(self.procs[rank].pid, sig)
 
     def close(self) -> None:
-        for proc in self.procs:
+        started = [proc for proc in self.procs if proc.pid is not None]
+        for proc in started:
             if proc.exitcode is None:
                 proc.kill()  # SIGKILL: a stopped (SIGSTOP) process would never act on SIGTERM
-        for proc in self.procs:
+        for proc in started:
             proc.join(timeout=10)
         self.store.unlink(missing_ok=True)
 

@@ -3,6 +3,7 @@ test_cli_contract.py, through the installed executable)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -54,3 +55,75 @@ def test_launch_local_tiny_model(app, tmp_path):
     assert bad.exit_code == 1 and "hidden_size 16 is not divisible by num_heads 3" in str(bad.exception)
     bad = _run(app, *args, "--schedule", "ZB")
     assert bad.exit_code == 1 and "unknown schedule 'ZB'" in str(bad.exception)
+
+
+def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the launcher's process group) while the forkserver of `launch --local`
+    imports torch: it was interrupted there and printed its KeyboardInterrupt traceback under the
+    launcher's one line. Now it runs in a group of its own (runtime/_forkserver.py), which the
+    signal does not reach, and dies with the launcher (prctl PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import communicate_or_stacks, dumps_stacks
+    from test_cli_contract import executable
+    from test_time_limits import alive, children
+
+    plan = __import__("hetplan.bundled", fromlist=["bundled_dir"]).bundled_dir() / "plans" / "elastic_small.json"
+    cmd = [executable(), "launch", "elastic_small", str(plan), "--local", "--steps", "500", "--hidden", "16", "--heads",
+           "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8", "-o", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dumps_stacks())
+    server, t0 = None, time.monotonic()
+    while server is None and time.monotonic() - t0 < 60 and proc.poll() is None:
+        server = next(iter(children(proc.pid)), None)
+        time.sleep(0.01)
+    assert server is not None, f"no forkserver appeared (exit {proc.poll()})"
+    seen = time.monotonic()  # the old forkserver stayed in the launcher's group: signal it 0.5 s in
+    while time.monotonic() - seen < 0.5 and alive(server) and os.getpgid(server) == proc.pid:
+        time.sleep(0.01)
+    importing = not (Path(tmp_path / "out") / "rank0.pid").exists()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = communicate_or_stacks(proc, 30)
+    assert proc.returncode == 130 and err.splitlines() == [
+        "error: stopped by SIGINT; files named with -o/--plot are written only by a command that finishes"], err
+    deadline = time.monotonic() + 10
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(server) and importing
+
+
+def test_ranks_of_a_killed_launcher_end_with_it(tmp_path):
+    """SIGKILL to `launch --local` (no chance to stop its ranks): the ranks trained on, and the
+    forkserver, which they keep open, with them. Each now dies with its parent (PR_SET_PDEATHSIG):
+    the launcher, then the forkserver, then the ranks."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from test_cli_contract import executable
+    from test_time_limits import alive, children
+
+    plan = __import__("hetplan.bundled", fromlist=["bundled_dir"]).bundled_dir() / "plans" / "elastic_small.json"
+    out = tmp_path / "out"
+    cmd = [executable(), "launch", "elastic_small", str(plan), "--local", "--steps", "100000", "--hidden", "16",
+           "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8", "-o", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and proc.poll() is None and not (out / "rank3.steps").exists():
+        time.sleep(0.05)
+    ranks = [int((out / f"rank{r}.pid").read_text()) for r in range(4)]
+    servers = children(proc.pid)
+    assert all(alive(pid) for pid in ranks) and servers
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in [*ranks, *servers]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in [*ranks, *servers] if alive(pid)]
+    for pid in left:  # not to leave them to the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left
