@@ -43,7 +43,7 @@ def fields_as(names: Mapping[str, str]) -> Iterator[None]:
     fields by its own flags (min_nodes -> --min-nodes)."""
     try:
         yield
-    except (InstanceError, PlanError) as exc:
+    except (InstanceError, PlanError, InfeasibleError) as exc:
         if exc.field not in names:
             raise
         raise type(exc)(exc.detail, names[exc.field]) from None
@@ -85,9 +85,14 @@ class SolverError(HetplanError):
 
 
 class InfeasibleError(HetplanError):
-    """No plan satisfies the constraints; the message names the constraint group that conflicts."""
+    """No plan satisfies the constraints; the message names the constraint group that conflicts,
+    and `field` the limit when one alone rules every plan out (an option or an instance field)."""
 
     exit_code = 2
+
+    def __init__(self, message: str, field: str | None = None):
+        self.field, self.detail = field, message
+        super().__init__(f"{field}: {message}" if field else message)
 
 
 class NoPlanInTimeError(SolverError):

@@ -155,7 +155,10 @@ def register(app: typer.Typer) -> None:
         opts = _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages)
         _check_outputs(output, plot)
         inst = load_instance(instance)
-        res = _run(inst, opts, as_json)
+        from hetplan.errors import fields_as
+
+        with fields_as(PLANNER_FLAGS):  # a budget or floor no plan meets, named by its flag
+            res = _run(inst, opts, as_json)
         _write_outputs(res, output, plot)
         if as_json:
             print_json(res.summary())

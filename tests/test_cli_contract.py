@@ -118,9 +118,9 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("availability above the cluster", ["validate", "{d}/too_many.yaml"], 1, "events.availability[0]"),
     ("cluster with zero nodes", ["solve", "{d}/zero_nodes.yaml"], 1, "node_groups"),
     ("impossible budget", ["solve", "a100_v100_one_zone", "--max-cost", "1e-9", "--time-limit", "30"], 2,
-     "max_cost"),
+     "--max-cost: 1e-09 USD is below"),
     ("impossible throughput floor", ["solve", "a100_v100_one_zone", "--min-throughput", "1e6", "--time-limit", "30"],
-     2, "min_throughput"),
+     2, "--min-throughput: 1e+06 it/s is above"),
 ]
 
 # Commands whose --json output must parse (and carry these keys).

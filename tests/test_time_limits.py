@@ -73,8 +73,8 @@ def test_progress_reports_incumbent_bound_and_gap_at_most_ten_times_a_second():
 
 # ---- limits out of reach ----------------------------------------------------------------------------
 @pytest.mark.parametrize("option, value, words", [
-    ("max_cost_usd", 1e-9, ("max_cost_per_iteration_usd: 1e-09 USD is below the least cost of any plan",)),
-    ("min_iters_per_s", 1e6, ("min_throughput_iters_per_s: 1e+06 it/s is above the most any plan reaches",)),
+    ("max_cost_usd", 1e-9, ("planner.max_cost_usd: 1e-09 USD is below the least cost of any plan",)),
+    ("min_iters_per_s", 1e6, ("planner.min_iters_per_s: 1e+06 it/s is above the most any plan reaches",)),
 ])
 def test_a_limit_beyond_every_plan_fails_at_once(option, value, words):
     """Found from the layer times before any outer choice is built (the old code searched the
@@ -88,6 +88,25 @@ def test_a_limit_beyond_every_plan_fails_at_once(option, value, words):
     assert all(w in message for w in words) and len(message.splitlines()) == 1
     figure = float(message.split(", ")[1].split()[0])  # the least cost / the most throughput any plan has
     assert figure > (value if option == "max_cost_usd" else 0) and (option == "max_cost_usd" or figure < value)
+
+
+@pytest.mark.parametrize("field, value, flag", [("max_cost_per_iteration_usd", 1e-9, "--max-cost"),
+                                               ("min_throughput_iters_per_s", 1e6, "--min-throughput")])
+def test_a_limit_out_of_reach_is_named_where_it_was_given(tmp_path, field, value, flag):
+    """The refusal named `max_cost_per_iteration_usd:` whether the budget came from the instance or
+    from --max-cost; now the instance's constraint, or the flag."""
+    from test_cli_contract import executable
+
+    data = yaml.safe_load((REPO / "instances" / "a100_homogeneous.yaml").read_text())
+    data.setdefault("constraints", {})[field] = value
+    path = tmp_path / "limited.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InfeasibleError) as err:
+        plan(load_instance(path), PlannerOptions(time_limit_s=10))
+    assert err.value.field == f"constraints.{field}"
+    proc = subprocess.run([executable(), "solve", "a100_homogeneous", flag, f"{value:g}"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {flag}: {value:g} "), proc.stderr
 
 
 def test_the_floor_is_below_solved_plans_and_their_budget_is_accepted():

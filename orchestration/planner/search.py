@@ -144,22 +144,30 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
     return _Floor(B, per_b)
 
 
-def _budget_message(max_cost: float, least: float) -> str:
-    return (f"max_cost_per_iteration_usd: {max_cost:g} USD is below the least cost of any plan, {least:.4g} USD; "
-            f"raise the budget to at least that")
+def _limit_fields(opts: PlannerOptions) -> tuple[str, str]:
+    """Where the budget and the throughput floor came from, as a refusal names them: the option
+    when given (the CLI maps it to its flag), else the instance's constraint."""
+    return ("planner.max_cost_usd" if opts.max_cost_usd is not None else "constraints.max_cost_per_iteration_usd",
+            "planner.min_iters_per_s" if opts.min_iters_per_s is not None
+            else "constraints.min_throughput_iters_per_s")
 
 
-def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None) -> None:
+def _budget_refusal(max_cost: float, least: float, opts: PlannerOptions) -> InfeasibleError:
+    return InfeasibleError(f"{max_cost:g} USD is below the least cost of any plan, {least:.4g} USD; raise the budget "
+                           f"to at least that", _limit_fields(opts)[0])
+
+
+def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None, opts: PlannerOptions) -> None:
     """InfeasibleError at once when the budget or the throughput floor is beyond every plan
     (`_Floor`), naming the limit and the best figure any plan can reach."""
     if max_cost is not None and floor.least_cost_usd > max_cost:
-        raise InfeasibleError(_budget_message(max_cost, floor.least_cost_usd))
+        raise _budget_refusal(max_cost, floor.least_cost_usd, opts)
     if min_its is not None and floor.least_time_s * min_its > 1:
-        raise InfeasibleError(f"min_throughput_iters_per_s: {min_its:g} it/s is above the most any plan reaches, "
-                              f"{1 / floor.least_time_s:.4g} it/s; lower the floor to at most that")
+        raise InfeasibleError(f"{min_its:g} it/s is above the most any plan reaches, {1 / floor.least_time_s:.4g} "
+                              f"it/s; lower the floor to at most that", _limit_fields(opts)[1])
 
 
-def _check_choices_reachable(queue: list, objective: str, max_cost: float | None) -> None:
+def _check_choices_reachable(queue: list, objective: str, max_cost: float | None, opts: PlannerOptions) -> None:
     """With every choice's cheap bound in: InfeasibleError when the budget is below all of their
     cost bounds (rate_LB x T_LB: unlike `_Floor.least_cost_usd` it counts the P x D replicas a
     choice pays for while the slowest stage runs)."""
@@ -168,7 +176,7 @@ def _check_choices_reachable(queue: list, objective: str, max_cost: float | None
     least = min(item[0] if objective == "min_cost" else item[0] * joint.rate_lower_bound_usd_per_s(item[6])
                 for item in queue)
     if least > max_cost:
-        raise InfeasibleError(_budget_message(max_cost, least))
+        raise _budget_refusal(max_cost, least, opts)
 
 
 def _prepare(instance: Instance, tables: _Tables, quotas: dict, combos: list[Combo], objective: str,
@@ -406,7 +414,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         raise InfeasibleError(why)
     tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
-    _check_reachable(floor, max_cost, min_its)
+    _check_reachable(floor, max_cost, min_its, opts)
     combos = enumerate_combos(instance, quotas, opts)
     report.total = len(combos)
     linear = opts.linearize or opts.backend not in (None, "scip")
@@ -420,7 +428,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         out.open_bounds.append(min(r.lower_bound for r in skipped))
         out.cut = True
     else:
-        _check_choices_reachable(queue, objective, max_cost)
+        _check_choices_reachable(queue, objective, max_cost, opts)
     heapq.heapify(queue)
     with joint.deadline_scope(deadline):
         _search(queue, tables, objective, max_cost, min_its, opts, milp, deadline, report, out)
