@@ -148,9 +148,17 @@ def test_sailor_training_configs_to_workload_fields():
     # global_batch_size 1024, hidden 1024, 16 heads, 24 layers, vocab 50272: the OPT-350M preset exactly
     assert opt == {"model": {"preset": "OPT-350M", "overrides": {}}, "global_batch_size": 1024, "optimizer": "adam"}
     neo = read_training_config(SAILOR / "training/training_config_gpt_neo27.json")
-    # Sailor's GPT-Neo-2.7: 32 heads and vocab 128256 (preset: 20 heads, 50257)
-    assert neo["model"] == {"preset": "GPT-Neo-2.7B", "overrides": {"num_heads": 32, "vocab_size": 128256}}
+    # Sailor's GPT-Neo-2.7 file says 32 heads and vocab 128256 (preset: 20 heads, 50257), which Sailor
+    # never reads: its model is llm_info.json, whose embedding unit is a 50,304-token vocabulary
+    assert neo["model"] == {"preset": "GPT-Neo-2.7B", "overrides": {}}
     assert neo["global_batch_size"] == 2048
+    from hetplan.catalog import model_presets
+    from hetplan.estimators.model_stats import unit_params
+
+    arch = model_presets()["GPT-Neo-2.7B"]
+    llm_info = json.loads((SAILOR / "model/llm_info.json").read_text())["GPT-Neo-2.7"]["1"]
+    for unit in (0, 1, arch.num_layers):  # the embedding (vocabulary padded to 50,304) and blocks, within 0.1 %
+        assert unit_params(arch, unit).total == pytest.approx(llm_info[str(unit)]["params_floats"], rel=1e-3)
 
 
 @needs_sailor
@@ -209,7 +217,7 @@ def test_sailor_instance_dict_loads_and_matches_the_files():
     assert sorted((g.name, g.count) for g in traced.cluster.node_groups) == [
         ("A100-40_us-central1-a", 32), ("A100-40_us-central1-b", 32),
         ("V100-16_us-central1-a", 32), ("V100-16_us-central1-b", 32)]
-    assert len(traced.events.availability) == 4 and traced.model_arch.num_heads == 32
+    assert len(traced.events.availability) == 4 and traced.model_arch.num_heads == 20  # the preset: Sailor reads none
     with pytest.raises(InstanceError, match="no profile of 'OPT-350' for \\['H100'\\]"):
         sailor_instance_dict(SAILOR, "OPT-350", gpu_types=["H100"])
 

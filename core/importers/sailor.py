@@ -222,14 +222,20 @@ def write_sailor_profile(profile: GpuProfile, path: str | Path) -> list[Path]:
 
 # ---- training configuration ---------------------------------------------------------------------
 _TRAINING_INTS = ("global_batch_size", "hidden_size", "sequence_length", "num_layers", "vocab_size", "heads")
+SAILOR_READS = ("num_layers", "hidden_size", "seq_len")  # of a training file's model fields (as hetplan names them)
 
 
 def read_training_config(path: str | Path, model_preset: str | None = None) -> dict[str, Any]:
     """A training/*.json file -> hetplan workload fields (model, global_batch_size, optimizer).
 
     The model becomes a preset (SAILOR_MODEL_PRESETS, or `model_preset`) with overrides wherever the
-    file differs from it (Sailor's GPT-Neo-2.7 has 32 heads and a 128256 vocabulary, for instance);
-    an unknown model becomes a full architecture with ffn_hidden_size = 4 * hidden_size.
+    file differs from it in a field Sailor reads (`SAILOR_READS`: layers, hidden size, sequence
+    length). Its `heads` and `vocab_size` are never read by Sailor's planner or simulator (at
+    eth-easl/sailor as in ../shared/reference/sailor/src), whose model is llm_info.json; for a preset
+    they are checked as numbers but not applied: GPT-Neo-2.7's file says 32 heads and a 128,256
+    vocabulary, which made the imported model 3.18e9 parameters against llm_info's 2.65e9 (its
+    embedding unit, 134,021,120 floats, is a 50,304-token vocabulary: the preset's 50,257, padded).
+    An unknown model becomes a full architecture from every field, ffn_hidden_size = 4 * hidden_size.
     """
     from hetplan.catalog import model_presets
 
@@ -258,7 +264,7 @@ def read_training_config(path: str | Path, model_preset: str | None = None) -> d
         if preset not in model_presets():
             raise InstanceError(f"unknown model preset {preset!r}; known: {sorted(model_presets())}", "model_preset")
         base = model_presets()[preset].model_dump()
-        overrides = {k: v for k, v in arch.items() if base[k] != v}
+        overrides = {k: v for k, v in arch.items() if k in SAILOR_READS and base[k] != v}
         model: dict[str, Any] = {"preset": preset, "overrides": overrides}
     else:
         family = {"gpt2": "gpt", "opt": "opt", "llama": "llama"}.get(str(data.get("type", "gpt2")).lower(), "gpt")
