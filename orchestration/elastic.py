@@ -63,7 +63,6 @@ from typing import Annotated, Any, Callable
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hetplan.catalog import Int, PositiveInt
-
 from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_event
 from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
 from hetplan.instance import SANE_RANGES, AvailabilityEvent, Instance, format_validation_error, read_structured

@@ -15,8 +15,9 @@ tensors shaped like their parameter are sharded the same way; scalars (Adam's st
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -77,14 +78,12 @@ def shard_sizes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.glob("unit_*/tp*of*.pt"))}
 
 
-def set_aside(root: Path, log) -> None:
+def set_aside(root: Path, log: Callable[[str], None]) -> None:
     """Rename the damaged checkpoints newer than the newest intact one to damaged_step_*, saying
     so: a run resumed before them writes those steps again, into clean folders."""
     for d, why in damaged(root):
         aside = d.with_name(f"damaged_{d.name}")
         if aside.exists():
-            import shutil
-
             shutil.rmtree(aside, ignore_errors=True)
         d.rename(aside)
         log(f"{d} is damaged ({why}); resuming from the step before it, {d.name} set aside as {aside.name}")
@@ -92,8 +91,6 @@ def set_aside(root: Path, log) -> None:
 
 def prune(root: Path, keep: int = 2) -> None:
     """Delete all but the newest `keep` complete per-step checkpoints (and unfinished older ones)."""
-    import shutil
-
     done = _complete(root)
     if not done:
         return
