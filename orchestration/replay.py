@@ -58,6 +58,9 @@ from hetplan.orchestration.replan import ReplanOptions, ReplanResult, place, rep
 from hetplan.simulator import SimulationReport, simulate
 
 STRATEGIES = ("warm", "cold", "static")
+# record actions that deploy a plan (counted as reconfigurations: a switch with no restart time and
+# nothing to move was left out when they were counted by downtime)
+SWITCHES = ("patched", "repaired", "planner", "resume")
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class EventRecord:
     events: list[str]
     # kept | patched | repaired | planner | none | prepared | stop | resume | continue; a switch whose
     # re-plan was still running (the old plan training) when the next change came: superseded, or
-    # when the replay ended: unstarted (neither has downtime)
+    # when the replay ended: unstarted (neither has downtime); events that change nothing a plan
+    # sees (a recovery of a node that was up, a bandwidth set to its value): unchanged
     action: str
     latency_s: float
     migration_s: float
@@ -150,14 +154,16 @@ class StrategyResult:
         return sum(s.end_s - s.start_s for s in self.segments if s.phase == "idle")
 
     def latencies(self) -> list[float]:
-        return [r.latency_s for r in self.records if r.action not in ("continue", "stop", "resume", "prepared")]
+        return [r.latency_s for r in self.records
+                if r.action not in ("continue", "stop", "resume", "prepared", "unchanged")]
 
     def summary(self) -> dict[str, Any]:
         lat = self.latencies()
         return {"strategy": self.name, "total_samples": self.total_samples, "total_cost_usd": self.total_cost_usd,
                 "usd_per_million_samples": 1e6 * self.total_cost_usd / self.total_samples if self.total_samples > 0 else None,
                 "train_s": self.train_s, "downtime_s": self.downtime_s, "idle_s": self.idle_s,
-                "lost_samples": self.lost_samples, "reconfigurations": sum(1 for r in self.records if r.downtime_s > 0),
+                "lost_samples": self.lost_samples,
+                "reconfigurations": sum(1 for r in self.records if r.action in SWITCHES),
                 "replan_latency_mean_s": statistics.fmean(lat) if lat else 0.0,
                 "replan_latency_max_s": max(lat) if lat else 0.0,
                 "records": [r.__dict__ for r in self.records], "segments": [s.__dict__ for s in self.segments]}
@@ -242,8 +248,8 @@ def replay(instance: Instance, trace: str | Path | None = None, options: ReplayO
         if isinstance(runner, _Adaptive):
             runner.call_off("unstarted")
         results[name] = runner.result
-    return ReplayResult(instance.name, start, horizon, len(events), initial, results, time.perf_counter() - t_wall,
-                        notes)
+    within = sum(1 for ev in events if ev.time_s < horizon)  # "56 events from 0 s to 4000 s" counted 38 past it
+    return ReplayResult(instance.name, start, horizon, within, initial, results, time.perf_counter() - t_wall, notes)
 
 
 def _median_gap(events: list[Event], start: float = 0.0) -> float:
@@ -365,17 +371,32 @@ class _Runner:
 
     # -- events -------------------------------------------------------------------------------------
     def on_events(self, t: float, evs: list[Event]) -> None:
+        """Apply an instant's changes one by one: a node that fails and recovers at the same instant
+        has lost its state (applied together, they read as nothing), and only a change that takes
+        GPUs of the plan holding the state without notice loses work (a failure of an idle node
+        beside an announced drop made the drop lose work)."""
         changes = [ev for ev in evs if not isinstance(ev, PreemptionNotice)]
         notices = [ev for ev in evs if isinstance(ev, PreemptionNotice)]
-        before = self.state
-        self.state = self.state.apply_all(changes)
-        announced = all(self._announced(before, ev) for ev in changes)
-        self._mark_lost_gpus()
-        if changes:
+        key, wiped, announced = self.state.key(), len(self.lost), True
+        for ev in changes:
+            before = self.state
+            self.state = before.apply(ev)
+            hit = len(self.lost)
+            self._mark_lost_gpus()
+            announced = announced and (len(self.lost) == hit or self._announced(before, ev))
+        changed = bool(changes) and (self.state.key() != key or len(self.lost) != wiped)
+        if changes and not changed:
+            self.record(t, changes, "unchanged")  # a pending switch stands, nothing is re-planned
+        elif changed:
             self.on_change(t, changes, announced)
         if notices:
             self.state = self.state.apply_all(notices)
             self.on_notice(t, notices)
+        if changed:
+            self.after_change(t)
+
+    def after_change(self, t: float) -> None:
+        """Once a change is handled (the adaptive strategies re-plan for what notices announce)."""
 
     def _announced(self, before: ClusterState, ev: Event) -> bool:
         if isinstance(ev, NodeFailure):
@@ -396,11 +417,14 @@ class _Runner:
                         self.lost.add((rep.node, g))
 
     def lose_work(self, t: float) -> float:
-        """Samples trained since the last checkpoint (a failure without notice loses them)."""
+        """Samples trained since the last checkpoint (a failure without notice loses them), from the
+        timeline: at the rate of each stretch, not the current one (after a bandwidth rise the
+        loss exceeded what had been trained, and total samples went negative)."""
         if not self.training or self.report is None:
             return 0.0
-        since = (t - self.train_since) % self.opts.checkpoint_interval_s
-        lost = since * self.report.samples_per_s
+        since = t - (t - self.train_since) % self.opts.checkpoint_interval_s
+        lost = sum((s.end_s - max(s.start_s, since)) * s.samples_per_s for s in self.result.segments
+                   if s.phase == "train" and s.end_s > since)
         self.result.lost_samples += lost
         return lost
 
@@ -432,7 +456,8 @@ class _Adaptive(_Runner):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.prepared: tuple[tuple, ReplanResult, float, float] | None = None  # (state key, result, latency, t)
+        # re-plans for the cluster the pending notices announce: state key -> (result, latency, started at)
+        self.prepared: dict[tuple, tuple[ReplanResult | None, float, float]] = {}
         self.switch: int | None = None  # the record of a switch not begun: its re-plan still runs
         base = self.opts.replan
         self.ropts = ReplanOptions(**{**base.__dict__, "warm": self.name == "warm",
@@ -450,10 +475,23 @@ class _Adaptive(_Runner):
         return res, (self.opts.fixed_latency_s if self.opts.fixed_latency_s is not None else measured)
 
     def on_notice(self, t: float, notices: list[PreemptionNotice]) -> None:
+        self.record(t, notices, "prepared", latency=self._prepare(t))
+
+    def after_change(self, t: float) -> None:
+        """A change between a notice and its drop makes the head start's re-plan stale (another
+        network, other GPUs): the drop then re-planned from scratch, with no head start at all."""
+        self._prepare(t)
+
+    def _prepare(self, t: float) -> float:
+        """Start the re-plan for the cluster the pending notices announce, unless one for that
+        cluster runs already (a later notice of the same cluster kept the earlier head start);
+        its latency (0 when none started)."""
         predicted = self.state.predicted()
+        if not self.state.pending or predicted.key() in self.prepared:
+            return 0.0
         res, latency = self._replan(predicted)
-        self.prepared = (predicted.key(), res, latency, t)
-        self.record(t, notices, "prepared", latency=latency)
+        self.prepared[predicted.key()] = (res, latency, t)
+        return latency
 
     def call_off(self, action: str) -> None:
         """Drop a switch whose re-plan had not finished (the old plan still training): it was
@@ -462,29 +500,31 @@ class _Adaptive(_Runner):
         if self.switch is not None and self.phases and self.phases[0][1] == "train":
             self.plan, self.report, self.phases = self.holder, self.phases[0][2], []
             rec = self.result.records[self.switch]
-            self.result.records[self.switch] = replace(rec, action=action, migration_s=0.0, downtime_s=0.0,
-                                                       moved_ranks=0, remote_only_s=0.0)
+            self.result.records[self.switch] = replace(
+                rec, action=action, migration_s=0.0, downtime_s=0.0, moved_ranks=0, remote_only_s=0.0,
+                samples_per_s=self.report.samples_per_s, gpus=self.report.num_gpus, usd_per_h=_usd_per_h(self.report))
         self.switch = None
 
     def on_change(self, t: float, changes: list[Event], announced: bool) -> None:
         self.call_off("superseded")
         old_valid = self.plan is not None and self.state.plan_is_valid(self.plan) and not (
             self.lost & {(r.node, g) for st in self.plan.stages for r in st.replicas for g in r.gpus})
+        if old_valid:  # it trains on while the re-plan runs, at its rate on the changed network
+            self.report = simulate(self.state.instance_view(), self.plan, self.est())
         lost = 0.0 if (announced or old_valid) else self.lose_work(t)
         hidden = 0.0
-        if self.prepared is not None and self.prepared[0] == self.state.key():
-            _, res, latency, t_notice = self.prepared
+        if (ready := self.prepared.pop(self.state.key(), None)) is not None:
+            res, latency, t_notice = ready
             hidden = min(latency, t - t_notice)
         else:
             res, latency = self._replan(self.state)
-        self.prepared = None
+        if not self.state.pending:
+            self.prepared.clear()
         if res is None or res.plan is None:
             self.plan, self.report, self.phases = None, None, []
             self.record(t, changes, "none", latency=latency, lost=lost)
             return
-        view = self.state.instance_view()
         if self.plan is not None and same_plan(res.plan, self.plan) and old_valid:
-            self.report = simulate(view, self.plan, self.est())
             self.record(t, changes, "kept", latency=latency, lost=lost)
             return
         mig, remote_only = self.migration(res.plan)
@@ -522,12 +562,15 @@ class _Static(_Runner):
             self.record(t, changes, action, lost=lost)
             return
         self.report = simulate(view, self.plan, self.est())
-        if not self.waiting:
+        moved = sum(1 for w in workers(self.instance, self.plan) if (w.node_id, w.local_gpu) in self.lost)
+        if not self.waiting and not moved:
             self.record(t, changes, "continue")
             return
+        # back after a wait, or its GPUs all up but some lost their state (a node that failed and
+        # recovered at this instant): it restarts from the checkpoint
+        lost = 0.0 if (self.waiting or announced) else self.lose_work(t)
         mig, remote_only = self.migration(self.plan)
         self.waiting = False
         down = mig + self.opts.restart_s
         self.phases = [(t + down, "reconfigure", self.report, _gpu_usd_per_h(self.instance, self.plan))]
-        moved = sum(1 for w in workers(self.instance, self.plan) if (w.node_id, w.local_gpu) in self.lost)
-        self.record(t, changes, "resume", mig=mig, down=down, moved=moved, remote_only=remote_only)
+        self.record(t, changes, "resume", mig=mig, down=down, moved=moved, lost=lost, remote_only=remote_only)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hetplan.cluster_state import ClusterState, NodeFailure, NodeRecovery
 from hetplan.errors import InstanceError
-from hetplan.instance import AvailabilityEvent, instance_from_dict, load_instance
+from hetplan.instance import AvailabilityEvent, BandwidthEvent, instance_from_dict, load_instance
 from hetplan.plan import load_plan, plan_from_dict, validate_plan
 from hetplan.orchestration.replan import ReplanOptions, replan
 from hetplan.orchestration.replay import ReplayOptions, replay
@@ -134,6 +134,106 @@ def test_a_switch_whose_replan_outlasts_the_next_change_never_happens(fails_agai
     assert all(r.downtime_s == 0 for r in warm.records) and warm.summary()["reconfigurations"] == 0
     assert warm.total_samples == pytest.approx(horizon * first) and warm.lost_samples == 0
     check_tiling(warm, 0.0, horizon)
+
+
+def _rate(inst, plan, *events) -> float:
+    return simulate(ClusterState.initial(inst).apply_all(events).instance_view(), plan).samples_per_s
+
+
+def test_the_old_plan_trains_at_its_new_rate_while_the_replan_runs():
+    """A bandwidth drop at t=100 leads to a switch after a 200 s re-plan; until then the DP=4 plan
+    trains at its rate on the slow network (the simulator's), not at the rate it had before."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    drop = BandwidthEvent(time_s=100, link="inter_node", bandwidth_GBps=0.1)
+    opts = ReplayOptions(horizon_s=1000, restart_s=10, initial_plan=plan, fixed_latency_s=200.0, plan_horizon_s=3600,
+                         strategies=("warm",), replan=ReplanOptions(planner_time_limit_s=0.3))
+    warm = replay(inst, None, opts, extra_events=[drop]).strategies["warm"]
+    assert warm.records[0].action in ("patched", "repaired", "planner")  # the switch the test needs
+    during = [seg for seg in warm.segments if seg.start_s == 100]
+    assert during[0].phase == "train" and during[0].end_s == 300
+    assert during[0].samples_per_s == pytest.approx(_rate(inst, plan, drop))
+
+
+def test_lost_work_is_what_was_trained_since_the_checkpoint():
+    """Slow network for 100 s, fast for 1 s, then a node fails (no checkpoint yet): the loss was
+    101 s x the fast rate, more than was ever trained, and total samples went negative."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    slow, fast = (BandwidthEvent(time_s=t, link="inter_node", bandwidth_GBps=bw) for t, bw in ((0, 0.1), (100, 12.5)))
+    opts = ReplayOptions(horizon_s=200, restart_s=10, initial_plan=plan, checkpoint_interval_s=1e6, notice_s=None,
+                         strategies=("static",))
+    events = [slow, fast, NodeFailure(time_s=101, node="a-1")]
+    static = replay(inst, None, opts, extra_events=events).strategies["static"]
+    trained = 100 * _rate(inst, plan, slow) + 1 * _rate(inst, plan, slow, fast)
+    assert static.lost_samples == pytest.approx(trained) and static.total_samples == pytest.approx(0, abs=1e-6)
+
+
+def test_a_node_that_fails_and_recovers_at_one_instant_has_lost_its_state():
+    """Applied together the two read as nothing ("kept", "continue", no loss). By hand for the
+    static plan: the 100 mod 60 = 40 s since the checkpoint are lost and a-1's GPUs reload."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    events = [NodeFailure(time_s=100, node="a-1"), NodeRecovery(time_s=100, node="a-1")]
+    opts = ReplayOptions(horizon_s=500, restart_s=10, checkpoint_interval_s=60, initial_plan=plan, fixed_latency_s=5.0,
+                         plan_horizon_s=3600, replan=ReplanOptions(planner_time_limit_s=0))
+    res = replay(inst, None, opts, extra_events=events).strategies
+    rate = _rate(inst, plan)
+    for name in ("warm", "static"):
+        [rec] = res[name].records
+        assert rec.action in ("resume", "patched", "repaired", "planner") and rec.migration_s > 0, rec
+        assert res[name].lost_samples == pytest.approx(40 * rate)
+    assert res["static"].records[0].moved_ranks == 2
+
+
+def test_an_announced_drop_loses_nothing_beside_the_failure_of_an_idle_node():
+    """A node the plan does not use fails (no notice) at the instant of an announced drop of
+    the plan's GPUs: the whole instant was taken as unannounced and the drop lost 40 s of work."""
+    data = tiny().model_dump(mode="json", exclude={"base_dir"})
+    data["cluster"]["node_groups"][0]["count"] = 3
+    inst = instance_from_dict(data)
+    reps = [{"gpu_type": "A100-40", "tp": 1, "node": n, "gpus": [g], "microbatch_share": 16}
+            for n in ("a-1", "a-2") for g in (0, 1)]
+    plan = validate_plan(inst, plan_from_dict({"name": "p", "num_microbatches": 1, "stages": [
+        {"layer_start": 0, "layer_end": 6, "replicas": reps}]}))
+    drop = AvailabilityEvent(time_s=100, zone="z1-a", gpu_type="A100-40", available_gpus=2)
+    opts = ReplayOptions(horizon_s=300, restart_s=10, checkpoint_interval_s=60, initial_plan=plan, fixed_latency_s=5.0,
+                         strategies=("warm",), replan=ReplanOptions(planner_time_limit_s=0))
+    alone = replay(inst, None, opts, extra_events=[drop]).strategies["warm"]
+    both = replay(inst, None, opts, extra_events=[drop, NodeFailure(time_s=100, node="a-0")]).strategies["warm"]
+    assert alone.lost_samples == both.lost_samples == 0
+
+
+def test_an_event_that_changes_nothing_leaves_a_pending_switch_alone():
+    """a-1 is back at t=100 and the switch waits on a 50 s re-plan; a recovery of a-0, which never
+    failed, at t=120 superseded it (and re-planned): now it is `unchanged` and the run is the same."""
+    inst = tiny()
+    events = [NodeFailure(time_s=0, node="a-1"), NodeRecovery(time_s=100, node="a-1")]
+    opts = ReplayOptions(horizon_s=500, restart_s=30, notice_s=None, fixed_latency_s=50.0, strategies=("warm",),
+                         plan_horizon_s=3600)
+    base = replay(inst, None, opts, extra_events=events).strategies["warm"]
+    more = replay(inst, None, opts, extra_events=[*events, NodeRecovery(time_s=120, node="a-0")]).strategies["warm"]
+    assert [r.action for r in more.records] == [base.records[0].action, "unchanged"]
+    assert more.total_samples == pytest.approx(base.total_samples)
+    assert more.summary()["reconfigurations"] == base.summary()["reconfigurations"] == 1
+
+
+def test_a_later_notice_keeps_the_head_start_of_an_earlier_one():
+    """Drops to 2 GPUs at t=100 and t=120 (notices at 70 and 90), a rise to 4 at 110; re-plans take
+    20 s. The notice at 90 announced the same cluster as the one at 70 and restarted its re-plan,
+    so the drop at 100 waited 10 s of it: its downtime is the restart alone (no migration: a-0
+    keeps its state), as with one notice."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    drops = [AvailabilityEvent(time_s=t, zone="z1-a", gpu_type="A100-40", available_gpus=n)
+             for t, n in ((100, 2), (110, 4), (120, 2))]
+    opts = ReplayOptions(horizon_s=300, restart_s=10, initial_plan=plan, fixed_latency_s=20.0, plan_horizon_s=3600,
+                         strategies=("warm",), replan=ReplanOptions(planner_time_limit_s=0))
+    warm = replay(inst, None, opts, extra_events=drops).strategies["warm"]
+    first = next(r for r in warm.records if r.time_s == 100)
+    assert first.downtime_s == pytest.approx(first.migration_s + 10)
+    one = replay(inst, None, opts, extra_events=drops[:1]).strategies["warm"]
+    assert one.records[-1].downtime_s == pytest.approx(first.downtime_s)
 
 
 def test_bundled_trace_all_strategies():
