@@ -7,7 +7,8 @@ launcher's one-line message. Ranks forked from it share its group, out of the te
 so each is killed with its parent (`die_with_parent` in runtime/local.py `_child`): the launcher
 gone, the forkserver goes, and every rank with it, also one whose pid the launcher never learnt
 (a Ctrl-C while it started them). Only the forkserver acts on import: the launcher names itself
-in HETPLAN_FORKSERVER_PARENT for the moment it starts it (`local._start_forkserver`).
+in HETPLAN_FORKSERVER_PARENT for the moment it starts it (`local._start_forkserver`, which also
+starts it with SIGINT blocked, for the moments before this import moves it out of the group).
 """
 import ctypes
 import os

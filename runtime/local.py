@@ -72,6 +72,7 @@ def _started_path(out_dir: Path, rank: int) -> Path:
 
 def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int) -> None:
     die_with_parent()  # the forkserver: gone when the launcher is (runtime/_forkserver.py)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the forkserver (_start_forkserver)
     try:
         _started_path(Path(err_path).parent, rank).write_text(f"{os.getpid()}\n")
         os.environ.update(_local_env())
@@ -102,13 +103,18 @@ def rank_steps_done(out_dir: Path, rank: int) -> int:
 
 def _start_forkserver() -> None:
     """Start the forkserver (if not running) with PARENT_ENV naming this process; the variable is
-    removed at once, so no other child of this process (a `hetplan` it runs) reads it."""
+    removed at once, so no other child of this process (a `hetplan` it runs) reads it. SIGINT is
+    blocked meanwhile: the forkserver inherits the mask across exec and keeps it, so a Ctrl-C before
+    it leaves this process group (its interpreter's start: over 0.5 s on a loaded machine) is no
+    KeyboardInterrupt there either; here it waits, pending, until the mask is restored."""
     from multiprocessing import forkserver
 
     os.environ[PARENT_ENV] = str(os.getpid())
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.environ.pop(PARENT_ENV, None)
 
 
