@@ -566,7 +566,7 @@ def place(view: Instance, plan: Plan, state: ClusterState, held: dict[tuple[str,
                     if g in free.get(rep.node, []):
                         free[rep.node].remove(g)
     by_key: dict[tuple[str, str], list[str]] = {}
-    for node in view.nodes:
+    for node in sorted(view.nodes, key=lambda n: n.price_per_gpu_hour_usd):  # cheapest first, as core.plan's
         by_key.setdefault((node.gpu_type, node.zone), []).append(node.node_id)
     held = held or {}
     holders: dict[frozenset[Piece], tuple[set, set]] = {}  # need -> the GPUs whose state covers it, their nodes

@@ -2306,7 +2306,7 @@ def test_no_plan_is_called_infeasible_only_when_the_model_has_none():
 
     closed = [ComboRecord(1, 4, 2, 1.3e-5, "solved:infeasible"), ComboRecord(2, 1, 1, math.inf, "infeasible_by_bound")]
     assert _why_infeasible(closed, None, 61.4) == (
-        "no plan satisfies min_throughput_iters_per_s=61.4 over 2 outer choices (P, b, D)")
+        "no plan of the planner's space satisfies min_throughput_iters_per_s=61.4 over 2 outer choices (P, b, D)")
     refused = closed + [ComboRecord(3, 1, 1, 1.3e-5, "solved:optimal", objective=1.3516e-05, refusals_open=True)]
     text = _why_infeasible(refused, None, 61.4)
     assert text.startswith("no plan found within min_throughput_iters_per_s=61.4, but none is proven impossible")
@@ -2314,9 +2314,9 @@ def test_no_plan_is_called_infeasible_only_when_the_model_has_none():
     # each refused plan left out alone and nothing else in its choice: that is a proof
     closed_after = closed + [ComboRecord(3, 1, 1, 1.3e-5, "solved:infeasible", objective=1.3516e-05)]
     assert _why_infeasible(closed_after, None, 61.4) == (
-        "no plan satisfies min_throughput_iters_per_s=61.4 over 3 outer choices (P, b, D); the MILP's plans of 1 "
-        "of them break the limits once the simulator places them on nodes, and without those plans their choices "
-        "hold none")
+        "no plan of the planner's space satisfies min_throughput_iters_per_s=61.4 over 3 outer choices (P, b, D); "
+        "the MILP's plans of 1 of them break the limits once the simulator places them on nodes, and without those "
+        "plans their choices hold none")
 
 
 def test_a_model_whose_state_outgrows_the_cluster_is_refused_with_its_size():

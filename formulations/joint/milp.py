@@ -222,8 +222,8 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     t_ub = time_upper_bound_s(inp) if time_cutoff_s is None else min(time_upper_bound_s(inp), time_cutoff_s)
     if inp.min_iters_per_s:
         t_ub = min(t_ub, 1 / inp.min_iters_per_s)
-    if cost_cutoff_usd is not None:
-        t_ub = min(t_ub, cost_cutoff_usd / rate_lower_bound_usd_per_s(inp))  # model units: ms
+    if cost_cutoff_usd is not None and (rate := rate_lower_bound_usd_per_s(inp)) > 0:  # free GPUs: no time cap
+        t_ub = min(t_ub, cost_cutoff_usd / rate)  # model units: ms
 
     m.layers = layers
     m.x = pyo.Var(m.I, m.K, domain=pyo.NonNegativeIntegers, bounds=lambda _, i, k: (0, min(inp.D, inp.pools[k].avail_gpus // inp.pools[k].tp)))

@@ -1390,7 +1390,9 @@ def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its:
                 f"{len(open_)} outer choices (best P{r.P} b{r.b} D{r.D}, model figure {r.objective:.6g}) break "
                 f"the limits when the simulator places them on nodes, and the rest of those choices was not "
                 f"searched (the model relaxes placement: formulations/joint/milp.py); loosen the limits")
-    proof = f"no plan satisfies {limits} over {len(records)} outer choices (P, b, D)"
+    # the modelled space (the package docstring, "Reported bound"): a plan outside it, e.g. the
+    # embedding alone on stage 0, may meet a limit none inside it does
+    proof = f"no plan of the planner's space satisfies {limits} over {len(records)} outer choices (P, b, D)"
     if rejected:  # each refused plan was left out alone and nothing else was left in its choice
         proof += (f"; the MILP's plans of {len(rejected)} of them break the limits once the simulator places "
                   f"them on nodes, and without those plans their choices hold none")

@@ -1,0 +1,80 @@
+"""Prices the planner's model states once per (GPU type, zone) and per egress class, against the
+enumerated optimum of the simulator (tests/_plan_enumerator.py) on tiny instances an adversarial
+campaign found (helper-9, 1,600 instances): two groups of one type and zone at different prices,
+an egress pair below its class price, and free GPUs under a throughput floor."""
+from __future__ import annotations
+
+import pytest
+
+from _plan_enumerator import optimum, score_space
+from hetplan.instance import instance_from_dict
+from hetplan.orchestration.planner import PlannerOptions, plan
+
+TINY_OPT = {"preset": "OPT-350M", "overrides": {"num_layers": 2, "tied_embeddings": False}}
+
+
+def two_prices():
+    """One RTX-4090 node at 3.47 USD/h and one at 1.4 (spot beside on-demand) in one zone."""
+    return instance_from_dict({
+        "name": "two-prices", "cluster": {"node_groups": [
+            {"name": "dear", "gpu_type": "RTX-4090", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
+             "price_per_gpu_hour_usd": 3.47},
+            {"name": "cheap", "gpu_type": "RTX-4090", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
+             "price_per_gpu_hour_usd": 1.4}]},
+        "workload": {"model": TINY_OPT, "global_batch_size": 4, "precision": "fp16", "flash_attention": True}})
+
+
+def assert_within_gap_of_the_optimum(inst, objective, max_cost=None, min_its=None, **space):
+    items = score_space(inst, max_stages=3, **space)
+    best = optimum(items, objective, max_cost, min_its)
+    res = plan(inst, PlannerOptions(objective=objective, max_cost_usd=max_cost, min_iters_per_s=min_its, max_stages=3,
+                                    workers=1, **space))
+    target = best.objective(objective)
+    assert res.bound <= target * (1 + 1e-9), (res.bound, target)  # the bound is below every plan of the space
+    assert res.model_objective <= target * (1 + res.gap + 1e-9) and res.gap <= 0.01 + 1e-9, (res.model_objective,
+                                                                                            target, res.gap)
+    return res, best
+
+
+@pytest.mark.parametrize("objective, max_cost", [("min_cost", None), ("max_throughput", 5.97e-5),
+                                                 ("max_throughput", 3.0e-5)])
+def test_two_prices_of_one_type_and_zone(objective, max_cost):
+    """The model priced both nodes at 3.47 USD/h: its min-cost bound was 6.4 % above the optimum,
+    under a 5.97e-5 USD budget its time bound 92 % above, and a budget only the cheap node meets
+    was refused as "below the least cost of any plan"."""
+    assert_within_gap_of_the_optimum(two_prices(), objective, max_cost)
+
+
+def test_an_egress_pair_below_its_class_price():
+    """Across regions at 1 USD/GB, but 0 between the two zones the cluster has: the model charged
+    the class price, and its bound under a budget was 21 % above the optimum."""
+    inst = instance_from_dict({
+        "name": "egress-pair", "cluster": {"node_groups": [
+            {"name": "g0", "gpu_type": "L20", "gpus_per_node": 2, "count": 2, "zone": "r1-a",
+             "price_per_gpu_hour_usd": 4.44},
+            {"name": "g1", "gpu_type": "L20", "gpus_per_node": 4, "count": 1, "zone": "r2-a",
+             "price_per_gpu_hour_usd": 0.47}],
+            "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 5.0, "latency_s": 1e-4},
+                        "inter_region": {"kind": "wan", "bandwidth_GBps": 3.0, "latency_s": 0.0},
+                        "egress": {"inter_region_usd_per_GB": 1.0,
+                                   "pairs": [{"zones": ["r1-a", "r2-a"], "usd_per_GB": 0.0}]}}},
+        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 4, "tied_embeddings": False}},
+                     "global_batch_size": 8, "precision": "fp16", "flash_attention": True}})
+    assert_within_gap_of_the_optimum(inst, "max_throughput", 2.8068e-4, tp_choices=(1, 2, 4),
+                                     microbatch_sizes=(1, 4, 8, 16))
+
+
+@pytest.mark.parametrize("floor", [15.0, 20.0])
+def test_free_gpus_under_a_throughput_floor(floor):
+    """A group priced 0 USD/h made the cost cutoff's time cap divide by a rate bound of 0
+    (ZeroDivisionError, `hetplan solve` exit 70)."""
+    inst = instance_from_dict({
+        "name": "free", "cluster": {"node_groups": [
+            {"name": "g0", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
+             "price_per_gpu_hour_usd": 0.0},
+            {"name": "g1", "gpu_type": "L20", "gpus_per_node": 4, "count": 1, "zone": "r1-a",
+             "price_per_gpu_hour_usd": 3.9}]},
+        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 2}}, "global_batch_size": 8,
+                     "precision": "fp16", "flash_attention": True}})
+    res, _ = assert_within_gap_of_the_optimum(inst, "min_cost", min_its=floor)
+    assert res.report.iters_per_s >= floor * (1 - 1e-9)
