@@ -7,9 +7,11 @@ orchestration/planner/ (and formulations/joint/milp.py) each one mirrors:
 
   R1 quotas (planner/inputs.py `_quotas`): GPUs per (GPU type, zone) after allowed_gpu_types /
      allowed_zones; GPUs per node = the least over the zone's node groups of that type.
-  R2 pools (planner/inputs.py `_Tables.pool_rows`): (type, zone) in sorted order, then each TP of
-     `tp_choices` in its order, with t <= GPUs per node, GPUs per node % t == 0 and t <= the
-     quota. (Pools whose memory cannot hold a single unit are dropped there; here their plans
+  R2 pools (planner/inputs.py `_Tables.pool_rows`, planner/search.py `_splittable_tps`): (type, zone)
+     in sorted order, then each TP of `tp_choices` in its order, with t <= GPUs per node, GPUs per
+     node % t == 0, t <= the quota, and t dividing the model's heads, KV heads and MLP width
+     (Megatron's split; without it GPT-Neo-2.7B's 20 heads at TP 8 ended the enumeration in the
+     plan validator's refusal). (Pools whose memory cannot hold a single unit are dropped there; here their plans
      are simply OOM in simulation and skipped, R10.)
   R3 outer choices (planner/inputs.py `enumerate_combos`): P = 1..min(U, max_stages), b in
      `microbatch_sizes` dividing B, D dividing B / b, P x D <= sum over quotas of
@@ -100,10 +102,12 @@ def quotas(instance: Instance) -> dict[tuple[str, str], Quota]:
 def pools(instance: Instance, tp_choices: tuple[int, ...] = TP_CHOICES) -> list[RefPool]:
     """R2, in the planner's pool order (R9 lists replicas in it)."""
     region = {g.zone: g.region_name for g in instance.cluster.node_groups}
+    arch = instance.model_arch
+    sizes = [arch.num_heads, arch.ffn_hidden_size] + ([arch.num_kv_heads] if arch.num_kv_heads is not None else [])
     out = []
     for (g, z), q in sorted(quotas(instance).items()):
         out += [RefPool(g, z, region[z], t) for t in tp_choices
-                if t <= q.per_node and q.per_node % t == 0 and t <= q.gpus]
+                if t <= q.per_node and q.per_node % t == 0 and t <= q.gpus and all(n % t == 0 for n in sizes)]
     return out
 
 

@@ -1,7 +1,8 @@
 """Prices the planner's model states once per (GPU type, zone) and per egress class, against the
 enumerated optimum of the simulator (tests/_plan_enumerator.py) on tiny instances an adversarial
 campaign found (helper-9, 1,600 instances): two groups of one type and zone at different prices,
-an egress pair below its class price, and free GPUs under a throughput floor."""
+an egress pair below its class price, and free GPUs under a throughput floor; and a model TP 8
+does not split, which the enumerator could not check."""
 from __future__ import annotations
 
 import pytest
@@ -78,3 +79,15 @@ def test_free_gpus_under_a_throughput_floor(floor):
                      "precision": "fp16", "flash_attention": True}})
     res, _ = assert_within_gap_of_the_optimum(inst, "min_cost", min_its=floor)
     assert res.report.iters_per_s >= floor * (1 - 1e-9)
+
+
+def test_a_model_whose_heads_tp8_does_not_split():
+    """GPT-Neo-2.7B has 20 heads: the planner offers no TP 8 (`_splittable_tps`), and the
+    enumerator did, ending in the plan validator's refusal, so such models went unchecked."""
+    inst = instance_from_dict({
+        "name": "neo", "cluster": {"node_groups": [
+            {"name": "a", "gpu_type": "A100-80", "gpus_per_node": 8, "count": 1, "zone": "z-a",
+             "price_per_gpu_hour_usd": 1.0}]},
+        "workload": {"model": {"preset": "GPT-Neo-2.7B", "overrides": {"num_layers": 2}}, "global_batch_size": 8,
+                     "precision": "fp16", "flash_attention": True}})
+    assert_within_gap_of_the_optimum(inst, "max_throughput")
