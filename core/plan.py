@@ -258,10 +258,7 @@ def _place(instance: Instance, plan: Plan) -> Plan:
         for j, rep in enumerate(stage.replicas):
             if rep.node is not None:
                 _claim_explicit(instance, rep, free, f"stages[{i}].replicas[{j}]")
-    # the cheapest node first, in the instance's order among equals (spot beside on-demand nodes of
-    # one type and zone): the planner prices a type and zone at its least price (planner.inputs
-    # `_quotas`), and a replica placed on the dearer node first cost a min-cost plan 7.5 % more
-    order = sorted(instance.nodes, key=lambda n: n.price_per_gpu_hour_usd)
+    order = placement_order(instance.nodes)
     stages = []
     for i, stage in enumerate(plan.stages):
         reps = []
@@ -274,6 +271,16 @@ def _place(instance: Instance, plan: Plan) -> Plan:
             reps.append(rep)
         stages.append(stage.model_copy(update={"replicas": tuple(reps)}))
     return plan.model_copy(update={"stages": tuple(stages)})
+
+
+def placement_order(nodes):
+    """The order first fit tries nodes in: the cheapest first (spot beside on-demand nodes of one
+    type and zone: the planner prices a type and zone at its least price, planner.inputs `_quotas`,
+    and a replica placed on the dearer node first cost a min-cost plan 7.5 % more), then the
+    widest (the model's all-reduce floors pack a stage's replicas on as few nodes as hold them:
+    two replicas first fit on two 1-GPU nodes beside a free 2-GPU node made a plan the model put
+    at 0.0048 s run 0.29 s over a 1 GB/s network), then the instance's order."""
+    return sorted(nodes, key=lambda n: (n.price_per_gpu_hour_usd, -n.num_gpus))
 
 
 def _claim_explicit(instance: Instance, rep: Replica, free: dict[str, list[int]], field: str) -> None:

@@ -81,7 +81,7 @@ from hetplan.estimators.base import Endpoint
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.instance import Instance
 from hetplan.orchestration.planner import PlannerOptions, plan as joint_plan, planner_tables
-from hetplan.plan import Plan, Replica, Stage, tp_indivisible, validate_plan
+from hetplan.plan import Plan, Replica, Stage, placement_order, tp_indivisible, validate_plan
 from hetplan.formulations.stage_cost import node_endpoint
 from hetplan.runtime.pieces import Piece, holdings, holds_all, moved_ranks, rank_pieces
 from hetplan.simulator import SimulationReport, in_flight_microbatches, simulate
@@ -566,7 +566,7 @@ def place(view: Instance, plan: Plan, state: ClusterState, held: dict[tuple[str,
                     if g in free.get(rep.node, []):
                         free[rep.node].remove(g)
     by_key: dict[tuple[str, str], list[str]] = {}
-    for node in sorted(view.nodes, key=lambda n: n.price_per_gpu_hour_usd):  # cheapest first, as core.plan's
+    for node in placement_order(view.nodes):  # as validate_plan's first fit
         by_key.setdefault((node.gpu_type, node.zone), []).append(node.node_id)
     held = held or {}
     holders: dict[frozenset[Piece], tuple[set, set]] = {}  # need -> the GPUs whose state covers it, their nodes

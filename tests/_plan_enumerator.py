@@ -29,7 +29,8 @@ orchestration/planner/ (and formulations/joint/milp.py) each one mirrors:
      U >= 4) stage 0 holds the embedding and at least one block (the planner package docstring,
      "Reported bound").
   R9 decoding (joint/evaluation.py `to_plan`): a stage lists its replicas pool by pool in pool order, no node
-     given, so `validate_plan` places them first fit in (stage, replica) order, on the cheapest node first.
+     given, so `validate_plan` places them first fit in (stage, replica) order (`placement_order`: the
+     cheapest node first, then the widest).
   R10 memory and limits: plans with an OOM rank are skipped; a budget / throughput floor is
      checked on the simulated cost / iteration time with the simulator's 1e-9 tolerance
      (simulator.py `_with_violations`).
