@@ -236,6 +236,22 @@ def test_a_later_notice_keeps_the_head_start_of_an_earlier_one():
     assert one.records[-1].downtime_s == pytest.approx(first.downtime_s)
 
 
+def test_a_reconfiguration_cut_short_keeps_the_downtime_it_had():
+    """Drops and rises at t=100, 110 and 120, re-plans of 20 s, restarts of 10 s, no notice: each
+    change cuts the reconfiguration under way short. The records kept their planned downtimes
+    (90 s in all) while 50 s passed without training; each now keeps what it had."""
+    inst = tiny()
+    plan = validate_plan(inst, four_replicas())
+    changes = [AvailabilityEvent(time_s=t, zone="z1-a", gpu_type="A100-40", available_gpus=n)
+               for t, n in ((100, 2), (110, 4), (120, 2))]
+    opts = ReplayOptions(horizon_s=300, restart_s=10, initial_plan=plan, fixed_latency_s=20.0, plan_horizon_s=3600,
+                         notice_s=None, strategies=("warm",), replan=ReplanOptions(planner_time_limit_s=0))
+    warm = replay(inst, None, opts, extra_events=changes).strategies["warm"]
+    assert sum(r.downtime_s for r in warm.records) == pytest.approx(warm.downtime_s)
+    assert [r.downtime_s for r in warm.records][:2] == pytest.approx([10.0, 10.0])  # cut at 110 and at 120
+    check_tiling(warm, 0.0, 300)
+
+
 def test_bundled_trace_all_strategies():
     """The bundled spot trace from the bundled plan, for its first hour and a bit (a bandwidth drop
     at 3600 s): every strategy's segments tile the time; warm re-planning trains more than the
