@@ -14,14 +14,17 @@ from hetplan.orchestration.planner import PlannerOptions, plan
 TINY_OPT = {"preset": "OPT-350M", "overrides": {"num_layers": 2, "tied_embeddings": False}}
 
 
+def group(name: str, gpu_type: str, per_node: int, count: int, zone: str, usd_per_gpu_hour: float) -> dict:
+    return {"name": name, "gpu_type": gpu_type, "gpus_per_node": per_node, "count": count, "zone": zone,
+            "price_per_gpu_hour_usd": usd_per_gpu_hour}
+
+
 def two_prices():
     """One RTX-4090 node at 3.47 USD/h and one at 1.4 (spot beside on-demand) in one zone."""
     return instance_from_dict({
         "name": "two-prices", "cluster": {"node_groups": [
-            {"name": "dear", "gpu_type": "RTX-4090", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 3.47},
-            {"name": "cheap", "gpu_type": "RTX-4090", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 1.4}]},
+            group("dear", "RTX-4090", 2, 1, "r1-a", 3.47),
+            group("cheap", "RTX-4090", 2, 1, "r1-a", 1.4)]},
         "workload": {"model": TINY_OPT, "global_batch_size": 4, "precision": "fp16", "flash_attention": True}})
 
 
@@ -51,10 +54,8 @@ def test_an_egress_pair_below_its_class_price():
     the class price, and its bound under a budget was 21 % above the optimum."""
     inst = instance_from_dict({
         "name": "egress-pair", "cluster": {"node_groups": [
-            {"name": "g0", "gpu_type": "L20", "gpus_per_node": 2, "count": 2, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 4.44},
-            {"name": "g1", "gpu_type": "L20", "gpus_per_node": 4, "count": 1, "zone": "r2-a",
-             "price_per_gpu_hour_usd": 0.47}],
+            group("g0", "L20", 2, 2, "r1-a", 4.44),
+            group("g1", "L20", 4, 1, "r2-a", 0.47)],
             "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 5.0, "latency_s": 1e-4},
                         "inter_region": {"kind": "wan", "bandwidth_GBps": 3.0, "latency_s": 0.0},
                         "egress": {"inter_region_usd_per_GB": 1.0,
@@ -71,10 +72,8 @@ def test_free_gpus_under_a_throughput_floor(floor):
     (ZeroDivisionError, `hetplan solve` exit 70)."""
     inst = instance_from_dict({
         "name": "free", "cluster": {"node_groups": [
-            {"name": "g0", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 0.0},
-            {"name": "g1", "gpu_type": "L20", "gpus_per_node": 4, "count": 1, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 3.9}]},
+            group("g0", "V100-16", 2, 1, "r1-a", 0.0),
+            group("g1", "L20", 4, 1, "r1-a", 3.9)]},
         "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 2}}, "global_batch_size": 8,
                      "precision": "fp16", "flash_attention": True}})
     res, _ = assert_within_gap_of_the_optimum(inst, "min_cost", min_its=floor)
@@ -86,8 +85,7 @@ def test_a_model_whose_heads_tp8_does_not_split():
     enumerator did, ending in the plan validator's refusal, so such models went unchecked."""
     inst = instance_from_dict({
         "name": "neo", "cluster": {"node_groups": [
-            {"name": "a", "gpu_type": "A100-80", "gpus_per_node": 8, "count": 1, "zone": "z-a",
-             "price_per_gpu_hour_usd": 1.0}]},
+            group("a", "A100-80", 8, 1, "z-a", 1.0)]},
         "workload": {"model": {"preset": "GPT-Neo-2.7B", "overrides": {"num_layers": 2}}, "global_batch_size": 8,
                      "precision": "fp16", "flash_attention": True}})
     assert_within_gap_of_the_optimum(inst, "max_throughput")
@@ -100,10 +98,8 @@ def test_nodes_of_two_sizes_in_one_type_and_zone():
     98 % gap. First fit now tries the widest node first."""
     inst = instance_from_dict({
         "name": "node-sizes", "cluster": {"node_groups": [
-            {"name": "small", "gpu_type": "H100", "gpus_per_node": 1, "count": 2, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 1.0},
-            {"name": "big", "gpu_type": "H100", "gpus_per_node": 2, "count": 1, "zone": "r1-a",
-             "price_per_gpu_hour_usd": 1.0}],
+            group("small", "H100", 1, 2, "r1-a", 1.0),
+            group("big", "H100", 2, 1, "r1-a", 1.0)],
             "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 1.0, "latency_s": 1e-4}}},
         "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3}}, "global_batch_size": 2,
                      "precision": "fp16", "flash_attention": True}, "constraints": {"max_gpus": 2}})
