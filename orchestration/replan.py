@@ -442,8 +442,12 @@ def _replan(instance: Instance, previous_plan: Plan | None, new_state: ClusterSt
     if best is None:
         raise InfeasibleError(f"no plan fits the {new_state.total_gpus} GPUs up at t={new_state.time_s:g} s "
                               f"({'; '.join(notes) or 'repair and planner found none'})")
+    # cold candidates are scored as if every rank moved (no warm start), but the ranks that really
+    # move are those whose GPU lacks their state, as for warm: cold reported 4 moved of 4 where the
+    # migration was 0 s
+    moved = best.moved_ranks if opts.warm else moved_ranks(instance, prev, best.plan, new_state, lost)
     # latency charged: the real elapsed time, with a cached planner answer at the latency it had
-    return ReplanResult(best.plan, best.report, best.source, best.moved_ranks, cands, repair_s, planner_s,
+    return ReplanResult(best.plan, best.report, best.source, moved, cands, repair_s, planner_s,
                         time.perf_counter() - t0 - min(cached_s, 0.0), notes)
 
 

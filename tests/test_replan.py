@@ -349,3 +349,19 @@ def test_replan_options_refuse_sizes_the_planner_cannot_use():
         ReplanOptions(microbatch_sizes=(0,))
     with pytest.raises(PlanError, match=r"^replan\.max_stages: must be an integer of at least 1, got 0"):
         ReplanOptions(max_stages=0)
+
+
+def test_cold_reports_the_ranks_that_really_move():
+    """Cold re-planning scores its candidates as if every rank moved (no warm start), and reported
+    that count too: 4 moved of 4 where the same plan on the same GPUs came back and the migration
+    was 0 s. The ranks that move are those whose GPU lacks their state, as for warm."""
+    inst = tiny()
+    state = ClusterState.initial(inst)
+    cold = ReplanOptions(warm=False, planner_time_limit_s=1.0)
+    prev = replan(inst, None, state, cold).plan
+    later = state.apply(NodeFailure(time_s=10, node="v-0"))  # the plan may or may not use it
+    res = replan(inst, prev, later, cold)
+    assert res.moved_ranks == moved_ranks(inst, prev, res.plan, later)
+    if same_plan(res.plan, prev):
+        assert res.moved_ranks == 0
+    assert res.moved_ranks == migration_plan(inst, prev, res.plan, later).moved_ranks
