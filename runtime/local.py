@@ -70,8 +70,11 @@ def _started_path(out_dir: Path, rank: int) -> Path:
     return out_dir / f"rank{rank}.pid"
 
 
-def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int) -> None:
+def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int,
+           launcher: int) -> None:
     die_with_parent()  # the forkserver: gone when the launcher is (runtime/_forkserver.py)
+    if not _alive(launcher):  # both went before this rank got here: it would wait alone in the rendezvous
+        os._exit(1)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked in the forkserver (_start_forkserver)
     try:
         _started_path(Path(err_path).parent, rank).write_text(f"{os.getpid()}\n")
@@ -86,6 +89,16 @@ def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_pa
         except OSError:  # the launcher was stopped and removed its folder: nobody to report to
             pass
         sys.exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid: alive
+        pass
+    return True
 
 
 def steps_done(out_dir: Path, world_size: int) -> int:
@@ -107,8 +120,11 @@ def _start_forkserver() -> None:
     blocked meanwhile: the forkserver inherits the mask across exec and keeps it, so a Ctrl-C before
     it leaves this process group (its interpreter's start: over 0.5 s on a loaded machine) is no
     KeyboardInterrupt there either; here it waits, pending, until the mask is restored."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
+    # the forkserver starts the resource tracker first, and that unblocks SIGINT when it has spawned
+    # it (multiprocessing/resource_tracker.py): started before, it leaves the mask alone
+    resource_tracker.ensure_running()
     os.environ[PARENT_ENV] = str(os.getpid())
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -141,7 +157,7 @@ class LocalWorkers:
                           ready_path(out_dir, r)):
                 stale.unlink(missing_ok=True)
         self.procs = [ctx.Process(target=_child, args=(str(spec_path), opts, r, f"file://{self.store}", str(errs[r]),
-                                                       threads))
+                                                       threads, os.getpid()))
                       for r in range(spec.world_size)]
         self.started_at = time.monotonic()
         try:
