@@ -471,7 +471,6 @@ class _Adaptive(_Runner):
         super().__init__(*args)
         # re-plans for the cluster the pending notices announce: state key -> (result, latency, started at)
         self.prepared: dict[tuple, tuple[ReplanResult | None, float, float]] = {}
-        self.switch: int | None = None  # the record of a switch not begun: its re-plan still runs
         base = self.opts.replan
         self.ropts = ReplanOptions(**{**base.__dict__, "warm": self.name == "warm",
                                       "change_cost_s": max(base.change_cost_s, self.opts.restart_s),
@@ -510,13 +509,13 @@ class _Adaptive(_Runner):
         """Drop a switch whose re-plan had not finished (the old plan still training): it was
         recorded with its downtime, and `plan` named the new plan, so a re-plan latency longer than
         the time to the next change reported switches that never happened."""
-        if self.switch is not None and self.phases and self.phases[0][1] == "train":
-            self.plan, self.report, self.phases, self.deploying = self.holder, self.phases[0][2], [], None
-            rec = self.result.records[self.switch]
-            self.result.records[self.switch] = replace(
+        if self.deploying is not None and self.phases and self.phases[0][1] == "train":
+            rec = self.result.records[self.deploying]
+            self.result.records[self.deploying] = replace(
                 rec, action=action, migration_s=0.0, downtime_s=0.0, moved_ranks=0, remote_only_s=0.0,
-                samples_per_s=self.report.samples_per_s, gpus=self.report.num_gpus, usd_per_h=_usd_per_h(self.report))
-        self.switch = None
+                samples_per_s=self.phases[0][2].samples_per_s, gpus=self.phases[0][2].num_gpus,
+                usd_per_h=_usd_per_h(self.phases[0][2]))
+            self.plan, self.report, self.phases, self.deploying = self.holder, self.phases[0][2], [], None
 
     def on_change(self, t: float, changes: list[Event], announced: bool) -> None:
         self.call_off("superseded")
@@ -555,7 +554,6 @@ class _Adaptive(_Runner):
                        _gpu_usd_per_h(self.instance, res.plan)))
         self.deploy(t, phases)
         self.waiting = False
-        self.switch = len(self.result.records) if phases[0][1] == "train" else None
         self.record(t, changes, res.source, latency=latency, mig=mig, down=down, moved=res.moved_ranks, lost=lost,
                     remote_only=remote_only)
 

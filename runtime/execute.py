@@ -658,7 +658,7 @@ def _resume_options(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.save_checkpoint or args.load_checkpoint:
         raise PlanError("--resume replaces --save-checkpoint and --load-checkpoint", "--resume")
     last = checkpoint.latest(Path(args.resume))
-    if args.check_only or os.environ.get("RANK", "0") == "0":  # once, not from every rank
+    if _says_warnings(args):
         for d, why in checkpoint.damaged(Path(args.resume)):
             warnings.warn(f"{d} is damaged ({why}); resuming from {last.name if last else 'the start'}", stacklevel=2)
     start = checkpoint.read_meta(last)["iteration"] if last is not None else 0
@@ -666,6 +666,12 @@ def _resume_options(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     return {"steps": args.steps - start, "save_checkpoint": args.resume,
             "load_checkpoint": str(last) if last is not None else None, "checkpoint_every": args.checkpoint_every or 1}
+
+
+def _says_warnings(args: argparse.Namespace) -> bool:
+    """Whether this process says the checkpoint's warnings: the pre-flight (--check-only), or else
+    rank 0, so that a launch prints each once and not once per rank."""
+    return args.check_only or os.environ.get("RANK", "0") == "0"
 
 
 def _warning_line(message, *_args, **_kw) -> None:
@@ -694,9 +700,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_spec(args.spec)
         if opts.load_checkpoint:  # a regrouped launch (--replan-file) trains the same model and optimizer
-            # the dtype line once: from the pre-flight (--check-only) or else rank 0, not from every rank
             check_checkpoint(spec, opts, Path(opts.load_checkpoint), "--resume" if args.resume else "--load-checkpoint",
-                             warn=args.check_only or os.environ.get("RANK", "0") == "0")
+                             warn=_says_warnings(args))
         if args.check_only:
             model_config(spec, opts.model)
             return 0

@@ -52,6 +52,8 @@ class _Tables:
         self.info = est.memory.info if self.sailor else None
         self.arch = instance.model_arch
         self.U = self.arch.num_units
+        # the MILP's egress prices, inside one region and across two (the same for every outer choice)
+        self.egress_floors = tuple(egress_floor_usd_per_GB(instance, across) for across in (False, True))
         self._step: dict = {}
         self._upd: dict = {}
         self._mem: dict = {}
@@ -445,8 +447,7 @@ def joint_inputs(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
         stat_bytes=stat, act_bytes=act, cap_bytes=cap, grad_bytes=tables.grad_bytes,
         tied_grad_bytes=tied, boundary_bytes=tables.boundary_bytes(combo.b),
         node=node_link, zone=zone_link, region=region_link,
-        egress_zone_usd_per_GB=egress_floor_usd_per_GB(instance, across_regions=False),
-        egress_region_usd_per_GB=egress_floor_usd_per_GB(instance, across_regions=True),
+        egress_zone_usd_per_GB=tables.egress_floors[0], egress_region_usd_per_GB=tables.egress_floors[1],
         sync_factor=tables.sync_factor, objective=objective, max_cost_usd=max_cost,
         min_iters_per_s=min_its, max_gpus=instance.constraints.max_gpus, shared=shared,
         tied_pool_s=tied_floors_s(tables, pools, combo.D, tied),

@@ -144,30 +144,34 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
     return _Floor(B, per_b)
 
 
-def _limit_fields(opts: PlannerOptions) -> tuple[str, str]:
-    """Where the budget and the throughput floor came from, as a refusal names them: the option
-    when given (the CLI maps it to its flag), else the instance's constraint."""
-    return ("planner.max_cost_usd" if opts.max_cost_usd is not None else "constraints.max_cost_per_iteration_usd",
-            "planner.min_iters_per_s" if opts.min_iters_per_s is not None
-            else "constraints.min_throughput_iters_per_s")
+def _limits(instance: Instance, opts: PlannerOptions) -> tuple[float | None, float | None, str, str]:
+    """The budget and the throughput floor, and the fields a refusal names them by: the option when
+    given (the CLI maps it to its flag), else the instance's constraint."""
+    c = instance.constraints
+    cost = (opts.max_cost_usd, "planner.max_cost_usd") if opts.max_cost_usd is not None else (
+        c.max_cost_per_iteration_usd, "constraints.max_cost_per_iteration_usd")
+    floor = (opts.min_iters_per_s, "planner.min_iters_per_s") if opts.min_iters_per_s is not None else (
+        c.min_throughput_iters_per_s, "constraints.min_throughput_iters_per_s")
+    return cost[0], floor[0], cost[1], floor[1]
 
 
-def _budget_refusal(max_cost: float, least: float, opts: PlannerOptions) -> InfeasibleError:
+def _budget_refusal(max_cost: float, least: float, field: str) -> InfeasibleError:
     return InfeasibleError(f"{max_cost:g} USD is below the least cost of any plan, {least:.4g} USD; raise the budget "
-                           f"to at least that", _limit_fields(opts)[0])
+                           f"to at least that", field)
 
 
-def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None, opts: PlannerOptions) -> None:
+def _check_reachable(floor: _Floor, max_cost: float | None, min_its: float | None, fields: tuple[str, str]) -> None:
     """InfeasibleError at once when the budget or the throughput floor is beyond every plan
-    (`_Floor`), naming the limit and the best figure any plan can reach."""
+    (`_Floor`), naming the limit (`fields`: the budget's, the floor's) and the best figure any plan
+    can reach."""
     if max_cost is not None and floor.least_cost_usd > max_cost:
-        raise _budget_refusal(max_cost, floor.least_cost_usd, opts)
+        raise _budget_refusal(max_cost, floor.least_cost_usd, fields[0])
     if min_its is not None and floor.least_time_s * min_its > 1:
         raise InfeasibleError(f"{min_its:g} it/s is above the most any plan reaches, {1 / floor.least_time_s:.4g} "
-                              f"it/s; lower the floor to at most that", _limit_fields(opts)[1])
+                              f"it/s; lower the floor to at most that", fields[1])
 
 
-def _check_choices_reachable(queue: list, objective: str, max_cost: float | None, opts: PlannerOptions) -> None:
+def _check_choices_reachable(queue: list, objective: str, max_cost: float | None, field: str) -> None:
     """With every choice's cheap bound in: InfeasibleError when the budget is below all of their
     cost bounds (rate_LB x T_LB: unlike `_Floor.least_cost_usd` it counts the P x D replicas a
     choice pays for while the slowest stage runs)."""
@@ -176,7 +180,7 @@ def _check_choices_reachable(queue: list, objective: str, max_cost: float | None
     least = min(item[0] if objective == "min_cost" else item[0] * joint.rate_lower_bound_usd_per_s(item[6])
                 for item in queue)
     if least > max_cost:
-        raise _budget_refusal(max_cost, least, opts)
+        raise _budget_refusal(max_cost, least, field)
 
 
 def _prepare(instance: Instance, tables: _Tables, quotas: dict, combos: list[Combo], objective: str,
@@ -403,9 +407,9 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
           deadline: joint.Deadline, tables: _Tables | None = None) -> PlannerResult:
     est = estimators or build_estimators(instance)
     objective = opts.objective or instance.objective.kind
-    max_cost, min_its = relaxed_limits(  # the simulator's tolerance, so both call the same plans feasible
-        opts.max_cost_usd if opts.max_cost_usd is not None else instance.constraints.max_cost_per_iteration_usd,
-        opts.min_iters_per_s if opts.min_iters_per_s is not None else instance.constraints.min_throughput_iters_per_s)
+    max_cost, min_its, *fields = _limits(instance, opts)
+    # the simulator's tolerance, so both call the same plans feasible
+    max_cost, min_its = relaxed_limits(max_cost, min_its)
     quotas = _quotas(instance, opts)
     if not quotas:
         raise InfeasibleError("no GPUs are available under allowed_gpu_types / allowed_zones")
@@ -414,7 +418,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         raise InfeasibleError(why)
     tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
-    _check_reachable(floor, max_cost, min_its, opts)
+    _check_reachable(floor, max_cost, min_its, tuple(fields))
     combos = enumerate_combos(instance, quotas, opts)
     report.total = len(combos)
     linear = opts.linearize or opts.backend not in (None, "scip")
@@ -428,7 +432,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         out.open_bounds.append(min(r.lower_bound for r in skipped))
         out.cut = True
     else:
-        _check_choices_reachable(queue, objective, max_cost, opts)
+        _check_choices_reachable(queue, objective, max_cost, fields[0])
     heapq.heapify(queue)
     with joint.deadline_scope(deadline):
         _search(queue, tables, objective, max_cost, min_its, opts, milp, deadline, report, out)
