@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -21,11 +21,18 @@ class LinkSpec(BaseModel):
     latency_s: float = Field(ge=0, default=0.0, description="one-way latency in seconds")
 
 
-def not_bool(value: Any) -> Any:
-    """pydantic's lax mode reads `count: true` as 1; a count written as yes/no is a typo."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected an integer, got {str(value).lower()}")
-    return value
+def refusing_bools(expected: str) -> Callable[[Any], Any]:
+    """A before-validator refusing true/false where `expected` is due ("an integer", "seconds"):
+    pydantic's lax mode reads `count: true` as 1, and a number written as yes/no is a typo."""
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(f"expected {expected}, got {str(value).lower()}")
+        return value
+
+    return check
+
+
+not_bool = refusing_bools("an integer")
 
 
 Int = Annotated[int, BeforeValidator(not_bool)]  # an integer field of an instance, model or plan file

@@ -62,7 +62,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from hetplan.catalog import Int, PositiveInt
+from hetplan.catalog import Int, PositiveInt, refusing_bools
 from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_event
 from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
 from hetplan.instance import SANE_RANGES, AvailabilityEvent, Instance, format_validation_error, read_structured
@@ -85,12 +85,6 @@ MAX_FAILURES_WITHOUT_PROGRESS = 3
 MAX_TIME_S = SANE_RANGES["time_s"][1]  # an event's at_s, as an instance's event times
 
 
-def _seconds(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(f"expected seconds, got {str(value).lower()}")
-    return value
-
-
 class GpuChange(BaseModel):
     model_config = _STRICT
     gpu_type: str
@@ -104,7 +98,7 @@ class ElasticEvent(BaseModel):
     model_config = _STRICT
     # true/false are not counts or times (pydantic reads them as 1 and 0: `kill_rank: true` killed rank 1)
     at_step: Annotated[Int, Field(ge=1)] | None = None
-    at_s: Annotated[float, Field(ge=0, le=MAX_TIME_S), BeforeValidator(_seconds)] | None = None
+    at_s: Annotated[float, Field(ge=0, le=MAX_TIME_S), BeforeValidator(refusing_bools("seconds"))] | None = None
     lose: GpuChange | None = None
     gain: GpuChange | None = None
     kill_rank: Annotated[Int, Field(ge=0)] | None = None
