@@ -45,14 +45,20 @@ def latest(root: Path) -> Path | None:
     """The newest complete, undamaged per-step checkpoint under `root`, or None: a shard cut short
     (a crash or a full disk after meta.json was written, a copy gone wrong) made every rank fail
     on loading it, while the step before it (`prune` keeps two) was intact."""
-    good = [d for d in _complete(root) if damage(d) is None]
+    good = [d for d, why in _checked(root) if why is None]
     return good[-1] if good else None
 
 
 def damaged(root: Path) -> list[tuple[Path, str]]:
     """The complete per-step checkpoints newer than `latest(root)` and why each is passed over."""
-    last = latest(root)
-    return [(d, why) for d in _complete(root) if (last is None or d.name > last.name) and (why := damage(d))]
+    checked = _checked(root)
+    good = [d for d, why in checked if why is None]
+    return [(d, why) for d, why in checked if why is not None and (not good or d.name > good[-1].name)]
+
+
+def _checked(root: Path) -> list[tuple[Path, str | None]]:
+    """Each complete per-step checkpoint, oldest first, with its `damage` (None: intact), read once."""
+    return [(d, damage(d)) for d in _complete(root)]
 
 
 def damage(root: Path) -> str | None:
