@@ -25,9 +25,9 @@ orchestration/planner/ (and formulations/joint/milp.py) each one mirrors:
   R7 region (joint/milp.py `_placement_constraints`, m.one_region / m.in_region): a stage's replicas
      sit in one region.
   R8 layers (joint/milp.py `_layer_constraints`, joint/tables.py `block_counts`): contiguous non-empty unit ranges in
-     stage order; when the blocks are identical (the compact form, joint/tables.py `blocks_identical`,
-     U >= 4) stage 0 holds the embedding and at least one block (the planner package docstring,
-     "Reported bound").
+     stage order, the embedding alone on stage 0 included: every preset and `arch` model has all its
+     blocks alike, the first too (joint/tables.py `first_block_generic`; only profiles that time the
+     first block apart, as Sailor's, keep it on stage 0: `first_needs_block=True`).
   R9 decoding (joint/evaluation.py `to_plan`): a stage lists its replicas pool by pool in pool order, no node
      given, so `validate_plan` places them first fit in (stage, replica) order (`placement_order`: the
      cheapest node first, then the widest).
@@ -123,12 +123,6 @@ def outer_choices(instance: Instance, tp_choices: tuple[int, ...] = TP_CHOICES,
             for D in range(1, B // b + 1) if (B // b) % D == 0 and P * D <= max_replicas]
 
 
-def blocks_identical(instance: Instance) -> bool:
-    """Whether the planner uses its compact form (R8). Every preset and `arch` model has identical
-    blocks after the first; the compact form needs U >= 4 (joint/tables.py `_blocks_identical`)."""
-    return instance.model_arch.num_units >= 4
-
-
 def layer_splits(U: int, P: int, first_needs_block: bool) -> Iterator[tuple[tuple[int, int], ...]]:
     """R8: contiguous non-empty ranges of units 0..U-1 over P stages."""
     for cuts in itertools.combinations(range(1, U), P - 1):
@@ -194,13 +188,11 @@ def build_plan(pool_list: list[RefPool], ranges: tuple[tuple[int, int], ...], co
 
 def space(instance: Instance, tp_choices: tuple[int, ...] = TP_CHOICES,
           microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, max_stages: int = MAX_STAGES,
-          first_needs_block: bool | None = None) -> Iterator[tuple[int, int, int, Plan]]:
-    """Every plan of the modelled space, with its (P, b, D). `first_needs_block` None: as the
-    planner (R8); False also yields plans whose stage 0 holds the embedding alone."""
+          first_needs_block: bool = False) -> Iterator[tuple[int, int, int, Plan]]:
+    """Every plan of the modelled space, with its (P, b, D). `first_needs_block`: leave out plans
+    whose stage 0 holds the embedding alone (R8)."""
     pool_list = pools(instance, tp_choices)
     U, B = instance.model_arch.num_units, instance.workload.global_batch_size
-    if first_needs_block is None:
-        first_needs_block = blocks_identical(instance)
     for P, b, D in outer_choices(instance, tp_choices, microbatch_sizes, max_stages):
         splits = list(layer_splits(U, P, first_needs_block))
         for counts in assignments(instance, pool_list, P, D):

@@ -208,7 +208,7 @@ def test_polish_keeps_plans_valid_and_only_improves():
             for start in starts:
                 obj, out = joint.polish(inp, start, objective)
                 assert [u for s, e in out.ranges for u in range(s, e)] == list(range(inp.U)), combo
-                assert out.ranges[0][1] >= 2, combo  # stays in the compact form
+                assert joint.solution_blocks(inp, out) is not None, combo  # stays in the compact form
                 used = lambda s: sorted((k, sum(r[k] for r in s.replicas)) for k in range(inp.K))  # noqa: E731
                 assert used(out) == used(start[1]), combo
                 for i, row in enumerate(out.replicas):

@@ -68,9 +68,12 @@ def tiny_one_zone(objective="max_throughput"):
 def all_plans(inp: joint.JointInputs, layers: str = "staircase"):
     """Every contiguous split x every multiset of D pools per stage within the quotas, memory, one
     region per stage and the budget: (solution, the model's figures `joint.evaluate`).
-    layers="blocks": only splits of the compact form (stage 0 holds at least one block)."""
+    layers="blocks": only splits of the compact form, where stage 0 holds a block when the first block's
+    figures differ from the second's (Sailor's profiles; a preset's blocks are all alike)."""
+    first_differs = layers == "blocks" and any(row[1] != row[2] for rows in (
+        inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes) for row in rows)
     for cuts in itertools.combinations(range(1, inp.U), inp.P - 1):
-        if layers == "blocks" and cuts and cuts[0] < 2:
+        if first_differs and cuts and cuts[0] < 2:
             continue
         bounds = (0, *cuts, inp.U)
         ranges = tuple((bounds[i], bounds[i + 1]) for i in range(inp.P))
@@ -1796,8 +1799,9 @@ def test_capped_sum_with_sends_holds_on_every_plan_within_its_stage_time_cap(flo
     cap on the slowest tau_i + p_i of the plans of tiny / tiny_regions (enumerated), at most the
     least sum_i (tau_i + p_i) of the plans within it, plain and strong; above the compute-only DP
     plus the least sends (P - 1) c_node on some caps, or the sends would not be counted. Where the
-    send floors are most of the sends (0.03 s), within 3 % of that least somewhere, so that this
-    test sees a bound a few per cent too high."""
+    send floors are most of the sends (0.03 s), within 4 % of that least somewhere, so that this
+    test sees a bound a few per cent too high (3 % until stage 0 could hold the embedding alone:
+    the bound counts those plans too, 0.972 -> 0.966 of the least on one choice)."""
     from hetplan.formulations.joint import bounds
 
     checked = above = close = 0
@@ -1812,7 +1816,7 @@ def test_capped_sum_with_sends_holds_on_every_plan_within_its_stage_time_cap(flo
                 assert got <= least * (1 + 1e-9), (combo, theta, strong, got, least)
             compute = joint.capped_sum_tau_s(inp, cap, strong=True) + (inp.P - 1) * bounds.parts._c_node_s(inp)
             above += got > compute * (1 + 1e-6)
-            close += got > 0.97 * least
+            close += got > 0.96 * least
             checked += 1
     assert checked >= 40 and above >= 10 and (floor_s < 0.03 or close >= 10), (checked, above, close)
 

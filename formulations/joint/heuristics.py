@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
-from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical
+from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, block_counts, blocks_identical
 from hetplan.formulations.joint.evaluation import blocks_ranges, objective_within_limits, solution_blocks
 from hetplan.formulations.joint.bounds.parts import _fastest_work_s, _gpus_per_type
 from hetplan.formulations.joint.composition import iteration_time_s, worker_bytes
@@ -105,12 +105,12 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
                 counts.insert(i, counts.pop(j))
                 if new_rows == rows and counts == blocks:
                     continue
-                yield from _in_compact_form(counts, new_rows)
+                yield from _in_compact_form(inp, counts, new_rows)
         for j in range(P - 1):  # one block across the boundary between stages j and j + 1
             for step in (1, -1):
                 counts = list(blocks)
                 counts[j], counts[j + 1] = counts[j] + step, counts[j + 1] - step
-                yield from _in_compact_form(counts, rows)
+                yield from _in_compact_form(inp, counts, rows)
 
     improved = True
     while improved and evals < max_evals and not _DEADLINE.get().expired():
@@ -132,12 +132,11 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
     return best, JointSolution(tuple(ranges), tuple(rows), float("nan"), float("nan"))
 
 
-def _in_compact_form(counts: list[int], rows: list) -> Iterator[tuple[list, list]]:
+def _in_compact_form(inp: JointInputs, counts: list[int], rows: list) -> Iterator[tuple[list, list]]:
     """(unit ranges, rows) of a plan with `counts` blocks per stage, if it lies in the compact form
-    (stage 0 and every middle stage hold a block: `evaluation.solution_blocks`)."""
-    if counts[0] < 1 or min(counts[1:-1], default=1) < 1 or counts[-1] < 0:
-        return
-    yield blocks_ranges(counts), rows
+    (each count one `block_counts` offers)."""
+    if all(n in block_counts(inp, i) for i, n in enumerate(counts)):
+        yield blocks_ranges(counts), rows
 
 
 def _fill_stage(inp: JointInputs, left: dict, order: list[int]) -> list[int] | None:

@@ -87,8 +87,9 @@ Objective
 
 Compact form (layers="blocks", chosen when every block after the first has the same figures: all
 presets, Sailor's profiles). Stage i is described by its block count n alone: stage 0 holds the
-embedding and blocks 1..n (n >= 1), middle stages n >= 1 generic blocks, the last stage n >= 0
-blocks and the head (`block_counts`, `stage_units`). The staircase rows are replaced by
+embedding and blocks 1..n (n >= 0 when the first block is like the others, as in every preset;
+n >= 1 where it differs, as in Sailor's profiles), middle stages n >= 1 generic blocks, the last
+stage n >= 0 blocks and the head (`block_counts`, `stage_units`). The staircase rows are replaced by
   nb[i,n] in {0,1}, sum_n nb[i,n] = 1, sum_{i,n} n nb[i,n] = L     (blocks placed once)
   z[i,r,n] in {0,1} for time classes r = (GPU type, TP) that fit n blocks on stage i in memory,
   sum_r z[i,r,n] = nb[i,n];  tau[i] = sum_{r,n} time[r,i,n] z[i,r,n]  (r is the straggler)

@@ -83,32 +83,43 @@ def blocks_identical(inp: JointInputs, rel_tol: float = 1e-9) -> bool:
     pool: then a stage is described by its block count alone (`stage_units`)."""
     cache = _shared_cache(inp).setdefault("identical", {})  # a figure of the rows alone (`_shared_for`)
     if rel_tol not in cache:
-        cache[rel_tol] = _blocks_identical(inp, rel_tol)
+        cache[rel_tol] = _blocks_identical(inp, rel_tol, first=2)
     return cache[rel_tol]
 
 
-def _blocks_identical(inp: JointInputs, rel_tol: float) -> bool:
+def first_block_generic(inp: JointInputs) -> bool:
+    """True when unit 1 (the first block) also has the figures of the others (`blocks_identical`): then
+    stage 0 may hold the embedding alone, since stage 1's blocks 1..n look like any n blocks. The
+    presets' blocks are alike; Sailor's profiles time the first block apart (its step and activation
+    differ), so there stage 0 keeps it."""
+    cache = _shared_cache(inp).setdefault("identical", {})
+    if "first" not in cache:
+        cache["first"] = blocks_identical(inp) and _blocks_identical(inp, 1e-9, first=1)
+    return cache["first"]
+
+
+def _blocks_identical(inp: JointInputs, rel_tol: float, first: int) -> bool:
+    """Units first..U-2 alike on every pool (unit 2 the reference)."""
     if inp.U < 4:
         return False
 
     def same(rows) -> bool:
         arr = np.asarray(rows, dtype=float)
         ref = arr[:, 2:3]
-        return bool(np.all(np.abs(arr[:, 3:inp.U - 1] - ref) <= rel_tol * np.maximum(np.abs(ref), 1e-30)))
+        return bool(np.all(np.abs(arr[:, first:inp.U - 1] - ref) <= rel_tol * np.maximum(np.abs(ref), 1e-30)))
 
     return all(same(rows) for rows in (inp.step_s, inp.upd_s, inp.stat_bytes, inp.act_bytes, (inp.grad_bytes,)))
 
 
 def block_counts(inp: JointInputs, i: int) -> range:
     """Block counts n stage i may hold in the compact form: stage 0 holds the embedding and at least
-    one block (so unit 1, the only block that may differ, is always there), middle stages at least
-    one block, the last stage the head and possibly no block."""
+    one block unless the first block is like the others (`first_block_generic`: then possibly none),
+    middle stages at least one block, the last stage the head and possibly no block."""
     L, P = inp.U - 2, inp.P
     if P == 1:
         return range(L, L + 1)
-    lo = 0 if i == P - 1 else 1
-    others_min = (P - 1) - (1 if i < P - 1 else 0)  # stages before the last need one block each
-    return range(lo, L - others_min + 1)
+    least = [0 if first_block_generic(inp) else 1] + [1] * (P - 2) + [0]
+    return range(least[i], L - (sum(least) - least[i]) + 1)
 
 
 def position(inp: JointInputs, i: int) -> str:
@@ -124,7 +135,8 @@ def stage_units(inp: JointInputs, i: int, n: int) -> range:
         return range(0, 1 + n)
     if i == inp.P - 1:
         return range(inp.U - 1 - n, inp.U)
-    return range(2, 2 + n)
+    first = 1 if first_block_generic(inp) else 2  # a middle stage may hold all L blocks when it may hold the first
+    return range(first, first + n)
 
 
 def stage_sum(m: pyo.ConcreteModel, inp: JointInputs, i: int, per_unit) -> pyo.Expression:
@@ -158,15 +170,16 @@ class _PairLayout:
     positions: tuple  # position names by index
 
 
-_LAYOUTS: dict[tuple[int, int], _PairLayout] = {}
+_LAYOUTS: dict[tuple[int, int, bool], _PairLayout] = {}
 
 
 _KEYS: dict[tuple, list] = {}
 
 
 def _pair_layout(inp: JointInputs) -> _PairLayout:
-    """The pairs of `block_counts` and their `stage_units`, shared by every choice with this P."""
-    key = (inp.P, inp.U)
+    """The pairs of `block_counts` and their `stage_units`, shared by every choice with this P, U and
+    first block."""
+    key = (inp.P, inp.U, first_block_generic(inp))
     if key not in _LAYOUTS:
         pairs = [(i, n) for i in range(inp.P) for n in block_counts(inp, i)]
         ranges = [stage_units(inp, i, n) for i, n in pairs]
@@ -180,7 +193,7 @@ def _pair_layout(inp: JointInputs) -> _PairLayout:
 
 def _table_keys(classes: list, inp: JointInputs) -> list:
     """[(r, i, n)] for every class and pair, class-major: the keys of the class dicts."""
-    key = (tuple(classes), inp.P, inp.U)
+    key = (tuple(classes), inp.P, inp.U, first_block_generic(inp))
     if key not in _KEYS:
         if len(_KEYS) > 64:  # one search needs a few per P; the lists are large and long-lived
             _KEYS.clear()

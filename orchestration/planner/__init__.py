@@ -134,8 +134,9 @@ opt350-2zones-budget 1.07 -> 1.00 %, neo27-types-2 1.14 -> 1.00 %, neo27-types-3
 the same times; before, rel_gap / 2 whatever the target) (one stopped with no plan: its dual bound up to the cutoff, if above its
 lower bound), the lower bounds of choices never solved or pruned within the gap).
 This is a proven bound over the modelled space: every plan with uniform microbatch shares, the
-same D on every stage, per-stage DP traffic inside one region and, where the blocks are identical
-(the compact form of `formulations/joint/milp.py`), at least one block on the first stage.
+same D on every stage, per-stage DP traffic inside one region and, where the blocks after the first
+are identical but the first differs (the compact form of `formulations/joint/milp.py` on Sailor's
+profiles), at least one block on the first stage.
 
 Files, each importing only the ones listed before it:
   options.py  PlannerOptions, Combo, ComboRecord, PlannerResult, SearchProgress

@@ -220,8 +220,9 @@ def _prepare_one(instance: Instance, tables: _Tables, quotas: dict, combo: Combo
     if inp is None:
         return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "no_pools")
     if joint.blocks_identical(inp) and any(not joint.block_counts(inp, i) for i in range(combo.P)):
-        # The compact form puts a block with the embedding, so P = L + 2 (one unit a stage) has no
-        # layout there; its bounds looked up a stage-0 block count that does not exist (KeyError).
+        # Where the first block differs (Sailor's profiles) the compact form puts it with the
+        # embedding, so P = L + 2 (one unit a stage) has no layout; its bounds looked up a stage-0
+        # block count that does not exist (KeyError).
         return ComboRecord(combo.P, combo.b, combo.D, float("inf"), "infeasible")
     t_lb = joint.time_lower_bound_s(inp)
     lb = t_lb * joint.rate_lower_bound_usd_per_s(inp) if objective == "min_cost" else t_lb
@@ -1394,8 +1395,8 @@ def _why_infeasible(records: list[ComboRecord], max_cost: float | None, min_its:
                 f"{len(open_)} outer choices (best P{r.P} b{r.b} D{r.D}, model figure {r.objective:.6g}) break "
                 f"the limits when the simulator places them on nodes, and the rest of those choices was not "
                 f"searched (the model relaxes placement: formulations/joint/milp.py); loosen the limits")
-    # the modelled space (the package docstring, "Reported bound"): a plan outside it, e.g. the
-    # embedding alone on stage 0, may meet a limit none inside it does
+    # the modelled space (the package docstring, "Reported bound"): a plan outside it, e.g. uneven
+    # microbatch shares, may meet a limit none inside it does
     proof = f"no plan of the planner's space satisfies {limits} over {len(records)} outer choices (P, b, D)"
     if rejected:  # each refused plan was left out alone and nothing else was left in its choice
         proof += (f"; the MILP's plans of {len(rejected)} of them break the limits once the simulator places "

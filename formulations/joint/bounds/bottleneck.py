@@ -12,7 +12,8 @@ import numpy as np
 
 from hetplan.formulations.joint.inputs import JointInputs, ULP_SLACK, check_deadline, slack_below
 from hetplan.formulations.joint.composition import worker_bytes
-from hetplan.formulations.joint.tables import _cached_for, _class_tables, _per_inputs_cache, blocks_identical
+from hetplan.formulations.joint.tables import (_cached_for, _class_tables, _per_inputs_cache, blocks_identical,
+                                               first_block_generic)
 from hetplan.formulations.joint.bounds.parts import _first_true_from, _gpus_per_type, _position_extras, _replicas
 from hetplan.formulations.joint.bounds.work import _theta_work_bound_s
 from hetplan.formulations.joint.bounds.stage_fit import stages_fit_dp
@@ -37,8 +38,8 @@ def blocks_coverable(inp: JointInputs, theta_s: float) -> float:
     if levels.size == 0:
         return 0.0
     stages = _hall_counts(inp, tab, caps, levels)
-    if stages[-1] < inp.P - 1:
-        return 0.0  # every stage but the last needs a block: too few replicas that hold one
+    if stages[-1] < inp.P - 1 - first_block_generic(inp):
+        return 0.0  # every stage but the last (and the first, `block_counts`) needs a block: too few hold one
     widths = levels - np.append(levels[1:], 0)
     return min(float((widths * stages).sum()), work)
 
