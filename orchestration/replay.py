@@ -295,17 +295,21 @@ def _usd_per_h(report: SimulationReport | None) -> float:
     return 3600 * report.cost_per_iteration_usd / report.iteration_time_s
 
 
-def _gpu_usd_per_h(instance: Instance, plan: Plan | None, state: ClusterState | None = None) -> float:
-    """Compute price of a plan's GPUs (those still up when `state` is given)."""
+def _held_gpus(instance: Instance, plan: Plan | None, state: ClusterState | None = None) -> tuple[int, float]:
+    """(GPUs, compute USD per hour) of a plan's GPUs (those still up when `state` is given)."""
     if plan is None:
-        return 0.0
-    total = 0.0
+        return 0, 0.0
+    gpus, total = 0, 0.0
     for st in plan.stages:
         for rep in st.replicas:
             node = instance.node_by_id[rep.node]
             n = rep.tp if state is None else sum(1 for g in rep.gpus if g < state.gpus_up.get(rep.node, 0))
-            total += node.price_per_gpu_hour_usd * n
-    return total
+            gpus, total = gpus + n, total + node.price_per_gpu_hour_usd * n
+    return gpus, total
+
+
+def _gpu_usd_per_h(instance: Instance, plan: Plan | None, state: ClusterState | None = None) -> float:
+    return _held_gpus(instance, plan, state)[1]
 
 
 class _Runner:
@@ -349,17 +353,20 @@ class _Runner:
         if self.t < t_next:
             if self.plan is None:
                 self._segment(self.t, t_next, "idle", None, 0.0)
-            elif self.waiting:
-                self._segment(self.t, t_next, "wait", None, _gpu_usd_per_h(self.instance, self.plan, self.state))
+            elif self.waiting:  # the plan's GPUs still up are held (and paid) while it waits
+                gpus, usd = _held_gpus(self.instance, self.plan, self.state)
+                self._segment(self.t, t_next, "wait", None, usd, gpus)
             else:
                 self._segment(self.t, t_next, "train", self.report, _usd_per_h(self.report))
             self.t = t_next
 
-    def _segment(self, a: float, b: float, phase: str, report: SimulationReport | None, usd_per_h: float) -> None:
+    def _segment(self, a: float, b: float, phase: str, report: SimulationReport | None, usd_per_h: float,
+                 gpus: int = 0) -> None:
+        """A segment [a, b): the GPUs of `report`'s plan, else `gpus` (a wait's held GPUs)."""
         if b <= a:
             return
         sps = report.samples_per_s if (report is not None and phase == "train") else 0.0
-        gpus = report.num_gpus if report is not None else 0
+        gpus = report.num_gpus if report is not None else gpus
         segs = self.result.segments
         if segs and segs[-1].phase == phase and segs[-1].end_s == a and segs[-1].samples_per_s == sps \
                 and segs[-1].usd_per_h == usd_per_h and segs[-1].gpus == gpus:

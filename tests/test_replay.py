@@ -77,6 +77,8 @@ def test_static_plan_stops_waits_and_resumes_by_hand():
     assert res.downtime_s == pytest.approx(200 + down)
     assert [r.action for r in res.records] == ["stop", "resume"]
     check_tiling(res, 0.0, 500)
+    wait = [s for s in res.segments if s.phase == "wait"]
+    assert [(s.start_s, s.end_s, s.gpus) for s in wait] == [(100, 300, 2)]  # a-0's GPUs, held (0 before)
 
 
 @pytest.mark.parametrize("notice", [30.0, None])
