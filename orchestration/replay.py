@@ -6,7 +6,11 @@ strategy, keeps a timeline of what the job does:
 
 * warm    at every instant with events, `replan` from the running plan (repair + planner,
           reuse-aware placement; the change penalty charges `restart_s` to any change, weighed
-          against `plan_horizon_s`, by default the median time between events);
+          against `plan_horizon_s`, by default the median time between events); when the penalty
+          turned down a better plan, the re-plan is asked again after the cluster has been stable
+          for 1, 2, 4, ... x `plan_horizon_s`, weighed against the time it has been stable (a
+          cluster stable that long is expected to stay about as long again): after a 30 s dip
+          warm kept 2 of 4 GPUs to the end of the replay, 1,870 s later;
 * cold    the same, re-planned from scratch (`ReplanOptions(warm=False)`: the planner alone, placed
           first fit), the "re-plan without warm start" baseline;
 * static  the first plan forever: when any of its GPUs vanish it stops and waits until all of them
@@ -239,17 +243,26 @@ def replay(instance: Instance, trace: str | Path | None = None, options: ReplayO
     for name in opts.strategies:
         runner = (_Static if name == "static" else _Adaptive)(name, instance, state, plan0, start, opts, cache)
         for k, (t, evs) in enumerate(groups):
-            runner.advance(t)
+            runner.settle(t)
             runner.on_events(t, evs)
             if progress:
                 progress(ReplayProgress(name, k + 1, len(groups), t, runner.report.samples_per_s
                                         if runner.report is not None else 0.0))
-        runner.advance(horizon)
+        runner.settle(horizon)
         if isinstance(runner, _Adaptive):
             runner.call_off("unstarted")
         results[name] = runner.result
     within = sum(1 for ev in events if ev.time_s < horizon)  # "56 events from 0 s to 4000 s" counted 38 past it
     return ReplayResult(instance.name, start, horizon, within, initial, results, time.perf_counter() - t_wall, notes)
+
+
+def _declined(view: Instance, res: ReplanResult) -> bool:
+    """A feasible candidate beats the chosen plan on the objective alone, without the change penalty."""
+    def value(rep: SimulationReport) -> float:
+        return -rep.cost_per_iteration_usd if view.objective.kind == "min_cost" else rep.samples_per_s
+
+    chosen = value(res.report)
+    return any(c.feasible and value(c.report) > chosen + 1e-9 * abs(chosen) for c in res.candidates)
 
 
 def _median_gap(events: list[Event], start: float = 0.0) -> float:
@@ -328,6 +341,7 @@ class _Runner:
         self.train_since = start  # last checkpoint reference
         self.waiting = False
         self.deploying: int | None = None  # the record of the switch the phases carry out
+        self.recheck_s: float | None = None  # when to ask the re-plan again (`_Adaptive.on_recheck`)
 
     def est(self, state: ClusterState | None = None) -> EstimatorSet:
         """Memoised estimators for a state's network, shared by all strategies."""
@@ -359,6 +373,17 @@ class _Runner:
             else:
                 self._segment(self.t, t_next, "train", self.report, _usd_per_h(self.report))
             self.t = t_next
+
+    def settle(self, t: float) -> None:
+        """`advance` to t, taking the re-checks due before it."""
+        while self.recheck_s is not None and self.recheck_s < t:
+            at, self.recheck_s = self.recheck_s, None
+            self.advance(at)
+            self.on_recheck(at)
+        self.advance(t)
+
+    def on_recheck(self, t: float) -> None:
+        """A re-check is due (only the adaptive strategies set them)."""
 
     def _segment(self, a: float, b: float, phase: str, report: SimulationReport | None, usd_per_h: float,
                  gpus: int = 0) -> None:
@@ -462,11 +487,12 @@ class _Runner:
     def on_notice(self, t: float, notices: list[PreemptionNotice]) -> None:
         pass
 
-    def record(self, t: float, evs: list[Event], action: str, latency: float = 0.0, mig: float = 0.0,
+    def record(self, t: float, evs: list[Event] | list[str], action: str, latency: float = 0.0, mig: float = 0.0,
                down: float = 0.0, moved: int = 0, lost: float = 0.0, remote_only: float = 0.0) -> None:
+        """`evs`: the events, or what stood for them (a re-check's description)."""
         rep = self.report if self.plan is not None else None
         self.result.records.append(EventRecord(
-            t, [describe_event(e) for e in evs], action, latency, mig, down, moved,
+            t, [e if isinstance(e, str) else describe_event(e) for e in evs], action, latency, mig, down, moved,
             rep.samples_per_s if rep is not None else 0.0, rep.num_gpus if rep is not None else 0,
             _usd_per_h(rep), lost, remote_only))
 
@@ -482,11 +508,15 @@ class _Adaptive(_Runner):
         self.ropts = ReplanOptions(**{**base.__dict__, "warm": self.name == "warm",
                                       "change_cost_s": max(base.change_cost_s, self.opts.restart_s),
                                       "horizon_s": self.opts.plan_horizon_s or base.horizon_s})
+        self.changed_at = self.t  # the last change of the cluster (re-checks count from it)
 
-    def _replan(self, state: ClusterState) -> tuple[ReplanResult | None, float]:
+    def _replan(self, state: ClusterState, horizon_s: float | None = None) -> tuple[ReplanResult | None, float]:
+        """The re-plan for `state` and its latency; `horizon_s`: weigh the change penalty against
+        that instead of `plan_horizon_s`."""
         t0 = time.perf_counter()
+        ropts = self.ropts if horizon_s is None else replace(self.ropts, horizon_s=horizon_s)
         try:
-            res = replan(self.instance, self.plan, state, self.ropts, lost_gpus=self.lost, planner_cache=self.cache,
+            res = replan(self.instance, self.plan, state, ropts, lost_gpus=self.lost, planner_cache=self.cache,
                          estimators=self.est(state))
         except HetplanError:
             res = None
@@ -524,8 +554,29 @@ class _Adaptive(_Runner):
                 usd_per_h=_usd_per_h(self.phases[0][2]))
             self.plan, self.report, self.phases, self.deploying = self.holder, self.phases[0][2], [], None
 
+    def on_recheck(self, t: float) -> None:
+        """The cluster has been stable for `stable` s since a re-plan whose change penalty turned
+        down a better plan: ask again, the penalty weighed against `stable` s (or the plan horizon,
+        if longer); switch as at a change where the old plan trains on (nothing lost)."""
+        stable = t - self.changed_at
+        if not self.training:  # a switch under way was chosen at the change
+            return
+        res, latency = self._replan(self.state, max(self.ropts.horizon_s, stable))
+        if res is None or res.plan is None or same_plan(res.plan, self.plan):
+            self._recheck_after(res, stable)
+            return
+        self._switch(t, res, latency, 0.0, 0.0, True, [f"stable for {stable:g} s: re-check"])
+        self._recheck_after(res, stable)
+
+    def _recheck_after(self, res: ReplanResult | None, stable_s: float) -> None:
+        """Ask again once the cluster has been stable for twice `stable_s`, if the change penalty
+        turned a better plan down."""
+        if res is not None and res.report is not None and _declined(self.state.instance_view(), res):
+            self.recheck_s = self.changed_at + 2 * stable_s
+
     def on_change(self, t: float, changes: list[Event], announced: bool) -> None:
         self.call_off("superseded")
+        self.changed_at, self.recheck_s = t, None
         old_valid = self.plan is not None and self.state.plan_is_valid(self.plan) and not (
             self.lost & {(r.node, g) for st in self.plan.stages for r in st.replicas for g in r.gpus})
         if old_valid:  # it trains on while the re-plan runs, at its rate on the changed network
@@ -544,9 +595,16 @@ class _Adaptive(_Runner):
             self.deploy(t, [])
             self.record(t, changes, "none", latency=latency, lost=lost)
             return
+        self._recheck_after(res, self.ropts.horizon_s / 2)
         if self.plan is not None and same_plan(res.plan, self.plan) and old_valid:
             self.record(t, changes, "kept", latency=latency, lost=lost)
             return
+        self._switch(t, res, latency, hidden, lost, old_valid, changes)
+
+    def _switch(self, t: float, res: ReplanResult, latency: float, hidden: float, lost: float, old_valid: bool,
+                changes: list[Event] | list[str]) -> None:
+        """Deploy `res.plan`: the old plan (if still valid) trains through the re-plan's latency
+        not hidden by a notice, then migration and restart."""
         mig, remote_only = self.migration(res.plan)
         wait = latency - hidden
         phases = []

@@ -302,3 +302,31 @@ def test_replay_command_json_and_errors(tmp_path):
         ReplayOptions(strategies=("sometimes",))
     with pytest.raises(InstanceError, match="file not found"):
         replay(tiny(), tmp_path / "missing.csv")
+
+
+def test_warm_asks_again_once_the_cluster_has_been_stable():
+    """4 A100s drop to 2 at t=100 (30 s notice) and are back at t=130; horizon 2000 s. The change
+    penalty (restart 30 s) is weighed against the median gap between event instants, 30 s here
+    (notice 70, drop 100, back 130), so at 130 warm keeps its 2-GPU plan; it used to keep it for
+    the remaining 1,870 s. Now it asks again when the cluster has been stable for 30, 60, 120 ... s,
+    the penalty weighed against that time, and switches back at the first check where the rule
+    (rate x (stable - restart - migration) / stable > the kept rate) holds, by hand here."""
+    inst = tiny()
+    drop = AvailabilityEvent(time_s=100, zone="z1-a", gpu_type="A100-40", available_gpus=2)
+    back = AvailabilityEvent(time_s=130, zone="z1-a", gpu_type="A100-40", available_gpus=4)
+    opts = ReplayOptions(horizon_s=2000, checkpoint_interval_s=60, initial_plan=validate_plan(inst, four_replicas()),
+                         fixed_latency_s=0.0, strategies=("warm",))
+    res = replay(inst, None, opts, extra_events=[drop, back]).strategies["warm"]
+    at_130 = next(r for r in res.records if r.time_s == 130)
+    assert at_130.action == "kept" and at_130.gpus == 2
+    switch = res.records[-1]
+    stable = switch.time_s - 130
+    assert switch.events == [f"stable for {stable:g} s: re-check"] and switch.gpus == 4
+    assert stable in (30, 60, 120, 240, 480, 960)
+
+    def gain(over_s: float) -> float:  # the switch's rate over `over_s`, restart and migration paid
+        return switch.samples_per_s * (over_s - 30 - switch.migration_s) / over_s
+
+    assert gain(stable) > at_130.samples_per_s and (stable == 30 or gain(stable / 2) <= at_130.samples_per_s)
+    assert res.segments[-1].gpus == 4 and res.segments[-1].end_s == 2000
+    check_tiling(res, 0.0, 2000)
