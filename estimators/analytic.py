@@ -7,7 +7,8 @@ Time (`AnalyticTime`, name "analytic"): per layer unit a roofline (seed 004, eq.
 Backward costs 2 x the forward FLOPs (Narayanan et al. SC'21 sec. 5.1); full recomputation adds one
 forward, selective recomputation adds the attention core's forward. Megatron TP does two all-reduces
 of the s b h hidden state per block in the forward and two in the backward (Shoeybi et al. 2019,
-sec. 3), one in the embedding forward and backward; they run on the node's intra-node link.
+sec. 3), one in the embedding forward and backward; they run on the type's intra-node link (the
+slowest of its node groups' where they differ, with a warning: `_intra_links`).
 The optimizer step is memory-bound: it reads and writes every optimizer-state byte of the shard once.
 
 Memory (`AnalyticMemory`, name "analytic"): per worker, not per stage average (Sailor sec. 4.3):
@@ -19,6 +20,7 @@ Memory (`AnalyticMemory`, name "analytic"): per worker, not per stage average (S
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,12 +71,21 @@ def ring_allreduce_s(nbytes: float, members: int, link: LinkSpec) -> float:
 
 
 def _intra_links(instance: Instance) -> dict[str, LinkSpec]:
-    links: dict[str, LinkSpec] = {}
+    """GPU type -> the link its TP all-reduces run on: the slowest intra-node link of the type's node
+    groups, since `layer_time` knows the type, not the node. Where the groups differ (NVLink and PCIe
+    nodes of one type) that overprices TP groups on the faster nodes (36x on one node of 4 A100s
+    beside an unused group at 1 GB/s), so it is said."""
+    by_type: dict[str, dict[str, LinkSpec]] = {}
     for group in instance.cluster.node_groups:
-        link = group.intra_node or instance.gpu(group.gpu_type).intra_node
-        slowest = links.get(group.gpu_type)
-        if slowest is None or link.bandwidth_GBps < slowest.bandwidth_GBps:
-            links[group.gpu_type] = link  # be conservative when node kinds differ
+        by_type.setdefault(group.gpu_type, {})[group.name] = group.intra_node or instance.gpu(group.gpu_type).intra_node
+    links = {}
+    for gpu_type, groups in by_type.items():
+        links[gpu_type] = min(groups.values(), key=lambda link: link.bandwidth_GBps)
+        if len({(link.bandwidth_GBps, link.latency_s) for link in groups.values()}) > 1:
+            warnings.warn(f"node groups of {gpu_type} have different intra-node links ("
+                          + ", ".join(f"{name}: {link.bandwidth_GBps:g} GB/s" for name, link in groups.items())
+                          + f"); the analytic time estimator prices every {gpu_type} TP all-reduce at the "
+                          f"slowest, {links[gpu_type].bandwidth_GBps:g} GB/s, on every node")
     return links
 
 

@@ -320,3 +320,30 @@ def test_good_estimator_options_change_the_figures():
     slow = build_estimators(instance_from_dict(mutated(["estimators"], {"options": {
         "mfu": {"A100-40": 0.1}, "framework_overhead_GiB": 2, "allreduce": "ring"}})))
     assert slow.time.layer_time("A100-40", 1, 1, 1).fwd_s > base.time.layer_time("A100-40", 1, 1, 1).fwd_s
+
+
+def test_node_groups_of_one_type_with_different_intra_node_links_are_said():
+    """`layer_time` knows the GPU type, not the node: TP all-reduces run at the slowest intra-node
+    link of the type's groups, so a 4-GPU A100 node beside an unused group at 1 GB/s took 36x as long
+    (helper-12's campaign). Until the estimators take the node, the instance is warned about; one
+    link for the type (every group at the catalogue's, or the same override) is not."""
+    from hetplan.estimators import build_estimators
+    from hetplan.instance import instance_from_dict
+
+    def inst(*links):
+        groups = [{"name": f"g{i}", "gpu_type": "A100-40", "gpus_per_node": 4, "count": 1, "zone": "r1-a",
+                   "price_per_gpu_hour_usd": 1.0, **({"intra_node": link} if link else {})}
+                  for i, link in enumerate(links)]
+        return instance_from_dict({"name": "links", "cluster": {"node_groups": groups},
+                                   "workload": {"model": "OPT-350M", "global_batch_size": 8, "precision": "fp16"}})
+
+    pcie = {"kind": "pcie", "bandwidth_GBps": 1.0}
+    said = r"A100-40 have different intra-node links \(g0: .* g1: 1 GB/s\).*slowest, 1 GB/s"
+    with pytest.warns(UserWarning, match=said):
+        est = build_estimators(inst(None, pcie))
+    assert est.time.intra_links["A100-40"].bandwidth_GBps == 1.0
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_estimators(inst(None, None))
+        build_estimators(inst(pcie, pcie))
