@@ -16,6 +16,7 @@ import signal
 import sys
 
 PARENT_ENV = "HETPLAN_FORKSERVER_PARENT"
+DIE_WITH_PARENT_ENV = "HETPLAN_DIE_WITH_PARENT"  # "1": a rank started by torchrun dies with its agent
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

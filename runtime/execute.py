@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from hetplan.errors import HetplanError, PlanError
 from hetplan.runtime import checkpoint
+from hetplan.runtime._forkserver import DIE_WITH_PARENT_ENV, die_with_parent
 from hetplan.runtime.data import SyntheticTokens
 from hetplan.runtime.gradsync import GradSync, plan_buckets
 from hetplan.runtime.model import ModelConfig, StageModule, TPContext
@@ -680,6 +681,8 @@ def _warning_line(message, *_args, **_kw) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(DIE_WITH_PARENT_ENV) == "1":  # started by torchrun's agent for `launch --local`
+        die_with_parent()
     args = _parser().parse_args(argv)
     warnings.showwarning = _warning_line
     overrides = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k, None) is not None}

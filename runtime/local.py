@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
-from hetplan.runtime._forkserver import PARENT_ENV, die_with_parent
+from hetplan.runtime._forkserver import DIE_WITH_PARENT_ENV, PARENT_ENV, die_with_parent
 from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, ready_path, run_worker, steps_log_path
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
@@ -269,7 +269,7 @@ def _death_message(spec: LaunchSpec, opts: RunOptions, rank: int, code: int, pro
 def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s: float) -> None:
     flags = {"hidden_size": "--hidden", "num_heads": "--heads", "ffn_hidden_size": "--ffn",
              "vocab_size": "--vocab", "seq_len": "--seq-len"}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+    argv = [sys.executable, "-m", "hetplan.runtime._torchrun", "--standalone", "--nnodes=1",
             f"--nproc-per-node={spec.world_size}", "-m", "hetplan.runtime.execute",
             "--spec", str(spec_path), "--single-host", "--steps", str(opts.steps), "--dtype", opts.dtype,
             "--collective-timeout", str(opts.timeout_s)]
@@ -289,7 +289,8 @@ def _run_torchrun(spec: LaunchSpec, spec_path: Path, opts: RunOptions, timeout_s
     try:
         # the ranks' progress lines go where the processes method's go, as they come: file descriptor
         # 1, which the CLI points at stderr (they were printed on stdout at the end of the run)
-        proc = subprocess.run(argv, env={**os.environ, **_local_env()}, text=True, timeout=timeout_s,
+        proc = subprocess.run(argv, env={**os.environ, **_local_env(), DIE_WITH_PARENT_ENV: "1"}, text=True,
+                              timeout=timeout_s,
                               stdout=subprocess.PIPE if opts.quiet else None, stderr=subprocess.PIPE)
     except subprocess.TimeoutExpired:
         raise LaunchError(f"torchrun did not finish within {timeout_s:.0f} s") from None

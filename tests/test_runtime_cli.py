@@ -127,3 +127,39 @@ def test_ranks_of_a_killed_launcher_end_with_it(tmp_path):
     for pid in left:  # not to leave them to the rest of the suite
         os.kill(pid, signal.SIGKILL)
     assert not left
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_torchrun_ranks_end_with_a_stopped_launcher(sig, tmp_path):
+    """`launch --local --method torchrun`: on SIGTERM the launcher's subprocess.run SIGKILLed
+    torchrun's agent, which then could not stop its ranks, and a SIGKILL of the launcher stopped
+    nothing (helper-11: 6 ranks still training 30 s after exit 143). The agent now dies with the
+    launcher and each rank with the agent (PR_SET_PDEATHSIG: runtime/_torchrun.py)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from test_cli_contract import executable
+    from test_time_limits import alive, children
+
+    plan = __import__("hetplan.bundled", fromlist=["bundled_dir"]).bundled_dir() / "plans" / "elastic_small.json"
+    out = tmp_path / "out"
+    cmd = [executable(), "launch", "elastic_small", str(plan), "--local", "--method", "torchrun", "--steps", "100000",
+           "--hidden", "16", "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8", "-o", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 90 and proc.poll() is None and not (out / "rank0.steps").exists():
+        time.sleep(0.05)
+    agents = children(proc.pid)
+    ranks = {pid for agent in agents for pid in children(agent)}
+    assert agents and len(ranks) >= 4, (agents, ranks)  # the elastic_small plan has 4 ranks
+    os.kill(proc.pid, getattr(signal, sig))
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in [*agents, *ranks]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in [*agents, *ranks] if alive(pid)]
+    for pid in left:  # not to leave them to the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left
