@@ -173,9 +173,10 @@ def register(app: typer.Typer) -> None:
                                  resilience=resilience)
         inst = load_instance(instance)
         placed = load_any_plan(plan, inst)
-        _warn_out_of_memory(inst, placed)
         with fields_as(COMPILE_FLAGS):
             paths = _write_launch(inst, placed, target, out_dir, options)
+        # after: a plan the launch refuses is said once (the simulator's refusal of it was also a warning)
+        _warn_out_of_memory(inst, placed)
         for p in paths:
             typer.echo(str(p))
 

@@ -311,6 +311,18 @@ def test_a_model_too_large_for_the_cluster_is_said_by_validate_and_refused_by_so
     assert json.loads(proc.stdout)["model_state_GB"] < json.loads(proc.stdout)["gpu_memory_GB"]
 
 
+def test_compile_says_a_plan_it_refuses_once(folder):
+    """A plan whose batch does not add up: `compile` printed the refusal twice, as the memory
+    check's warning ("the plan's memory was not checked: ...") and then as the error (helper-11:
+    17 of 17 invalid plans); the memory check now runs after the launch files are written."""
+    a100 = {"gpu_type": "A100-40", "tp": 1, "zone": "us-central1-a", "microbatch_share": 3}
+    (folder / "batch.json").write_text(json.dumps({"num_microbatches": 3, "stages": [
+        {"layer_start": 0, "layer_end": 26, "replicas": [a100, {**a100, "microbatch_share": 2}]}]}))
+    proc = run(executable(), ["compile", "a100_v100_one_zone", "{d}/batch.json", "-o", "{d}/batch_launch"], folder)
+    lines = error_lines(proc.stderr)
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: num_microbatches: "), proc.stderr
+
+
 def test_compile_warns_of_a_plan_out_of_memory_and_reads_sailor_plans(folder):
     """`simulate` refused the plan (exit 2, OOM) that `compile` wrote without a word; and `compile`
     read only hetplan plans (a Sailor plan, which `simulate` takes, printed pydantic's dump)."""
