@@ -57,6 +57,23 @@ def test_launch_local_tiny_model(app, tmp_path):
     assert bad.exit_code == 1 and "unknown schedule 'ZB'" in str(bad.exception)
 
 
+def left_after(pids: list[int], wait_s: float) -> list[int]:
+    """Those of `pids` still running `wait_s` s on, killed so as not to be left to the rest of the suite."""
+    import os
+    import signal
+    import time
+
+    from test_time_limits import alive
+
+    deadline = time.monotonic() + wait_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line_and_leaves_nothing(tmp_path):
     """Ctrl-C (SIGINT to the launcher's process group) while the forkserver of `launch --local`
     imports torch: it was interrupted there and printed its KeyboardInterrupt traceback under the
@@ -120,13 +137,7 @@ def test_ranks_of_a_killed_launcher_end_with_it(tmp_path):
     assert all(alive(pid) for pid in ranks) and servers
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in [*ranks, *servers]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [pid for pid in [*ranks, *servers] if alive(pid)]
-    for pid in left:  # not to leave them to the rest of the suite
-        os.kill(pid, signal.SIGKILL)
-    assert not left
+    assert not left_after([*ranks, *servers], 10)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
@@ -141,7 +152,7 @@ def test_torchrun_ranks_end_with_a_stopped_launcher(sig, tmp_path):
     import time
 
     from test_cli_contract import executable
-    from test_time_limits import alive, children
+    from test_time_limits import children
 
     plan = __import__("hetplan.bundled", fromlist=["bundled_dir"]).bundled_dir() / "plans" / "elastic_small.json"
     out = tmp_path / "out"
@@ -156,10 +167,4 @@ def test_torchrun_ranks_end_with_a_stopped_launcher(sig, tmp_path):
     assert agents and len(ranks) >= 4, (agents, ranks)  # the elastic_small plan has 4 ranks
     os.kill(proc.pid, getattr(signal, sig))
     proc.wait()
-    deadline = time.monotonic() + 15
-    while any(alive(pid) for pid in [*agents, *ranks]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [pid for pid in [*agents, *ranks] if alive(pid)]
-    for pid in left:  # not to leave them to the rest of the suite
-        os.kill(pid, signal.SIGKILL)
-    assert not left
+    assert not left_after([*agents, *ranks], 15)
