@@ -95,8 +95,11 @@ def register(app: typer.Typer) -> None:
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
         from hetplan.runtime.measure import measure_plan  # torch: only once the arguments are checked
 
+        from hetplan.orchestration.sailor_cli import load_instance_and_plan
+
+        inst, pl = load_instance_and_plan(instance, plan)
         with _progress(steps) as on_progress, fields_as({"warmup": "--warmup"}):
-            result = measure_plan(instance, plan, steps, warmup, overrides, schedule=schedule, dtype=dtype,
+            result = measure_plan(inst, pl, steps, warmup, overrides, schedule=schedule, dtype=dtype,
                                   optimizer=optimizer, lr=lr, seed=seed, out_dir=out, on_progress=on_progress)
         if as_json:
             from hetplan.orchestration.cli import print_json

@@ -208,7 +208,10 @@ def register(app: typer.Typer) -> None:
         if method not in ("processes", "torchrun"):
             raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
-        result = launch_local(instance, plan, steps, overrides, schedule=schedule, dtype=dtype,
+        from hetplan.orchestration.sailor_cli import load_instance_and_plan
+
+        inst, pl = load_instance_and_plan(instance, plan)
+        result = launch_local(inst, pl, steps, overrides, schedule=schedule, dtype=dtype,
                               optimizer=optimizer, lr=lr, seed=seed, out_dir=out,
                               method=method)  # type: ignore[arg-type]
         typer.echo(f"log: {result.out_dir / 'log.json'}")
@@ -273,12 +276,13 @@ def register(app: typer.Typer) -> None:
         from hetplan.orchestration.cli import print_json
         from hetplan.cluster_state import event_stream
         from hetplan.instance import load_instance
-        from hetplan.plan import load_plan
         from hetplan.orchestration.replan import ReplanOptions
         from hetplan.orchestration.elastic import ElasticOptions, read_events, run_elastic
 
+        from hetplan.orchestration.sailor_cli import load_any_plan
+
         inst = load_instance(instance)
-        start = load_plan(plan) if plan is not None else None
+        start = load_any_plan(plan, inst) if plan is not None else None
         opts = ElasticOptions(
             steps=steps, checkpoint_dir=ckpt, out_dir=out_dir,
             events=tuple(read_events(events)) if events else (),

@@ -46,6 +46,15 @@ def parse_cluster(spec: str) -> dict[tuple[str, str], int]:
     return out
 
 
+def load_instance_and_plan(instance: str, plan: str) -> tuple[Instance, Plan]:
+    """The instance and `load_any_plan` of `plan` on it: the commands that train a plan take Sailor's
+    format as `simulate` and `compile` do (they refused it as a hetplan plan missing its fields)."""
+    from hetplan.instance import load_instance
+
+    inst = load_instance(instance)
+    return inst, load_any_plan(plan, inst)
+
+
 def load_any_plan(path: str, instance: Instance) -> Plan:
     """A hetplan plan file, a bundled plan's name, or a plan in Sailor's format (recognised by its keys)."""
     from hetplan.importers.sailor_plan import is_sailor_plan, plan_from_sailor

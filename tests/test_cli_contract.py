@@ -323,6 +323,21 @@ def test_compile_says_a_plan_it_refuses_once(folder):
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: num_microbatches: "), proc.stderr
 
 
+def test_launch_and_measure_take_a_sailor_plan(folder):
+    """A plan in Sailor's format (as `export-plan` writes): `simulate` and `compile` took it, while
+    `launch`, `measure` and `run` read it as a hetplan plan ("num_microbatches: Field required;
+    ... mbs: Extra inputs are not permitted", helper-11)."""
+    sailor = {"mbs": 4, "pipeline_list": [{"num_stages": 1, "layers_per_stage": [[0, 1, 2, 3]], "dp": [1],
+                                           "tmp_per_stage": [[[[["A100-40", 2, "z-a"]], 1]]]}]}
+    (folder / "sailor_es.json").write_text(json.dumps(sailor))
+    tiny = ["--steps", "3", "--hidden", "16", "--heads", "2", "--ffn", "32", "--vocab", "32", "--seq-len", "8"]
+    for cmd in ("launch", "measure"):
+        proc = run(executable(), [cmd, "--local", "elastic_small", "{d}/sailor_es.json", *tiny, "-o", f"{{d}}/{cmd}_s"],
+                   folder)
+        assert proc.returncode == 0 and not [ln for ln in error_lines(proc.stderr) if ln.startswith("error")], \
+            proc.stderr
+
+
 def test_compile_warns_of_a_plan_out_of_memory_and_reads_sailor_plans(folder):
     """`simulate` refused the plan (exit 2, OOM) that `compile` wrote without a word; and `compile`
     read only hetplan plans (a Sailor plan, which `simulate` takes, printed pydantic's dump)."""
