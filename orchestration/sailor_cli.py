@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -151,7 +152,11 @@ def register(app: typer.Typer) -> None:
         if to != "sailor":
             raise PlanError(f"unknown format {to!r}; known: sailor", "--to")
         inst = load_instance(instance)
-        placed = validate_plan(inst, load_any_plan(plan, inst))
+        given = load_any_plan(plan, inst)
+        if given.metadata.get("source") != "sailor" and any(r.node for s in given.stages for r in s.replicas):
+            warnings.warn("Sailor's format names no nodes: the plan's nodes and GPUs are left out, and a reader "
+                          "places its replicas again (first fit)")
+        placed = validate_plan(inst, given)
         text = json.dumps(plan_to_sailor(placed, inst), indent=2) + "\n"
         if output:
             write_atomic(output, text, "--output")

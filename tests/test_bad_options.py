@@ -165,6 +165,24 @@ def test_a_valid_sailor_plan_is_read(folder, sailor_plan):
     assert json.loads(proc.stdout) == sailor_plan
 
 
+def test_export_says_what_sailors_format_drops(folder):
+    """Sailor's format has no schedule and no nodes: a GPipe plan came back 1F1B (rank 0's peak 5.44
+    -> 3.37 GB on one of helper-11's plans) and a plan's nodes were dropped, both without a word
+    (46 of 78 exports were GPipe)."""
+    proc = run(executable(), ["export-plan", "a100_homogeneous", "a100_homogeneous"], folder)  # the bundled plan: GPipe
+    assert proc.returncode == 0 and error_lines(proc.stderr) == [
+        "warning: Sailor's format has no schedule and Sailor runs 1F1B: this GPipe plan is read back as 1F1B"]
+    bundled = Path(__file__).resolve().parents[1] / "instances" / "plans" / "a100_homogeneous.json"
+    plan = json.loads(bundled.read_text())
+    plan["schedule"] = "1F1B"
+    plan["stages"][0]["replicas"][0]["node"] = "a100-0"
+    (folder / "placed.json").write_text(json.dumps(plan))
+    proc = run(executable(), ["export-plan", "a100_homogeneous", "{d}/placed.json"], folder)
+    assert proc.returncode == 0 and error_lines(proc.stderr) == [
+        "warning: Sailor's format names no nodes: the plan's nodes and GPUs are left out, and a reader places its "
+        "replicas again (first fit)"], proc.stderr
+
+
 # every case through export-plan; simulate reads plans the same way (`load_any_plan`), two cases show it
 SAILOR_RUNS = [("export-plan", *c) for c in SAILOR_CASES] + [("simulate", *c) for c in SAILOR_CASES[:4:3]]
 

@@ -9,6 +9,7 @@ plan says the same with `micro_batch_size` b, a replica per entry and `batch_rou
 from __future__ import annotations
 
 import reprlib
+import warnings
 from typing import Any, Mapping
 
 from hetplan.errors import PlanError, RefusedError
@@ -132,6 +133,9 @@ def plan_to_sailor(plan: Plan, instance: Instance) -> dict[str, Any]:
     if len(shares) != 1:  # a valid plan the format cannot say: refused, as a launch target refuses one
         raise RefusedError(f"Sailor's format has one microbatch size; this plan's replicas take {sorted(shares)}",
                            "stages")
+    if plan.schedule != "1F1B":  # read back, it is 1F1B: other memory and time (helper-11: 46 of 78 said nothing)
+        warnings.warn(f"Sailor's format has no schedule and Sailor runs 1F1B: this {plan.schedule} plan is read "
+                      f"back as 1F1B")
     tmp = []
     for i, stage in enumerate(plan.stages):
         row = []
