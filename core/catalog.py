@@ -22,11 +22,14 @@ class LinkSpec(BaseModel):
 
 
 def refusing_bools(expected: str) -> Callable[[Any], Any]:
-    """A before-validator refusing true/false where `expected` is due ("an integer", "seconds"):
-    pydantic's lax mode reads `count: true` as 1, and a number written as yes/no is a typo."""
+    """A before-validator refusing true/false and text where `expected` is due ("an integer",
+    "seconds"): pydantic's lax mode reads `count: true` as 1 and `"num_microbatches": "3"` as 3; a
+    number written as yes/no or in quotes is a typo (or another program's output to look at)."""
     def check(value: Any) -> Any:
         if isinstance(value, bool):
             raise ValueError(f"expected {expected}, got {str(value).lower()}")
+        if isinstance(value, str):
+            raise ValueError(f"expected {expected}, got the text {value!r} (a number is written without quotes)")
         return value
 
     return check

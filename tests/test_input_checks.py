@@ -278,3 +278,21 @@ def test_an_empty_value_is_refused_by_name(tmp_path, args, named):
     assert proc.returncode == 1 and error_lines(proc.stderr) == [
         f"error: {named}: must not be empty; leave the option out for its default"], proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["count", "global_batch_size"])
+def test_a_number_in_quotes_is_no_count(where):
+    """pydantic's lax mode read `"num_microbatches": "3"` and `count: "2"` as numbers (exit 0 for
+    simulate, compile, launch and export-plan; helper-11): a number in quotes is refused as a
+    yes/no value is."""
+    from hetplan.errors import PlanError
+    from hetplan.plan import plan_from_dict
+
+    doc = _doc([{"gpu_type": "V100-16", "path": str(METIS), "format": "metis"}])
+    target = doc["cluster"]["node_groups"][0] if where == "count" else doc["workload"]
+    target[where] = "2"
+    with pytest.raises(InstanceError, match=rf"{where}: expected an integer, got the text '2'"):
+        instance_from_dict(doc)
+    stage = {"layer_start": 0, "layer_end": 26, "replicas": [{"gpu_type": "V100-16", "zone": "z-a"}]}
+    with pytest.raises(PlanError, match=r"num_microbatches: expected an integer, got the text '3' \(a number is"):
+        plan_from_dict({"num_microbatches": "3", "stages": [stage]})
