@@ -296,6 +296,12 @@ def build_spec(instance: Instance, plan: Plan, *, hosts: dict[str, str] | None =
                rdzv_id: str | None = None, training: TrainingSpec | None = None) -> LaunchSpec:
     """Validate and place the plan, then derive the launch spec; raises PlanError on any violation."""
     placed = validate_plan(instance, plan)
+    batch = instance.workload.global_batch_size
+    if placed.global_microbatch * placed.num_microbatches != batch:  # only batch_rounding ceil gets here
+        raise PlanError(f"'ceil' (Sailor's rule) overshoots the global batch: {placed.num_microbatches} "
+                        f"x {placed.global_microbatch} = {placed.num_microbatches * placed.global_microbatch} sequences "
+                        f"for {batch}, and the executor trains the batch exactly; choose a microbatch and data-"
+                        f"parallel degree that divide {batch}", "batch_rounding")
     rows = workers(instance, placed)
     hosts = dict(hosts or {})
     nodes, rank_of_worker = _order_nodes(instance, rows, hosts)

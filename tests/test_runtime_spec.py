@@ -243,3 +243,19 @@ def test_executor_options_are_not_swallowed_by_torchrun():
     ours = [o for a in _parser()._actions for o in a.option_strings if o not in ("-h", "--help")]
     assert ours and theirs
     assert not [(o, t) for o in ours for t in theirs if t.startswith(o)]
+
+
+def test_a_plan_that_overshoots_the_batch_is_refused_by_its_rounding():
+    """batch_rounding ceil (Sailor's rule): 3 microbatches of 5 for a batch of 12. `simulate` names
+    batch_rounding; `compile` and `launch` named the spec's internal field ("batch.global_batch_size:
+    sum of microbatch shares 5 x accumulation 3 = 15 != global batch 12", helper-11)."""
+    inst = instance_from_dict({
+        "name": "ceil", "cluster": {"node_groups": [{"name": "a", "gpu_type": "A100-40", "gpus_per_node": 2, "count": 1,
+                                                     "zone": "z-a", "price_per_gpu_hour_usd": 1.0}]},
+        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3}}, "global_batch_size": 12,
+                     "precision": "fp16"}})
+    plan = plan_from_dict({"num_microbatches": 3, "micro_batch_size": 5, "batch_rounding": "ceil", "stages": [
+        {"layer_start": 0, "layer_end": 5, "replicas": [{"gpu_type": "A100-40", "zone": "z-a"}]}]})
+    with pytest.raises(PlanError, match=r"overshoots the global batch: 3 x 5 = 15 sequences for 12") as err:
+        build_spec(inst, plan)
+    assert err.value.field == "batch_rounding"
