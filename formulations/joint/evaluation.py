@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hetplan.plan import Plan, Replica, Stage, validate_plan
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, model_coef
-from hetplan.formulations.joint.tables import block_counts, position
+from hetplan.formulations.joint.tables import offers_counts, position
 from hetplan.formulations.joint.composition import (apart, boundary_s, bottleneck_terms, in_zone_s, iteration_cost_usd,
     iteration_time_s, pipeline_egress_bytes, pipeline_transfers_s, replica_rate_usd_per_s, ring_factor,
     sailor_p2p, tied_at, tied_egress_bytes)
@@ -169,7 +169,7 @@ def solution_blocks(inp: JointInputs, sol: JointSolution) -> list[int] | None:
     counts = [e - s for s, e in sol.ranges]
     counts[0] -= 1
     counts[-1] -= 1
-    return counts if all(n in block_counts(inp, i) for i, n in enumerate(counts)) else None
+    return counts if offers_counts(inp, counts) else None
 
 
 def blocks_ranges(counts: list[int]) -> list[tuple[int, int]]:

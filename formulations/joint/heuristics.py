@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from hetplan.formulations.joint.inputs import JointInputs, JointSolution, _DEADLINE, check_deadline
-from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, block_counts, blocks_identical
+from hetplan.formulations.joint.tables import _prefix_rows, _shared_for, blocks_identical, offers_counts
 from hetplan.formulations.joint.evaluation import blocks_ranges, objective_within_limits, solution_blocks
 from hetplan.formulations.joint.bounds.parts import _fastest_work_s, _gpus_per_type
 from hetplan.formulations.joint.composition import iteration_time_s, worker_bytes
@@ -134,8 +134,8 @@ def polish(inp: JointInputs, found: tuple[float, JointSolution] | None, objectiv
 
 def _in_compact_form(inp: JointInputs, counts: list[int], rows: list) -> Iterator[tuple[list, list]]:
     """(unit ranges, rows) of a plan with `counts` blocks per stage, if it lies in the compact form
-    (each count one `block_counts` offers)."""
-    if all(n in block_counts(inp, i) for i, n in enumerate(counts)):
+    (`tables.offers_counts`)."""
+    if offers_counts(inp, counts):
         yield blocks_ranges(counts), rows
 
 

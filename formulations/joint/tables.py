@@ -92,10 +92,10 @@ def first_block_generic(inp: JointInputs) -> bool:
     stage 0 may hold the embedding alone, since stage 1's blocks 1..n look like any n blocks. The
     presets' blocks are alike; Sailor's profiles time the first block apart (its step and activation
     differ), so there stage 0 keeps it."""
-    cache = _shared_cache(inp).setdefault("identical", {})
-    if "first" not in cache:
-        cache["first"] = blocks_identical(inp) and _blocks_identical(inp, 1e-9, first=1)
-    return cache["first"]
+    cache = _shared_cache(inp)  # a figure of the rows alone, as `blocks_identical`
+    if "first_block_generic" not in cache:
+        cache["first_block_generic"] = blocks_identical(inp) and _blocks_identical(inp, 1e-9, first=1)
+    return cache["first_block_generic"]
 
 
 def _blocks_identical(inp: JointInputs, rel_tol: float, first: int) -> bool:
@@ -120,6 +120,12 @@ def block_counts(inp: JointInputs, i: int) -> range:
         return range(L, L + 1)
     least = [0 if first_block_generic(inp) else 1] + [1] * (P - 2) + [0]
     return range(least[i], L - (sum(least) - least[i]) + 1)
+
+
+def offers_counts(inp: JointInputs, counts: list[int]) -> bool:
+    """Whether stages holding `counts` blocks lie in the compact form (each count one `block_counts`
+    offers its stage)."""
+    return all(n in block_counts(inp, i) for i, n in enumerate(counts))
 
 
 def position(inp: JointInputs, i: int) -> str:
