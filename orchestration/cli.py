@@ -141,12 +141,11 @@ def simulate(instance: str = typer.Argument(..., help="instance file or bundled 
              plan: str = typer.Argument(..., help="plan JSON file, bundled plan name, or a plan in Sailor's format"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate one iteration of a plan: time, throughput, cost and per-rank memory."""
-    from hetplan.instance import load_instance
-    from hetplan.orchestration.sailor_cli import load_any_plan
+    from hetplan.orchestration.sailor_cli import load_instance_and_plan
     from hetplan.simulator import simulate as run_simulation
 
-    inst = load_instance(instance)
-    report = run_simulation(inst, load_any_plan(plan, inst))
+    inst, pl = load_instance_and_plan(instance, plan)
+    report = run_simulation(inst, pl)
     if as_json:
         print_json(report.summary())
     else:

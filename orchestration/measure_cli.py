@@ -93,9 +93,8 @@ def register(app: typer.Typer) -> None:
         if not local:
             raise PlanError("only --local measurements are supported: every rank runs on this machine", "--local")
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
-        from hetplan.runtime.measure import measure_plan  # torch: only once the arguments are checked
-
         from hetplan.orchestration.sailor_cli import load_instance_and_plan
+        from hetplan.runtime.measure import measure_plan  # torch: only once the arguments are checked
 
         inst, pl = load_instance_and_plan(instance, plan)
         with _progress(steps) as on_progress, fields_as({"warmup": "--warmup"}):

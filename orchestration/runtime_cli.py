@@ -149,8 +149,7 @@ def register(app: typer.Typer) -> None:
                                                 "does not come back (torchrun, slurm; c10d rendezvous)"),
     ) -> None:
         """Write the launch spec and the target's launch files for a plan."""
-        from hetplan.instance import load_instance
-        from hetplan.orchestration.sailor_cli import load_any_plan
+        from hetplan.orchestration.sailor_cli import load_instance_and_plan
         from hetplan.runtime.compile import CompileOptions
 
         if rendezvous not in ("static", "c10d"):
@@ -171,8 +170,7 @@ def register(app: typer.Typer) -> None:
                                 **restarts) if checkpoint_dir else None
         options = CompileOptions(hosts=_hosts(host), master_port=master_port, rendezvous=rendezvous, image=image,
                                  resilience=resilience)
-        inst = load_instance(instance)
-        placed = load_any_plan(plan, inst)
+        inst, placed = load_instance_and_plan(instance, plan)
         with fields_as(COMPILE_FLAGS):
             paths = _write_launch(inst, placed, target, out_dir, options)
         # after: a plan the launch refuses is said once (the simulator's refusal of it was also a warning)
@@ -208,7 +206,7 @@ def register(app: typer.Typer) -> None:
         if method not in ("processes", "torchrun"):
             raise PlanError(f"unknown method {method!r}; use processes or torchrun", "--method")
         overrides = local_run_overrides(schedule, out, hidden, heads, ffn, vocab, seq_len, lr)
-        from hetplan.orchestration.sailor_cli import load_instance_and_plan
+        from hetplan.orchestration.sailor_cli import load_instance_and_plan  # also Sailor's format
 
         inst, pl = load_instance_and_plan(instance, plan)
         result = launch_local(inst, pl, steps, overrides, schedule=schedule, dtype=dtype,
@@ -278,7 +276,6 @@ def register(app: typer.Typer) -> None:
         from hetplan.instance import load_instance
         from hetplan.orchestration.replan import ReplanOptions
         from hetplan.orchestration.elastic import ElasticOptions, read_events, run_elastic
-
         from hetplan.orchestration.sailor_cli import load_any_plan
 
         inst = load_instance(instance)

@@ -48,8 +48,9 @@ def parse_cluster(spec: str) -> dict[tuple[str, str], int]:
 
 
 def load_instance_and_plan(instance: str, plan: str) -> tuple[Instance, Plan]:
-    """The instance and `load_any_plan` of `plan` on it: the commands that train a plan take Sailor's
-    format as `simulate` and `compile` do (they refused it as a hetplan plan missing its fields)."""
+    """The instance and `load_any_plan` of `plan` on it: every command that takes an instance and a
+    plan reads both so, Sailor's format included (`launch`, `measure` and `run` refused it as a
+    hetplan plan missing its fields)."""
     from hetplan.instance import load_instance
 
     inst = load_instance(instance)
@@ -146,13 +147,11 @@ def register(app: typer.Typer) -> None:
         """Write a plan in another system's format."""
         from hetplan.files import write_atomic
         from hetplan.importers.sailor_plan import plan_to_sailor
-        from hetplan.instance import load_instance
         from hetplan.plan import validate_plan
 
         if to != "sailor":
             raise PlanError(f"unknown format {to!r}; known: sailor", "--to")
-        inst = load_instance(instance)
-        given = load_any_plan(plan, inst)
+        inst, given = load_instance_and_plan(instance, plan)
         if given.metadata.get("source") != "sailor" and any(r.node for s in given.stages for r in s.replicas):
             warnings.warn("Sailor's format names no nodes: the plan's nodes and GPUs are left out, and a reader "
                           "places its replicas again (first fit)")
