@@ -256,10 +256,10 @@ def replay(instance: Instance, trace: str | Path | None = None, options: ReplayO
     return ReplayResult(instance.name, start, horizon, within, initial, results, time.perf_counter() - t_wall, notes)
 
 
-def _declined(view: Instance, res: ReplanResult) -> bool:
+def _declined(objective: str, res: ReplanResult) -> bool:
     """A feasible candidate beats the chosen plan on the objective alone, without the change penalty."""
     def value(rep: SimulationReport) -> float:
-        return -rep.cost_per_iteration_usd if view.objective.kind == "min_cost" else rep.samples_per_s
+        return -rep.cost_per_iteration_usd if objective == "min_cost" else rep.samples_per_s
 
     chosen = value(res.report)
     return any(c.feasible and value(c.report) > chosen + 1e-9 * abs(chosen) for c in res.candidates)
@@ -562,17 +562,14 @@ class _Adaptive(_Runner):
         if not self.training:  # a switch under way was chosen at the change
             return
         res, latency = self._replan(self.state, max(self.ropts.horizon_s, stable))
-        if res is None or res.plan is None or same_plan(res.plan, self.plan):
-            self._recheck_after(res, stable)
-            return
-        self._switch(t, res, latency, 0.0, 0.0, True, [f"stable for {stable:g} s: re-check"])
-        self._recheck_after(res, stable)
+        if res is not None and res.plan is not None and not same_plan(res.plan, self.plan):
+            self._switch(t, res, latency, 0.0, 0.0, True, [f"stable for {stable:g} s: re-check"])
+        self._recheck_at(res, self.changed_at + 2 * stable)
 
-    def _recheck_after(self, res: ReplanResult | None, stable_s: float) -> None:
-        """Ask again once the cluster has been stable for twice `stable_s`, if the change penalty
-        turned a better plan down."""
-        if res is not None and res.report is not None and _declined(self.state.instance_view(), res):
-            self.recheck_s = self.changed_at + 2 * stable_s
+    def _recheck_at(self, res: ReplanResult | None, t: float) -> None:
+        """Ask again at t if the change penalty turned a better plan down."""
+        if res is not None and res.report is not None and _declined(self.instance.objective.kind, res):
+            self.recheck_s = t
 
     def on_change(self, t: float, changes: list[Event], announced: bool) -> None:
         self.call_off("superseded")
@@ -595,7 +592,7 @@ class _Adaptive(_Runner):
             self.deploy(t, [])
             self.record(t, changes, "none", latency=latency, lost=lost)
             return
-        self._recheck_after(res, self.ropts.horizon_s / 2)
+        self._recheck_at(res, t + self.ropts.horizon_s)
         if self.plan is not None and same_plan(res.plan, self.plan) and old_valid:
             self.record(t, changes, "kept", latency=latency, lost=lost)
             return
