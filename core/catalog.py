@@ -21,7 +21,7 @@ class LinkSpec(BaseModel):
     latency_s: float = Field(ge=0, default=0.0, description="one-way latency in seconds")
 
 
-def refusing_bools(expected: str) -> Callable[[Any], Any]:
+def numbers_only(expected: str) -> Callable[[Any], Any]:
     """A before-validator refusing true/false and text where `expected` is due ("an integer",
     "seconds"): pydantic's lax mode reads `count: true` as 1 and `"num_microbatches": "3"` as 3; a
     number written as yes/no or in quotes is a typo (or another program's output to look at)."""
@@ -35,12 +35,12 @@ def refusing_bools(expected: str) -> Callable[[Any], Any]:
     return check
 
 
-not_bool = refusing_bools("an integer")
+integer_only = numbers_only("an integer")
 
 
-Int = Annotated[int, BeforeValidator(not_bool)]  # an integer field of an instance, model or plan file
+Int = Annotated[int, BeforeValidator(integer_only)]  # an integer field of an instance, model or plan file
 # the same, above 0, for a field that may be None (`Int | None` with Field(gt=0) writes "gt" into the schema)
-PositiveInt = Annotated[int, Field(gt=0), BeforeValidator(not_bool)]
+PositiveInt = Annotated[int, Field(gt=0), BeforeValidator(integer_only)]
 
 
 class GpuSpec(BaseModel):

@@ -62,7 +62,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from hetplan.catalog import Int, PositiveInt, refusing_bools
+from hetplan.catalog import Int, PositiveInt, numbers_only
 from hetplan.cluster_state import ClusterState, Event, NodeFailure, describe_event
 from hetplan.errors import InfeasibleError, InstanceError, PlanError, RunFailedError
 from hetplan.instance import SANE_RANGES, AvailabilityEvent, Instance, format_validation_error, read_structured
@@ -98,7 +98,7 @@ class ElasticEvent(BaseModel):
     model_config = _STRICT
     # true/false are not counts or times (pydantic reads them as 1 and 0: `kill_rank: true` killed rank 1)
     at_step: Annotated[Int, Field(ge=1)] | None = None
-    at_s: Annotated[float, Field(ge=0, le=MAX_TIME_S), BeforeValidator(refusing_bools("seconds"))] | None = None
+    at_s: Annotated[float, Field(ge=0, le=MAX_TIME_S), BeforeValidator(numbers_only("seconds"))] | None = None
     lose: GpuChange | None = None
     gain: GpuChange | None = None
     kill_rank: Annotated[Int, Field(ge=0)] | None = None

@@ -144,7 +144,7 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
     return _Floor(B, per_b)
 
 
-def _limits(instance: Instance, opts: PlannerOptions) -> tuple[float | None, float | None, str, str]:
+def _limits(instance: Instance, opts: PlannerOptions) -> tuple[float | None, float | None, tuple[str, str]]:
     """The budget and the throughput floor, and the fields a refusal names them by: the option when
     given (the CLI maps it to its flag), else the instance's constraint."""
     c = instance.constraints
@@ -152,7 +152,7 @@ def _limits(instance: Instance, opts: PlannerOptions) -> tuple[float | None, flo
         c.max_cost_per_iteration_usd, "constraints.max_cost_per_iteration_usd")
     floor = (opts.min_iters_per_s, "planner.min_iters_per_s") if opts.min_iters_per_s is not None else (
         c.min_throughput_iters_per_s, "constraints.min_throughput_iters_per_s")
-    return cost[0], floor[0], cost[1], floor[1]
+    return cost[0], floor[0], (cost[1], floor[1])
 
 
 def _budget_refusal(max_cost: float, least: float, field: str) -> InfeasibleError:
@@ -408,7 +408,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
           deadline: joint.Deadline, tables: _Tables | None = None) -> PlannerResult:
     est = estimators or build_estimators(instance)
     objective = opts.objective or instance.objective.kind
-    max_cost, min_its, *fields = _limits(instance, opts)
+    max_cost, min_its, fields = _limits(instance, opts)
     # the simulator's tolerance, so both call the same plans feasible
     max_cost, min_its = relaxed_limits(max_cost, min_its)
     quotas = _quotas(instance, opts)
@@ -419,7 +419,7 @@ def _plan(instance: Instance, opts: PlannerOptions, estimators: EstimatorSet | N
         raise InfeasibleError(why)
     tables = tables or _Tables(instance, est)
     floor = _floor(instance, tables, quotas, opts)
-    _check_reachable(floor, max_cost, min_its, tuple(fields))
+    _check_reachable(floor, max_cost, min_its, fields)
     combos = enumerate_combos(instance, quotas, opts)
     report.total = len(combos)
     linear = opts.linearize or opts.backend not in (None, "scip")
