@@ -7,8 +7,9 @@ Time (`AnalyticTime`, name "analytic"): per layer unit a roofline (seed 004, eq.
 Backward costs 2 x the forward FLOPs (Narayanan et al. SC'21 sec. 5.1); full recomputation adds one
 forward, selective recomputation adds the attention core's forward. Megatron TP does two all-reduces
 of the s b h hidden state per block in the forward and two in the backward (Shoeybi et al. 2019,
-sec. 3), one in the embedding forward and backward; they run on the type's intra-node link (the
-slowest of its node groups' where they differ, with a warning: `_intra_links`).
+sec. 3), one in the embedding forward and backward; they run on the intra-node link of the node the
+TP group sits on (`layer_time`'s `intra_node`; without it the fastest of the type's node groups', a
+figure at most that of any of its nodes: `_intra_links`).
 The optimizer step is memory-bound: it reads and writes every optimizer-state byte of the shard once.
 
 Memory (`AnalyticMemory`, name "analytic"): per worker, not per stage average (Sailor sec. 4.3):
@@ -20,13 +21,12 @@ Memory (`AnalyticMemory`, name "analytic"): per worker, not per stage average (S
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from hetplan.catalog import GpuSpec, LinkSpec, ModelArch
 from hetplan.errors import EstimatorError
-from hetplan.estimators.base import LayerTime, MemoryBreakdown
+from hetplan.estimators.base import LayerTime, MemoryBreakdown, fastest_link
 from hetplan.estimators.model_stats import (
     DTYPE_BYTES,
     boundary_activation_bytes,
@@ -71,22 +71,15 @@ def ring_allreduce_s(nbytes: float, members: int, link: LinkSpec) -> float:
 
 
 def _intra_links(instance: Instance) -> dict[str, LinkSpec]:
-    """GPU type -> the link its TP all-reduces run on: the slowest intra-node link of the type's node
-    groups, since `layer_time` knows the type, not the node. Where the groups differ (NVLink and PCIe
-    nodes of one type) that overprices TP groups on the faster nodes (36x on one node of 4 A100s
-    beside an unused group at 1 GB/s), so it is said."""
-    by_type: dict[str, dict[str, LinkSpec]] = {}
+    """GPU type -> the link its TP all-reduces are priced at when the node is not said: the fastest
+    of its node groups' (`fastest_link`), so the figure is at most what any of its nodes takes. A
+    placed replica's figure reads its node's own link (`layer_time`'s `intra_node`): one type on
+    NVLink and PCIe nodes had every TP group priced at the slowest, 36x on one 4-GPU A100 node beside
+    an unused group at 1 GB/s (helper-12's campaign, session 64)."""
+    by_type: dict[str, list[LinkSpec]] = {}
     for group in instance.cluster.node_groups:
-        by_type.setdefault(group.gpu_type, {})[group.name] = group.intra_node or instance.gpu(group.gpu_type).intra_node
-    links = {}
-    for gpu_type, groups in by_type.items():
-        links[gpu_type] = min(groups.values(), key=lambda link: link.bandwidth_GBps)
-        if len({(link.bandwidth_GBps, link.latency_s) for link in groups.values()}) > 1:
-            warnings.warn(f"node groups of {gpu_type} have different intra-node links ("
-                          + ", ".join(f"{name}: {link.bandwidth_GBps:g} GB/s" for name, link in groups.items())
-                          + f"); the analytic time estimator prices every {gpu_type} TP all-reduce at the "
-                          f"slowest, {links[gpu_type].bandwidth_GBps:g} GB/s, on every node")
-    return links
+        by_type.setdefault(group.gpu_type, []).append(group.intra_node or instance.gpu(group.gpu_type).intra_node)
+    return {gpu_type: fastest_link(links) for gpu_type, links in by_type.items()}
 
 
 def _number_option(options: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -125,7 +118,7 @@ class AnalyticTime:
         self.arch, self.gpus, self.intra_links = arch, gpus, intra_links
         self.precision, self.optimizer, self.zero_stage, self.recompute = precision, optimizer, zero_stage, recompute
         self.mfu = {g: (mfu or {}).get(g, spec.default_mfu) for g, spec in gpus.items()}
-        self._cache: dict[tuple[str, int, int, int], LayerTime] = {}
+        self._cache: dict[tuple, LayerTime] = {}
 
     @classmethod
     def from_instance(cls, instance: Instance, options: dict) -> "AnalyticTime":
@@ -144,22 +137,24 @@ class AnalyticTime:
         compute_s = flops / (gpu.peak_flops(self.precision) * self.mfu[gpu.name])
         return max(compute_s, nbytes / (gpu.memory_bandwidth_GBps * 1e9))
 
-    def _tp_comm_s(self, gpu_type: str, unit: int, seqs: int, tp: int) -> tuple[float, float]:
+    def _tp_comm_s(self, gpu_type: str, unit: int, seqs: int, tp: int, link: LinkSpec | None) -> tuple[float, float]:
         if tp == 1:
             return 0.0, 0.0
         hidden = boundary_activation_bytes(self.arch, seqs, self.precision)
-        one = ring_allreduce_s(hidden, tp, self.intra_links[gpu_type])
+        one = ring_allreduce_s(hidden, tp, link or self.intra_links[gpu_type])
         if is_embedding(self.arch, unit) or is_head(self.arch, unit):
             return one, one
         return 2 * one, 2 * one
 
-    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:
-        key = (gpu_type, unit, microbatch, tp)
+    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int,
+                   intra_node: LinkSpec | None = None) -> LayerTime:
+        link = None if tp == 1 else intra_node  # TP 1 runs no all-reduce: one entry whatever the node
+        key = (gpu_type, unit, microbatch, tp, None if link is None else (link.bandwidth_GBps, link.latency_s))
         if key not in self._cache:
-            self._cache[key] = self._layer_time(gpu_type, unit, microbatch, tp)
+            self._cache[key] = self._layer_time(gpu_type, unit, microbatch, tp, link)
         return self._cache[key]
 
-    def _layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:
+    def _layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int, link: LinkSpec | None) -> LayerTime:
         gpu = self._gpu(gpu_type)
         act = DTYPE_BYTES[self.precision]
         flops = unit_flops_fwd(self.arch, unit, microbatch) / tp
@@ -172,7 +167,7 @@ class AnalyticTime:
             bwd += fwd
         elif self.recompute == "selective":
             bwd += self._roofline_s(gpu, unit_attention_flops_fwd(self.arch, unit, microbatch) / tp, 0.0)
-        tp_fwd, tp_bwd = self._tp_comm_s(gpu_type, unit, microbatch, tp)
+        tp_fwd, tp_bwd = self._tp_comm_s(gpu_type, unit, microbatch, tp, link)
         return LayerTime(fwd_s=fwd + tp_fwd, bwd_s=bwd + tp_bwd)
 
     def update_time_s(self, gpu_type: str, units: range, tp: int, dp: int) -> float:

@@ -71,12 +71,26 @@ class Endpoint:
     gpus: int | None = None  # GPUs of the endpoint that take part (a TP group's size); None: not said
 
 
+def fastest_link(links: list[LinkSpec]) -> LinkSpec:
+    """A link at least as fast as each of `links` (the greatest bandwidth, the least latency): a
+    transfer over it takes at most as long as over any of them, so it prices a lower bound where
+    the node is not known."""
+    if len({(x.bandwidth_GBps, x.latency_s) for x in links}) == 1:
+        return links[0]
+    return LinkSpec(kind="other", bandwidth_GBps=max(x.bandwidth_GBps for x in links),
+                    latency_s=min(x.latency_s for x in links))
+
+
 @runtime_checkable
 class TimeEstimator(Protocol):
     name: str
 
-    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:
-        """Forward and backward time of one layer unit for one microbatch on one TP-group member."""
+    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int,
+                   intra_node: LinkSpec | None = None) -> LayerTime:
+        """Forward and backward time of one layer unit for one microbatch on one TP-group member.
+        `intra_node`: the link of the node the TP group runs on (a placed replica's); None: the fastest
+        link of the type's nodes, so the figure is at most that of any node. An estimator that
+        measured its TP times (profiles) may ignore it."""
         ...
 
     def update_time_s(self, gpu_type: str, units: range, tp: int, dp: int) -> float:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal, Mapping
 
+from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
 from hetplan.estimators.base import LayerTime
 from hetplan.profiles import GpuProfile, ProfileSet, UnitTime
@@ -158,7 +159,10 @@ class ProfileTimeEstimator:
         return gpu_type in self.profiles and tp in self.profiles.get(gpu_type).tp_degrees
 
     # ---- TimeEstimator ---------------------------------------------------------------------------
-    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int) -> LayerTime:
+    def layer_time(self, gpu_type: str, unit: int, microbatch: int, tp: int,
+                   intra_node: LinkSpec | None = None) -> LayerTime:
+        """The profile's figure; `intra_node` is not read: the profiled TP times ran on the profiled
+        machine's own link."""
         key = (gpu_type, unit, microbatch, tp)
         if key not in self._cache:
             profile = self._profile(gpu_type, tp)

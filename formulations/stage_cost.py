@@ -9,8 +9,9 @@ stores per unit); where the MILP cannot see the placement (boundary links, all-r
 takes floors over every placement (`joint` docstring, "Relaxed").
 
 Figures, per pipeline step unless said otherwise:
-  stage compute:  f_s = max_r sum_{u in s} fwd(g_r, u, share_r, t_r), b_s likewise (the straggler's
-                  forward and the straggler's backward, which may be different replicas)
+  stage compute:  f_s = max_r sum_{u in s} fwd(g_r, u, share_r, t_r, link_r), b_s likewise (the
+                  straggler's forward and the straggler's backward, which may be different
+                  replicas; link_r: the intra-node link of r's node, which its TP all-reduces use)
   update:         max_r update(g_r, units, t_r, D_s)
   boundary s:     the microbatch moves by contiguous sample ranges (`plan.redistribution`); a
                   receiving replica takes its pieces one after another, so cf_s = max_j sum of its
@@ -25,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from hetplan.catalog import LinkSpec
 from hetplan.estimators import Endpoint, EstimatorSet
 from hetplan.estimators.model_stats import DTYPE_BYTES, boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.estimators.network import ring_order
@@ -101,11 +103,13 @@ class StageCosts:
         self.sync_factor = sync_volume_factor(self.wl.zero_stage)
 
     # -- compute -----------------------------------------------------------------------------------
-    def replica_times(self, gpu_type: str, tp: int, units: range, share: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one replica for its share of one microbatch."""
+    def replica_times(self, gpu_type: str, tp: int, units: range, share: int,
+                      intra_node: LinkSpec | None = None) -> tuple[float, float]:
+        """(forward, backward) seconds of one replica for its share of one microbatch; its TP
+        all-reduces on `intra_node` (its node's link; None: the type's fastest, `layer_time`)."""
         fwd = bwd = 0.0
         for u in units:
-            lt = self.est.time.layer_time(gpu_type, u, share, tp)
+            lt = self.est.time.layer_time(gpu_type, u, share, tp, intra_node)
             fwd, bwd = fwd + lt.fwd_s, bwd + lt.bwd_s
         return fwd, bwd
 
@@ -113,7 +117,8 @@ class StageCosts:
         """(f_s, b_s): the slowest forward and the slowest backward of stage s's replicas."""
         st = plan.stages[s]
         units = range(st.layer_start, st.layer_end)
-        times = [self.replica_times(r.gpu_type, r.tp, units, plan.share(s, j)) for j, r in enumerate(st.replicas)]
+        times = [self.replica_times(r.gpu_type, r.tp, units, plan.share(s, j), self.inst.node_by_id[r.node].intra_node)
+                 for j, r in enumerate(st.replicas)]
         return max(t[0] for t in times), max(t[1] for t in times)
 
     def update_s(self, plan: Plan, s: int) -> float:

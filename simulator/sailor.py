@@ -85,8 +85,10 @@ class _SailorIteration:
         """(fwd, bwd) of the replica with the largest fwd + bwd."""
         stage, best = self.plan.stages[s], (0.0, 0.0)
         units = range(stage.layer_start, stage.layer_end)
-        for gpu_type, tp in dict.fromkeys((rep.gpu_type, rep.tp) for rep in stage.replicas):  # alike: alike times
-            times = [self.est.time.layer_time(gpu_type, u, self.mbs, tp) for u in units]
+        nodes = self.inst.node_by_id
+        alike = dict.fromkeys((r.gpu_type, r.tp, nodes[r.node].intra_node) for r in stage.replicas)
+        for gpu_type, tp, node_link in alike:  # alike replicas: alike times
+            times = [self.est.time.layer_time(gpu_type, u, self.mbs, tp, node_link) for u in units]
             f, b = sum(t.fwd_s for t in times), sum(t.bwd_s for t in times)
             if f + b > sum(best):
                 best = (f, b)

@@ -8,6 +8,7 @@ from hetplan.estimators.analytic import AnalyticMemory, ring_allreduce_s, state_
 from hetplan.estimators.base import SPANS, Endpoint, NodeKind, bottleneck_floor_s
 from hetplan.estimators.cost import CloudCost
 from hetplan.estimators.model_stats import (
+    boundary_activation_bytes,
     megatron_block_activation_bytes,
     total_params,
     unit_activation_bytes,
@@ -322,28 +323,49 @@ def test_good_estimator_options_change_the_figures():
     assert slow.time.layer_time("A100-40", 1, 1, 1).fwd_s > base.time.layer_time("A100-40", 1, 1, 1).fwd_s
 
 
-def test_node_groups_of_one_type_with_different_intra_node_links_are_said():
-    """`layer_time` knows the GPU type, not the node: TP all-reduces run at the slowest intra-node
-    link of the type's groups, so a 4-GPU A100 node beside an unused group at 1 GB/s took 36x as long
-    (helper-12's campaign). Until the estimators take the node, the instance is warned about; one
-    link for the type (every group at the catalogue's, or the same override) is not."""
-    from hetplan.estimators import build_estimators
+def _one_type_on_two_links(*links):
+    """One 4-GPU A100-40 node per entry of `links` (None: the catalogue's NVLink), OPT-350M."""
     from hetplan.instance import instance_from_dict
+    groups = [{"name": f"g{i}", "gpu_type": "A100-40", "gpus_per_node": 4, "count": 1, "zone": "r1-a",
+               "price_per_gpu_hour_usd": 1.0, **({"intra_node": link} if link else {})}
+              for i, link in enumerate(links)]
+    return instance_from_dict({"name": "links", "cluster": {"node_groups": groups},
+                               "workload": {"model": "OPT-350M", "global_batch_size": 8, "precision": "fp16"}})
 
-    def inst(*links):
-        groups = [{"name": f"g{i}", "gpu_type": "A100-40", "gpus_per_node": 4, "count": 1, "zone": "r1-a",
-                   "price_per_gpu_hour_usd": 1.0, **({"intra_node": link} if link else {})}
-                  for i, link in enumerate(links)]
-        return instance_from_dict({"name": "links", "cluster": {"node_groups": groups},
-                                   "workload": {"model": "OPT-350M", "global_batch_size": 8, "precision": "fp16"}})
 
-    pcie = {"kind": "pcie", "bandwidth_GBps": 1.0}
-    said = r"A100-40 have different intra-node links \(g0: .* g1: 1 GB/s\).*slowest, 1 GB/s"
-    with pytest.warns(UserWarning, match=said):
-        est = build_estimators(inst(None, pcie))
-    assert est.time.intra_links["A100-40"].bandwidth_GBps == 1.0
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        build_estimators(inst(None, None))
-        build_estimators(inst(pcie, pcie))
+PCIE_1 = {"kind": "pcie", "bandwidth_GBps": 1.0, "latency_s": 2e-5}
+
+
+def test_a_tp_group_is_priced_at_its_own_nodes_link():
+    """TP all-reduces run on the node's intra-node link: a block's forward on a TP-4 group holds two
+    ring all-reduces of the s b h hidden state (2 x 3/4 x bytes / bandwidth + 2 x 3 latencies each),
+    so its figure on a 1 GB/s node exceeds the NVLink node's by exactly twice the ring difference;
+    without a node the figure is the fastest link's (a lower bound over the type's nodes)."""
+    from hetplan.estimators import build_estimators
+    inst = _one_type_on_two_links(None, PCIE_1)
+    nvlink, pcie = (n.intra_node for n in inst.nodes)
+    est = build_estimators(inst)
+    fast, slow = (est.time.layer_time("A100-40", 1, 1, 4, link) for link in (nvlink, pcie))
+    hidden = boundary_activation_bytes(inst.model_arch, 1, "fp16")
+
+    def ring(link):
+        return 2 * 3 / 4 * hidden / (link.bandwidth_GBps * 1e9) + 2 * 3 * link.latency_s
+    assert slow.fwd_s - fast.fwd_s == pytest.approx(2 * (ring(pcie) - ring(nvlink)), rel=1e-9)
+    assert est.time.layer_time("A100-40", 1, 1, 4) == fast
+    assert est.time.layer_time("A100-40", 1, 1, 1, pcie) == est.time.layer_time("A100-40", 1, 1, 1, nvlink)
+
+
+def test_an_unused_slower_node_of_the_type_changes_no_plans_time():
+    """helper-12's metamorphic relation: a TP-4 replica on an NVLink A100 node took 0.016989 s, and
+    0.618236 s once an unused A100 node at 1 GB/s was added (every TP group of the type was priced at
+    its slowest link). Now the unused node changes nothing, and the plan put on it is the slower."""
+    from hetplan.plan import plan_from_dict
+    from hetplan.simulator import simulate
+
+    def on(node):
+        return plan_from_dict({"name": "p", "num_microbatches": 2, "micro_batch_size": 4, "stages": [
+            {"layer_start": 0, "layer_end": 26, "replicas": [{"gpu_type": "A100-40", "tp": 4, "node": node}]}]})
+    alone = simulate(_one_type_on_two_links(None), on("g0-0")).iteration_time_s
+    beside = _one_type_on_two_links(None, PCIE_1)
+    assert simulate(beside, on("g0-0")).iteration_time_s == alone
+    assert simulate(beside, on("g1-0")).iteration_time_s > 10 * alone

@@ -21,7 +21,7 @@ class PerSampleTime:
 
     name = "hand"
 
-    def layer_time(self, gpu_type, unit, microbatch, tp):
+    def layer_time(self, gpu_type, unit, microbatch, tp, intra_node=None):
         per = 1e-3 if gpu_type == "FAST" else 2e-3
         return LayerTime(fwd_s=per * microbatch, bwd_s=2 * per * microbatch)
 

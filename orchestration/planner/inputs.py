@@ -9,9 +9,10 @@ from dataclasses import replace
 from typing import NamedTuple
 
 
+from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
 from hetplan.estimators import EstimatorSet
-from hetplan.estimators.base import spans_pair
+from hetplan.estimators.base import fastest_link, spans_pair
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance
@@ -55,6 +56,7 @@ class _Tables:
         # the MILP's egress prices, inside one region and across two (the same for every outer choice)
         self.egress_floors = tuple(egress_floor_usd_per_GB(instance, across) for across in (False, True))
         self._step: dict = {}
+        self._tp_links: dict = {}  # tp_link: (gpu type, zone, TP) -> link
         self._upd: dict = {}
         self._mem: dict = {}
         self._sync: dict = {}  # floor_s: (nodes, members, spans, min_nodes) -> bytes -> seconds
@@ -126,7 +128,7 @@ class _Tables:
                         send, recv = self.send_floor_s(g, z, t, b), _finite(self.send_floor_s(g, z, t, b, receiving=True))
                         away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
                     pool = joint.Pool(g, z, region, t, avail, price, node_gpus=max(self.node_sizes(z, g), default=None))
-                    for row, value in zip(rows, (pool, self.step(g, t, b),
+                    for row, value in zip(rows, (pool, self.step(g, z, t, b),
                                                  upd, s_b, a_b, c_b, fixed, send, away, recv)):
                         row.append(value)
             if not self.sailor:  # JointInputs.upd_fixed_s, send_floor_s, send_away_s, recv_floor_s stay empty
@@ -157,11 +159,25 @@ class _Tables:
         covers = getattr(self.est.time, "covers", None)
         return covers is None or covers(g, b, t)
 
-    def step(self, g: str, t: int, b: int) -> tuple[float, ...]:
-        key = (g, t, b)
+    def step(self, g: str, z: str, t: int, b: int) -> tuple[float, ...]:
+        """Per layer unit, fwd + bwd seconds of a TP-t replica of type g in zone z with share b: its TP
+        all-reduces at the fastest link of the zone's g nodes that hold t GPUs (`tp_link`), at most
+        what the replica takes on any of them."""
+        link = self.tp_link(g, z, t)
+        key = (g, t, b, None if link is None else (link.bandwidth_GBps, link.latency_s))
         if key not in self._step:
-            self._step[key] = tuple(sum(self.costs.replica_times(g, t, range(l, l + 1), b)) for l in range(self.U))
+            self._step[key] = tuple(sum(self.costs.replica_times(g, t, range(l, l + 1), b, link))
+                                    for l in range(self.U))
         return self._step[key]
+
+    def tp_link(self, g: str, z: str, t: int) -> LinkSpec | None:
+        """The fastest intra-node link (`fastest_link`) of the nodes of type g in zone z with t GPUs or
+        more (where a TP-t replica of the pool can sit); None for t = 1 (no all-reduce) or no node."""
+        key = (g, z, t)
+        if key not in self._tp_links:
+            links = [n.intra_node for n in self.inst.nodes if n.gpu_type == g and n.zone == z and n.num_gpus >= t]
+            self._tp_links[key] = fastest_link(links) if t > 1 and links else None
+        return self._tp_links[key]
 
     def upd(self, g: str, t: int, D: int) -> tuple[float, ...]:
         key = (g, t, D)
@@ -263,20 +279,27 @@ class _Tables:
         floor on every send such a stage receives (`JointInputs.recv_floor_s`)."""
         key = (g, z, t, b, away, receiving)
         if key not in self._sends:
-            node = next(a for a in self._group_firsts() if (a.gpu_type, a.zone) == (g, z))
-            far = {None: lambda c: True, "zone": lambda c: c.zone != node.zone,
-                   "region": lambda c: c.region != node.region}[away]
-            least = (lambda c: self._least_send_s(c, node, b, None, (t,))) if receiving else \
-                (lambda c: self._least_send_s(node, c, b, (t,)))
-            self._sends[key] = min((least(c) for c in self._receivers(node) if far(c)), default=math.inf)
+            self._sends[key] = min((self._send_from_s(node, t, b, away, receiving) for node in self._group_firsts()
+                                    if (node.gpu_type, node.zone) == (g, z)), default=math.inf)
         return self._sends[key]
 
-    def _node_groups(self) -> dict[tuple[str, str], list]:
-        """Nodes per (GPU type, zone): a group's nodes are alike to the estimator but for their id."""
+    def _send_from_s(self, node, t: int, b: int, away: str | None, receiving: bool) -> float:
+        """`send_floor_s` for a replica on `node` (or on a node alike)."""
+        far = {None: lambda c: True, "zone": lambda c: c.zone != node.zone,
+               "region": lambda c: c.region != node.region}[away]
+        least = (lambda c: self._least_send_s(c, node, b, None, (t,))) if receiving else \
+            (lambda c: self._least_send_s(node, c, b, (t,)))
+        return min((least(c) for c in self._receivers(node) if far(c)), default=math.inf)
+
+    def _node_groups(self) -> dict[tuple, list]:
+        """Nodes alike to the estimator but for their id: of one GPU type, zone, size and intra-node
+        link. (Per (type, zone) alone, a zone's A100 nodes on NVLink and on PCIe read as the first's
+        link: the boundary floor of two stages on one node came out 19x the simulator's.)"""
         if self._groups is None:
             self._groups = {}
             for n in self.inst.nodes:
-                self._groups.setdefault((n.gpu_type, n.zone), []).append(n)
+                key = (n.gpu_type, n.zone, n.num_gpus, n.intra_node.bandwidth_GBps, n.intra_node.latency_s)
+                self._groups.setdefault(key, []).append(n)
         return self._groups
 
     def _group_firsts(self) -> list:

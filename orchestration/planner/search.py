@@ -130,8 +130,8 @@ def _floor(instance: Instance, tables: _Tables, quotas: dict, opts: PlannerOptio
         gpus[g] = gpus.get(g, 0) + avail
     per_b = {}
     for b in opts.microbatch_sizes:
-        pools = [(g, price * t / 3600, t, tables.step(g, t, b))
-                 for (g, _), (avail, per_node, price, _) in quotas.items()
+        pools = [(g, price * t / 3600, t, tables.step(g, z, t, b))
+                 for (g, z), (avail, per_node, price, _) in quotas.items()
                  for t in opts.tp_choices if tables.usable(g, t, b, per_node, avail)]
         if B % b or not pools:
             continue
