@@ -15,7 +15,9 @@ All-reduce of n bytes held by each of k members:
 Floor (`allreduce_floor_s`, what the planner's bounds read when placement is not known): the ring
 time grows with its members, its bytes-per-second term with 1 / B_min and its latency term with
 alpha_max. Members on one node ring over that node's link. Members on L >= 2 nodes: the flat ring
-has an edge that crosses nodes (B_min <= that link's bandwidth, alpha_max >= its latency), and the
+has an edge that crosses nodes (B_min <= that link's bandwidth, alpha_max >= its latency) and, with
+more members than nodes, two members side by side on one node (`ring_order` keeps a node's members
+together), so B_min is also at most the fastest intra-node link of a node holding two; the
 hierarchical one costs at least its ring between the L >= 2 leaders, over such links, plus the
 ring inside its fullest node, which holds ceil(k / L) members or more, over the fastest intra-node
 link there. So the flat ring takes at least the ring over all k members at the fastest crossing link
@@ -66,6 +68,20 @@ def _hierarchical_floor_lines(members: int, nodes: list[tuple[Endpoint, int]], l
             per_byte, fixed = per_byte + a, fixed + b
         out.append((per_byte, fixed))
     return out
+
+
+def _shared_node_bandwidth_Bps(nodes: list[tuple[Endpoint, int]], members: int, cross_Bps: float) -> float:
+    """The most B_min of a flat ring of `members` over two or more of `nodes` can be, given it crosses
+    nodes at `cross_Bps` at best: with more members than nodes some node holds two, side by side
+    on the ring, so an edge runs on that node's link, at most the fastest of a node with two slots
+    (helper-13's seed 194: four A10G replicas on two 16 GB/s PCIe nodes were floored at the 44.9 GB/s
+    network; the planner's gap there 32.64 -> 5.60 %, /tmp/s65/ab.py)."""
+    if members <= len(nodes):
+        return cross_Bps
+    inside = [e.intra_node for e, slots in nodes if slots >= 2]
+    if not inside or any(link is None for link in inside):
+        return cross_Bps
+    return min(cross_Bps, max(link.bandwidth_GBps for link in inside) * 1e9)
 
 
 def ring_order(members: list[Endpoint]) -> list[Endpoint]:
@@ -162,7 +178,7 @@ class AlphaBetaComm:
             if links:
                 cross = (max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links))
                 if self.allreduce != "hierarchical":
-                    rings.append((members, *cross))
+                    rings.append((members, _shared_node_bandwidth_Bps(nodes, members, cross[0]), cross[1]))
                 if self.allreduce != "ring":
                     lines = _hierarchical_floor_lines(members, nodes, max(2, spread, min(min_nodes, members)), cross)
         return [min([ring_allreduce_time_s(n, *r) for r in rings] + [a * n + b if n > 0 else 0.0 for a, b in lines],

@@ -879,8 +879,18 @@ def seed_578() -> Instance:
 
 
 def solve_counting_refusals(inst: Instance, run: "Run", monkeypatch: pytest.MonkeyPatch) -> tuple[PlannerResult, int]:
-    """`solve`, and how many MILPs it solved again without plans the simulator refused."""
-    from hetplan.orchestration.planner import search
+    """`solve`, and how many MILPs it solved again without plans the simulator refused. The floors are
+    the weaker (valid) ones these instances were found with: stage 0's one-node ring on any node of
+    the zone (not `_first_placed_nodes`'), a flat ring's slowest edge the network's (not a node's
+    that holds two, `network._shared_node_bandwidth_Bps`); with the tighter ones their MILPs
+    propose no plan the simulator refuses."""
+    from hetplan.estimators import network
+    from hetplan.orchestration.planner import inputs, search
+
+    def any_node(tables, pools, pool, least_tp, members):
+        return tables.nodes(pools, zone=pool.zone, least_tp=least_tp)
+    monkeypatch.setattr(inputs, "_first_placed_nodes", any_node)
+    monkeypatch.setattr(network, "_shared_node_bandwidth_Bps", lambda nodes, members, cross_Bps: cross_Bps)
 
     again, solve_choice = [], search._solve_choice
 

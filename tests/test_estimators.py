@@ -241,6 +241,43 @@ def test_alpha_beta_allreduce_floor_counts_the_fullest_nodes_inside_ring(mode):
     assert checked > 800 and exact > 0 and above_leaders > 0, (checked, exact, above_leaders)
 
 
+@pytest.mark.parametrize("mode", ["ring", "best"])
+def test_alpha_beta_flat_ring_floor_counts_two_members_on_a_slow_node(mode):
+    """Four 2-GPU nodes on 8 GB/s PCIe (one at 16 GB/s) over a 25 GB/s network: a ring of more members
+    than nodes puts two on one node, side by side, so its slowest edge is at most the fastest PCIe
+    link, not the network (helper-13's seed 194: four A10G replicas on two 16 GB/s nodes were floored
+    at the network). The floor stays at most every placement (enumerated) and rises above the
+    network-only ring there."""
+    import itertools
+
+    from hetplan.estimators.network import AlphaBetaComm, ring_allreduce_time_s
+    from hetplan.formulations.stage_cost import node_endpoint
+    from hetplan.instance import instance_from_dict
+
+    net = {"kind": "ethernet", "bandwidth_GBps": 25.0, "latency_s": 1e-5}
+    groups = [{"name": name, "gpu_type": "A10G", "gpus_per_node": 2, "count": count, "zone": "us-central1-a",
+               "price_per_gpu_hour_usd": 1.0, "intra_node": {"kind": "pcie", "bandwidth_GBps": bw, "latency_s": 2e-6}}
+              for name, count, bw in (("slow", 3, 8.0), ("less", 1, 16.0))]
+    inst = instance_from_dict({"name": "pcie", "cluster": {"node_groups": groups, "network": {"inter_node": net}},
+                               "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8}})
+    comm = AlphaBetaComm(inst.cluster.network, allreduce=mode)
+    eps = [node_endpoint(n) for n in inst.nodes]
+    nodes = [(e, 2) for e in eps]
+    sizes = [1e3, 3e6, 7e8]
+    checked = above = 0
+    for members in range(2, 9):
+        floors = comm.allreduce_floor_s(nodes, members, sizes, "node", 2)
+        for seq in itertools.combinations_with_replacement(range(len(eps)), members):
+            if any(seq.count(i) > 2 for i in seq) or len(set(seq)) < 2:
+                continue
+            for n, floor in zip(sizes, floors):
+                assert floor <= comm.allreduce_time_s([eps[i] for i in seq], n) * (1 + 1e-12), (members, seq, n)
+                checked += 1
+        network_only = ring_allreduce_time_s(sizes[-1], members, 25e9, 1e-5)
+        above += mode == "ring" and members > 4 and floors[-1] > network_only * (1 + 1e-9)
+    assert checked > 200 and (above == 4 or mode == "best"), (checked, above)
+
+
 def _spans_as(spans: str, places: set) -> bool:
     """Whether a list over these (region, zone) places spans as `spans` says (estimators.base.SPANS)."""
     regions = [r for r, _ in places]

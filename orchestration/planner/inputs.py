@@ -16,8 +16,12 @@ from hetplan.estimators.base import fastest_link, spans_pair
 from hetplan.estimators.model_stats import boundary_activation_bytes, gradient_bytes, sync_volume_factor
 from hetplan.formulations import joint
 from hetplan.instance import Instance
+from hetplan.plan import placement_order
 from hetplan.formulations.stage_cost import StageCosts, node_endpoint
 from hetplan.orchestration.planner.options import Combo, PlannerOptions, TP_CHOICES
+
+
+FIRST_PLACED = ("first", "only")  # `joint.position`s of stage 0, which first fit places before the others
 
 
 class _NodeSet(tuple):
@@ -64,6 +68,7 @@ class _Tables:
         # the group, bytes -> seconds), None where the group has no node
         self._repeat: dict = {}
         self._node_sets: dict = {}
+        self._order: list | None = None  # placement_order
         self._node_sizes: dict = {}  # (zone, gpu type) -> GPUs per node, largest first
         self._least_nodes: dict = {}  # `_least_nodes` answers
         self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
@@ -216,6 +221,12 @@ class _Tables:
             return [0.0] * len(sizes)
         nodes, like, cache = self._repeat[key]
         return _by_size(cache, sizes, lambda missing: floor(list(nodes), like, members, missing))
+
+    def placement_order(self) -> list:
+        """The instance's nodes in the order first fit tries them (`hetplan.plan.placement_order`)."""
+        if self._order is None:
+            self._order = placement_order(self.inst.nodes)
+        return self._order
 
     def node_sizes(self, zone: str | None, gpu_type: str | None) -> list[int]:
         """GPUs per node of `zone` and `gpu_type` (None: any), largest first."""
@@ -520,17 +531,23 @@ def _sync_entries(tables: _Tables, inp: joint.JointInputs, nbytes: dict) -> tupl
     # a (position, blocks) computed has an entry for every pool in the one-zone table
     missing = [pn for pn in nbytes if (0, *pn) not in store[0]]
     if missing:
-        sizes, factor = [nbytes[pn] for pn in missing], tables.sync_factor
+        factor = tables.sync_factor
         table, span, repeat = {}, {}, {}
+        # stage 0 is placed first: its one-node floor reads the nodes first fit gives it (`_first_placed_nodes`)
+        parts = [(first, [pn for pn in missing if (pn[0] in FIRST_PLACED) == first]) for first in (True, False)]
         for k, pool in enumerate(inp.pools):
             joint.check_deadline()
-            one, far = _least_sync_floors_s(tables, inp, pool, sizes, factor)
-            table.update(((k, pos, n), v) for (pos, n), v in zip(missing, one))
-            if len(inp.zones) > 1:
-                span.update(((k, pos, n), v) for (pos, n), v in zip(missing, far))
-            twice = _repeat_floors_s(tables, inp, pool, sizes, factor)
-            if twice is not None:
-                repeat.update(((k, pos, n), v) for (pos, n), v in zip(missing, twice))
+            for first, part in parts:
+                if not part:
+                    continue
+                sizes = [nbytes[pn] for pn in part]
+                one, far = _least_sync_floors_s(tables, inp, pool, sizes, factor, first)
+                table.update(((k, pos, n), v) for (pos, n), v in zip(part, one))
+                if len(inp.zones) > 1:
+                    span.update(((k, pos, n), v) for (pos, n), v in zip(part, far))
+                twice = _repeat_floors_s(tables, inp, pool, sizes, factor)
+                if twice is not None:
+                    repeat.update(((k, pos, n), v) for (pos, n), v in zip(part, twice))
         if repeat:  # per (position, blocks): the same on these entries as on all of them
             _pigeonhole(inp, table, span, repeat)
         # only once complete: a deadline may stop the loop
@@ -578,7 +595,7 @@ def _least_tps(pools: tuple, tp: int) -> list[int]:
 
 
 def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Pool, nbytes: list[float],
-                         factor: float) -> tuple[list[float], list[float]]:
+                         factor: float, first_placed: bool = False) -> tuple[list[float], list[float]]:
     """Per entry of `nbytes`: (in `pool`'s zone, spanning zones of its region) floors on the
     all-reduce of a stage that holds a replica of `pool`. The stage's least TP t is at most
     t_k; each member carries factor x bytes / t and takes at least t GPUs, so the least over those t
@@ -586,16 +603,17 @@ def _least_sync_floors_s(tables: _Tables, inp: joint.JointInputs, pool: joint.Po
     Measured (Sailor's OPT-350M on 5 zones x 8 A100 nodes of 4 GPUs, P1 b8 D32): counted as TP 1
     slots, 32 TP 4 replicas fit one zone; as TP 4 they need four, so the in-zone entry of a TP 4 pool
     goes from 0.4931 s to 1.9559 s (a stage in one zone has TP 1 replicas) and, with the pairs the
-    four zones need (`estimators.base.bottleneck_floor_s`), the spanning one from 0.4738 to 0.4787 s."""
+    four zones need (`estimators.base.bottleneck_floor_s`), the spanning one from 0.4738 to 0.4787 s.
+    `first_placed` (stage 0): on one node, only on the node first fit gives it (`_first_placed_nodes`)."""
     one_zone, span = [math.inf] * len(nbytes), [math.inf] * len(nbytes)
     one_node = _fits_one_node(tables, inp.pools, pool, inp.D, pool.zone)  # both by the least TP: valid for every t
     min_nodes = max(2, _least_nodes(tables, inp.pools, pool, inp.D, pool.zone))
     for t in _least_tps(inp.pools, pool.tp):
         sizes = [factor * n / t for n in nbytes]
         if one_node:
-            one = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type, least_tp=t), inp.D,
-                                 sizes)
-            one_zone = list(map(min, one_zone, one))
+            near = _first_placed_nodes(tables, inp.pools, pool, t, inp.D) if first_placed else \
+                tables.nodes(inp.pools, zone=pool.zone, gpu_type=pool.gpu_type, least_tp=t)
+            one_zone = list(map(min, one_zone, tables.floor_s(near, inp.D, sizes)))
         many = tables.floor_s(tables.nodes(inp.pools, zone=pool.zone, least_tp=t), inp.D, sizes, min_nodes=min_nodes)
         one_zone = list(map(min, one_zone, many))
         if len(inp.zones) > 1:
@@ -635,6 +653,27 @@ def _fits_one_node(tables: _Tables, pools: tuple, pool: joint.Pool, members: int
     return _least_nodes(tables, pools, pool, members, zone, pool.gpu_type) == 1
 
 
+def _first_placed_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, least_tp: int, members: int) -> tuple:
+    """(node endpoint, slots) of the nodes where a ring of `members` replicas of pool's (GPU type,
+    zone) that holds the first stage's can sit on one node, one replica of `pool`, the least TP
+    `least_tp`. First fit (`hetplan.plan.placement_order`) places stage 0 first, on empty nodes: its
+    first replica, of a TP t' >= least_tp of the group's pools, takes the first node of the group
+    with t' GPUs, so a ring on one node is on one of those, and that node holds t_k + (members - 1)
+    least_tp GPUs. (Any node of the type was taken before: helper-13 found seeds where that first
+    node has 1 or 2 GPUs, or a 32 GB/s PCIe link where the floor read another node's 281 GB/s; with
+    `network._shared_node_bandwidth_Bps` the planner's gap on seed 171 went 36.63 -> 1.00 %, on 285
+    53.69 -> 2.60 %, /tmp/s65/ab.py.)"""
+    key = ("first placed", pools, pool.gpu_type, pool.zone, pool.tp, least_tp, members)
+    if key not in tables._node_sets:
+        group = [n for n in tables.placement_order() if (n.gpu_type, n.zone) == (pool.gpu_type, pool.zone)]
+        tps = {p.tp for p in pools if (p.gpu_type, p.zone) == (pool.gpu_type, pool.zone) and p.tp >= least_tp}
+        firsts = {next((n.node_id for n in group if n.num_gpus >= t), None) for t in tps}
+        need = pool.tp + (members - 1) * least_tp
+        tables._node_sets[key] = _NodeSet((node_endpoint(n), n.num_gpus // least_tp) for n in group
+                                          if n.node_id in firsts and n.num_gpus >= need)
+    return tables._node_sets[key]
+
+
 def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> tuple[tuple[float, float, float], ...]:
     """Per pool k: lower bounds on the tied-embedding all-reduce of the first and last stage (2 D
     members) when both ends sit in one zone, in zones of one region (ez = 1) or in two regions (er =
@@ -645,15 +684,17 @@ def tied_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float) -> t
     spot_trace_2type's P11 b1 D4 plan, OPT-350M with both ends on TP 2 replicas over 4-GPU nodes:
     the last stage's all-reduce with the tied one 0.01089 -> 0.01292 s in the model, 0.01309 s
     placed; counted as TP 1 members, two nodes held the ring). The ring fits on one node only where
-    a node of k's type holds t_k + (2 D - 1) t_least GPUs (t_least: the least TP of the type); else
-    it spans two nodes or more. Empty without a tied embedding."""
+    a node of k's type holds t_k + (2 D - 1) t_least GPUs (t_least: the least TP of the type), and
+    only on a node first fit gives stage 0 (`_first_placed_nodes`: the ring holds its replicas);
+    else it spans two nodes or more. Empty without a tied embedding."""
     if tied_bytes <= 0:
         return ()
     key = (pools, D, tied_bytes)  # the same for every P and b: computed once, not per outer choice
     if key not in tables._tied:
-        kinds = [(p.tp, _fits_one_node(tables, pools, p, 2 * D)) for p in pools]
+        kinds = [(p.tp, k if _fits_one_node(tables, pools, p, 2 * D) else None) for k, p in enumerate(pools)]
         floors = {(tp, one): tuple(_finite(min(col)) for col in zip(*(
-                      _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one else 2, t)
+                      _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one is not None else 2, t,
+                                     first_of=None if one is None else pools[one])
                       for t in _least_tps(pools, tp))))
                   for tp, one in dict.fromkeys(kinds)}
         tables._tied[key] = tuple(floors[kind] for kind in kinds)
@@ -679,12 +720,14 @@ def tied_pair_floors_s(tables: _Tables, pools: tuple, D: int, tied_bytes: float)
         for k, p in enumerate(pools):
             for k2 in range(k, len(pools)):
                 q = pools[k2]
-                kind = (min(p.tp, q.tp), _pair_fits_one_node(tables, pools, p, q, 2 * D),
+                one = _pair_fits_one_node(tables, pools, p, q, 2 * D)
+                kind = (min(p.tp, q.tp), (k2 if p.tp <= q.tp else k) if one else None,  # the wider one: the most GPUs
                         p.zone if p.zone == q.zone else None, p.region if p.region == q.region else None)
                 if kind not in kinds:
                     tp, one, zone, region = kind
                     kinds[kind] = tuple(_finite(min(col)) for col in zip(*(
-                        _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one else 2, t, zone, region)
+                        _tied_floors_s(tables, pools, D, tied_bytes / t, 1 if one is not None else 2, t, zone,
+                                       region, first_of=None if one is None else pools[one])
                         for t in _least_tps(pools, tp))))
                 floors = kinds[kind]
                 if any(f > max(a, b) for f, a, b in zip(floors, own[k], own[k2])):
@@ -701,15 +744,21 @@ def _pair_fits_one_node(tables: _Tables, pools: tuple, p: joint.Pool, q: joint.P
 
 
 def _tied_floors_s(tables: _Tables, pools: tuple, D: int, shard_bytes: float, min_nodes: int,
-                   least_tp: int, zone: str | None = None, region: str | None = None) -> tuple[float, float, float]:
+                   least_tp: int, zone: str | None = None, region: str | None = None,
+                   first_of: joint.Pool | None = None) -> tuple[float, float, float]:
     """(one zone, zones of a region, two regions) floors of `tied_floors_s` for members of TP
     `least_tp` or more, each carrying `shard_bytes` (before the sync factor); inf where no placement.
-    `zone` / `region`: the one zone (region) both ends sit in when they share one (None: any)."""
+    `zone` / `region`: the one zone (region) both ends sit in when they share one (None: any).
+    `first_of` (with min_nodes 1): a ring on one node holds a replica of that pool, on a node
+    `_first_placed_nodes` gives."""
     size = [sync_volume_factor(tables.inst.workload.zero_stage) * shard_bytes]
     zones = [zone] if zone is not None else sorted({p.zone for p in pools})
     regions = [region] if region is not None else sorted({p.region for p in pools})
-    node = min(tables.floor_s(tables.nodes(pools, zone=z, least_tp=least_tp), 2 * D, size, min_nodes=min_nodes)[0]
+    spread_from = min_nodes if first_of is None else 2  # on one node: only the first placed ones
+    node = min(tables.floor_s(tables.nodes(pools, zone=z, least_tp=least_tp), 2 * D, size, min_nodes=spread_from)[0]
                for z in zones)
+    if first_of is not None and min_nodes <= 1:
+        node = min(node, tables.floor_s(_first_placed_nodes(tables, pools, first_of, least_tp, 2 * D), 2 * D, size)[0])
     spread = [r for r in regions if len({p.zone for p in pools if p.region == r}) > 1]
     zone_s = min((tables.floor_s(tables.nodes(pools, region=r, least_tp=least_tp), 2 * D, size, spans="zone")[0]
                   for r in spread), default=node)
