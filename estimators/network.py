@@ -18,15 +18,17 @@ alpha_max. Members on one node ring over that node's link. Members on L >= 2 nod
 has an edge that crosses nodes (B_min <= that link's bandwidth, alpha_max >= its latency) and, with
 more members than nodes, two members side by side on one node (`ring_order` keeps a node's members
 together), so B_min is also at most the fastest intra-node link of a node holding two; the
-hierarchical one costs at least its ring between the L >= 2 leaders, over such links, plus the
-ring inside its fullest node, which holds ceil(k / L) members or more, over the fastest intra-node
-link there. So the flat ring takes at least the ring over all k members at the fastest crossing link
-and its least latency, and the hierarchical one at least the least over L from max(2, L_min) (L_min:
-the fewest nodes that hold them) of that inside ring plus the ring over L such leaders.
+hierarchical one costs its slowest ring inside a node plus its ring between the L >= 2 leaders,
+over such links. So the flat ring takes at least the ring over all k members at that B_min and the
+least crossing latency, and the hierarchical one at least the least over the ways to put the k
+members on L nodes, L from max(2, L_min) (L_min: the fewest nodes that hold them), of the slowest
+inside ring (each node's own link) plus the ring over L leaders at the fastest crossing link
+(`_hierarchical_floor_s`).
 """
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from itertools import groupby
 
 from hetplan.catalog import LinkSpec
@@ -42,32 +44,51 @@ def ring_allreduce_time_s(nbytes: float, members: int, bandwidth_Bps: float, lat
     return 2 * (members - 1) / members * nbytes / bandwidth_Bps + 2 * (members - 1) * latency_s
 
 
-def _hierarchical_floor_lines(members: int, nodes: list[tuple[Endpoint, int]], least: int,
-                              cross: tuple[float, float]) -> list[tuple[float, float]]:
-    """(seconds per byte, seconds) of the hierarchical all-reduce's floor (module docstring) on L
-    nodes, each L worth trying: on L nodes of `nodes` (endpoint, slots), L >= `least`, the fullest
-    holds ceil(members / L) or more, so its inside ring takes at least that ring over the fastest
-    intra-node link of a node with as many slots, and the leaders ring over L at `cross` (bandwidth
-    B/s, latency s) at least. Both rings are affine in the bytes (`ring_allreduce_time_s`). For one
-    value of ceil(members / L) the least L is the fastest, so only those L are listed; an L whose
-    fullest node has no node with the slots holds no placement and is left out."""
-    def line(k: int, bandwidth_Bps: float, latency_s: float) -> tuple[float, float]:
-        return 2 * (k - 1) / k / bandwidth_Bps, 2 * (k - 1) * latency_s
-
+def _hierarchical_floor_s(members: int, nodes: list[tuple[Endpoint, int]], least: int, cross: tuple[float, float],
+                          sizes: list[float]) -> list[float]:
+    """Per n of `sizes`: a floor on the hierarchical all-reduce of `members` endpoints on L >= `least`
+    of `nodes` (endpoint, slots): the slowest ring inside a node, plus the ring over the L leaders,
+    each edge crossing nodes at `cross` (bandwidth B/s, latency s) at best (module docstring). A node
+    whose inside ring may take tau holds at most cap(tau) members (ring time grows with them), so an
+    inside time of tau needs L(tau) nodes or more, the fewest whose caps, largest first, reach
+    `members`; the floor is the least over the candidate taus (0, and each ring a node's link and
+    slots allow) of tau + the leaders' ring over max(least, L(tau)) nodes. Exact over the nodes'
+    own links: the fastest link of any node with the slots (the floor before) read a 150 GB/s V100
+    node for a 2 + 2 ring whose A10G node has 16 GB/s (helper-13, seed 29's tied ring); inf where
+    no placement exists."""
+    kinds: dict = {}  # (slots, intra-node link) -> nodes alike
+    for e, slots in nodes:
+        link = None if e.intra_node is None else (e.intra_node.bandwidth_GBps * 1e9, e.intra_node.latency_s)
+        kinds[slots, link] = kinds.get((slots, link), 0) + 1
+    most = min(members, len(nodes))
     out = []
-    for used in sorted({-(-members // k) for k in range(1, members + 1)} | {least}):
-        if not least <= used <= min(members, len(nodes)):
+    for n in sizes:
+        if n <= 0:
+            out.append(0.0)
             continue
-        most = -(-members // used)
-        per_byte, fixed = line(used, *cross)
-        if most > 1:
-            links = [e.intra_node for e, slots in nodes if slots >= most and e.intra_node is not None]
-            if not links:
-                continue
-            a, b = line(most, max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links))
-            per_byte, fixed = per_byte + a, fixed + b
-        out.append((per_byte, fixed))
+        # per kind, its inside ring of 1..slots members (inf where a link is not known)
+        times = {(slots, link): [0.0] + [math.inf if link is None else ring_allreduce_time_s(n, k, *link)
+                                         for k in range(2, slots + 1)] for slots, link in kinds}
+        best = math.inf
+        for tau in sorted({t for ts in times.values() for t in ts if t < math.inf}):
+            if tau >= best:
+                break
+            used = _fewest_nodes([(bisect_right(ts, tau), kinds[kind]) for kind, ts in times.items()], members)
+            if used is not None and max(least, used) <= most:
+                best = min(best, tau + ring_allreduce_time_s(n, max(least, used), *cross))
+        out.append(best)
     return out
+
+
+def _fewest_nodes(caps: list[tuple[int, int]], members: int) -> int | None:
+    """The fewest nodes whose (members each holds, nodes alike) reach `members`; None if all cannot."""
+    held = used = 0
+    for cap, count in sorted(caps, reverse=True):
+        take = min(count, -(-(members - held) // cap))
+        held, used = held + take * cap, used + take
+        if held >= members:
+            return used
+    return None
 
 
 def _shared_node_bandwidth_Bps(nodes: list[tuple[Endpoint, int]], members: int, cross_Bps: float) -> float:
@@ -164,7 +185,7 @@ class AlphaBetaComm:
         if members <= 1:
             return [0.0] * len(sizes)
         rings = []  # (ring members, bandwidth B/s, latency s): each a lower bound of one placement kind
-        lines = []  # (seconds per byte, seconds): the hierarchical one's on L nodes (`_hierarchical_floor_lines`)
+        hierarchical = [math.inf] * len(sizes)  # on two nodes or more (`_hierarchical_floor_s`)
         if spans == "node" and min_nodes <= 1:
             rings += [(members, e.intra_node.bandwidth_GBps * 1e9, e.intra_node.latency_s)
                       for e, slots in nodes if slots >= members and e.intra_node is not None]
@@ -180,6 +201,7 @@ class AlphaBetaComm:
                 if self.allreduce != "hierarchical":
                     rings.append((members, _shared_node_bandwidth_Bps(nodes, members, cross[0]), cross[1]))
                 if self.allreduce != "ring":
-                    lines = _hierarchical_floor_lines(members, nodes, max(2, spread, min(min_nodes, members)), cross)
-        return [min([ring_allreduce_time_s(n, *r) for r in rings] + [a * n + b if n > 0 else 0.0 for a, b in lines],
-                    default=math.inf) for n in sizes]
+                    least = max(2, spread, min(min_nodes, members))
+                    hierarchical = _hierarchical_floor_s(members, nodes, least, cross, sizes)
+        return [min([ring_allreduce_time_s(n, *r) for r in rings] + [h], default=math.inf)
+                for n, h in zip(sizes, hierarchical)]

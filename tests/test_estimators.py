@@ -278,6 +278,41 @@ def test_alpha_beta_flat_ring_floor_counts_two_members_on_a_slow_node(mode):
     assert checked > 200 and (above == 4 or mode == "best"), (checked, above)
 
 
+def test_alpha_beta_hierarchical_floor_is_exact_over_nodes_of_different_links():
+    """One 2-GPU node on NVLink and two on 16 GB/s PCIe in one zone: the hierarchical all-reduce costs
+    its slowest inside ring (each node's own link) plus the leaders' ring, so its floor over every
+    placement on at least min_nodes nodes is the least of them, by enumeration (it read the fastest
+    link of any node with the slots: 2 + 2 members on the NVLink and a PCIe node were floored at two
+    NVLink rings, helper-13's seed 29)."""
+    import itertools
+
+    from hetplan.estimators.network import AlphaBetaComm
+    from hetplan.formulations.stage_cost import node_endpoint
+    from hetplan.instance import instance_from_dict
+
+    groups = [{"name": "nv", "gpu_type": "V100-16", "gpus_per_node": 2, "count": 1, "zone": "us-central1-a",
+               "price_per_gpu_hour_usd": 1.0},
+              {"name": "pcie", "gpu_type": "A10G", "gpus_per_node": 2, "count": 2, "zone": "us-central1-a",
+               "price_per_gpu_hour_usd": 1.0, "intra_node": {"kind": "pcie", "bandwidth_GBps": 16.0, "latency_s": 2e-6}}]
+    inst = instance_from_dict({"name": "links", "cluster": {"node_groups": groups},
+                               "workload": {"model": {"preset": "OPT-350M"}, "global_batch_size": 8,
+                                            "precision": "fp16"}})
+    comm = AlphaBetaComm(inst.cluster.network, allreduce="hierarchical")
+    eps = [node_endpoint(n) for n in inst.nodes]
+    sizes = [1e3, 3e6, 7e8]
+    exact = 0
+    for members in range(2, 7):
+        for min_nodes in range(1, min(members, 3) + 1):
+            floors = comm.allreduce_floor_s([(e, 2) for e in eps], members, sizes, "node", min_nodes)
+            least = [min((comm.allreduce_time_s([eps[i] for i in seq], n)
+                          for seq in itertools.combinations_with_replacement(range(3), members)
+                          if max(seq.count(i) for i in seq) <= 2 and len(set(seq)) >= min_nodes), default=math.inf)
+                     for n in sizes]
+            assert floors == pytest.approx(least, rel=1e-12), (members, min_nodes)
+            exact += least[-1] < math.inf
+    assert exact >= 10
+
+
 def _spans_as(spans: str, places: set) -> bool:
     """Whether a list over these (region, zone) places spans as `spans` says (estimators.base.SPANS)."""
     regions = [r for r, _ in places]
