@@ -14,6 +14,7 @@ is written.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
@@ -121,15 +122,22 @@ def compile_plan(instance: Instance, plan: Plan, target: str = "torchrun",
     return CompiledLaunch(target, spec, files, tuple(targets.notes(spec, target)))
 
 
+WRITTEN = ".hetplan-compiled.json"  # the files the last `write_launch` wrote to a folder
+
+
 def write_launch(instance: Instance, plan: Plan, target: str, out_dir: str | Path,
                  options: CompileOptions | None = None) -> list[Path]:
     """Write the spec (JSON) and the target's files under `out_dir`; returns the written paths.
     Everything is rendered before the first file is written, and each file is written whole
-    (temporary file + rename), so a refusal or an interruption leaves no half-written file."""
+    (temporary file + rename), so a refusal or an interruption leaves no half-written file. Files
+    an earlier `write_launch` wrote there (listed in WRITTEN) that this one does not are removed: a
+    folder reused for a plan on fewer nodes kept the old plan's node scripts, which a
+    `for f in node*.sh` would start (helper-11's F7)."""
     from hetplan.files import write_atomic
 
     launch = compile_plan(instance, plan, target, options)
     out = Path(out_dir)
+    before = _written_before(out)
     written = []
     for rel, text in sorted(launch.files.items()):
         path = out / rel
@@ -138,4 +146,20 @@ def write_launch(instance: Instance, plan: Plan, target: str, out_dir: str | Pat
         if path.suffix == ".sh" or path.suffix == ".sbatch":
             path.chmod(0o755)
         written.append(path)
+    for rel in sorted(before - set(launch.files)):
+        (out / rel).unlink(missing_ok=True)
+    write_atomic(out / WRITTEN, json.dumps(sorted(launch.files), indent=1) + "\n", "--out")
     return written
+
+
+def _written_before(out: Path) -> set[str]:
+    """The relative paths WRITTEN lists in `out` (none where it is absent or not such a list): only
+    files inside `out`, so a hand-edited list cannot remove anything else."""
+    try:
+        listed = json.loads((out / WRITTEN).read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(listed, list):
+        return set()
+    inside = out.resolve()
+    return {rel for rel in listed if isinstance(rel, str) and inside in (out / rel).resolve().parents}

@@ -26,7 +26,7 @@ from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
 from hetplan.runtime._forkserver import DIE_WITH_PARENT_ENV, PARENT_ENV, die_with_parent
-from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, ready_path, run_worker, steps_log_path
+from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, run_worker, steps_log_path
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
 
@@ -91,6 +91,17 @@ def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_pa
         sys.exit(1)
 
 
+RANK_FILE = re.compile(r"rank\d+\.(err|pid|steps|hb|ready)")  # what a local run writes per rank
+
+
+def clear_rank_files(out_dir: Path) -> None:
+    """Remove every rank's files an earlier run left in `out_dir` (a folder reused for a run of fewer
+    ranks kept rank 2..5's error and progress files beside the new run's 2 ranks, helper-11's F7)."""
+    for path in out_dir.glob("rank*"):
+        if RANK_FILE.fullmatch(path.name):
+            path.unlink(missing_ok=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -152,10 +163,7 @@ class LocalWorkers:
         # rank 0 appends its steps: a folder reused (run's segment_000 of an earlier run) kept the
         # earlier rows, and `run --json` reported their losses as this run's
         steps_log_path(out_dir).unlink(missing_ok=True)
-        for r, e in enumerate(errs):
-            for stale in (e, _started_path(out_dir, r), progress_path(out_dir, r), heartbeat_path(out_dir, r),
-                          ready_path(out_dir, r)):
-                stale.unlink(missing_ok=True)
+        clear_rank_files(out_dir)
         self.procs = [ctx.Process(target=_child, args=(str(spec_path), opts, r, f"file://{self.store}", str(errs[r]),
                                                        threads, os.getpid()))
                       for r in range(spec.world_size)]
@@ -366,8 +374,7 @@ def launch_local(instance: Instance | str | Path, plan: Plan | str | Path, steps
     if method == "processes":
         _run_processes(spec, spec_path, opts, out, timeout_s, threads_per_rank, on_progress)
     else:
-        for r in range(spec.world_size):
-            progress_path(out, r).unlink(missing_ok=True)
+        clear_rank_files(out)
         _run_torchrun(spec, spec_path, opts, timeout_s)
     log = json.loads(log_path.read_text())
     return LocalRunResult(losses=[s["loss"] for s in log["steps"]], times_s=[s["time_s"] for s in log["steps"]],

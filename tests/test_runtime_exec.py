@@ -190,3 +190,17 @@ def test_generated_torchrun_scripts_run_as_two_nodes(tmp_path):
     log = json.loads((tmp_path / "log.json").read_text())
     assert [s["loss"] for s in log["steps"]] == pytest.approx(ref.losses, abs=1e-9)
     assert sorted(log["process_rank_of_spec_rank"]) == list(range(5))
+
+
+@pytest.mark.parametrize("method", ["processes", "torchrun"])
+def test_a_reused_folder_keeps_no_rank_file_of_an_earlier_run(method, tmp_path):
+    """An earlier run of more ranks left rank 5..7's error, start and progress files: a 3-rank run in
+    the same folder removes them (helper-11's F7: they read as this run's), and keeps other files."""
+    instance, plan = CASES["uneven_dp_then_tp2"]
+    stale = [tmp_path / name for name in ("rank5.err", "rank6.pid", "rank7.steps", "rank5.hb", "rank6.ready")]
+    for path in stale + [tmp_path / "rank5.notes"]:
+        path.write_text("old")
+    launch_local(instance, plan, steps=1, model_overrides=TINY, dtype="float64", out_dir=tmp_path, method=method,
+                 quiet=True)
+    assert not any(p.exists() for p in stale) and (tmp_path / "rank5.notes").exists()
+    assert (tmp_path / "rank0.steps").read_text().strip() == "1"

@@ -93,6 +93,23 @@ def test_write_launch_writes_spec_and_scripts(instance, het_plan, tmp_path):
     assert os.access(tmp_path / "torchrun/node0_a100-0.sh", os.X_OK)
 
 
+def test_a_reused_folder_keeps_no_file_of_an_earlier_compile(instance, het_plan, tmp_path):
+    """The heterogeneous plan on two nodes, then a uniform one on one node, into one folder: the old
+    plan's second node script goes (a `for f in node*.sh` would have started it, helper-11's F7); a
+    file the compile did not write stays, and a listed path outside the folder is never removed."""
+    write_launch(instance, het_plan, "torchrun", tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("mine too")
+    listed = json.loads((tmp_path / ".hetplan-compiled.json").read_text())
+    (tmp_path / ".hetplan-compiled.json").write_text(json.dumps(listed + [f"../{outside.name}"]))
+    write_launch(instance, uniform_plan([0, 13, 26], tp=1, dp=1, name="one-node"), "torchrun", tmp_path)
+    scripts = sorted(p.name for p in (tmp_path / "torchrun").glob("node*.sh"))
+    assert scripts == ["node0_a100-0.sh"] and (tmp_path / "notes.txt").exists() and outside.exists()
+    assert json.loads((tmp_path / ".hetplan-compiled.json").read_text()) == [
+        "README.md", "launch_spec.json", "torchrun/commands.txt", "torchrun/node0_a100-0.sh"]
+
+
 @pytest.mark.parametrize("target", ["torchrun", "slurm"])
 def test_shell_scripts_parse(instance, het_plan, target, tmp_path):
     for path in write_launch(instance, het_plan, target, tmp_path):
