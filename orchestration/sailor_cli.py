@@ -54,7 +54,11 @@ def load_instance_and_plan(instance: str, plan: str) -> tuple[Instance, Plan]:
     from hetplan.instance import load_instance
 
     inst = load_instance(instance)
-    return inst, load_any_plan(plan, inst)
+    loaded = load_any_plan(plan, inst)
+    if loaded.instance is not None and loaded.instance != inst.name:  # helper-11's F7: never looked at
+        warnings.warn(f"the plan names instance {loaded.instance!r}, not this one ({inst.name!r}): it is checked "
+                      "and priced on this one")
+    return inst, loaded
 
 
 def load_any_plan(path: str, instance: Instance) -> Plan:

@@ -61,6 +61,19 @@ def test_bad_plan_exits_nonzero(tmp_path):
     assert proc.returncode == 1 and "layer units" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_plan_made_for_another_instance_is_said(tmp_path):
+    """A plan's `instance` field was never looked at (helper-11's F7): the bundled plan on a copy of its
+    instance under another name runs, with one warning naming both; on its own instance, none."""
+    plan = json.loads((REPO / "instances" / "plans" / "a100_v100_one_zone.json").read_text())
+    assert plan["instance"] == "a100_v100_one_zone"
+    text = (REPO / "instances" / "a100_v100_one_zone.yaml").read_text()
+    (tmp_path / "copy.yaml").write_text(text.replace("name: a100_v100_one_zone", "name: copy", 1))
+    proc = run("simulate", str(tmp_path / "copy.yaml"), "a100_v100_one_zone")
+    said = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said) == 1 and "'a100_v100_one_zone'" in said[0] and "'copy'" in said[0], proc.stderr
+    assert "warning" not in run("simulate", "a100_v100_one_zone", "a100_v100_one_zone").stderr
+
+
 def test_plan_using_more_gpus_than_exist(tmp_path):
     plan = json.loads((REPO / "instances" / "plans" / "a100_v100_one_zone.json").read_text())
     plan["stages"][0]["replicas"] = [{"gpu_type": "A100-40", "tp": 4, "zone": "us-central1-a", "microbatch_share": 2}] * 4
