@@ -60,11 +60,12 @@ def random_instance(seed: int, max_gpus: int = 6, max_blocks: int = 3,
 def mixed_links_instance(seed: int) -> Instance:
     """A random instance of at most 4 GPUs plus a 2-GPU node of its first group's type and zone on a
     slow PCIe link (or, one seed in two, the first group's nodes on it and the new one on the
-    catalogue's): TP groups of one type price differently by node (helper-12's finding 1)."""
+    catalogue's; one seed in three, the new node in a zone of its own): TP groups of one type price
+    differently by node (helper-12's finding 1), and the pools of one (type, TP) by zone."""
     d = random_instance_dict(seed, max_gpus=4)
     first = d["cluster"]["node_groups"][0]
     slow = {"kind": "pcie", "bandwidth_GBps": 4.0, "latency_s": 2e-5}
-    extra = {**first, "name": "gx", "gpus_per_node": 2, "count": 1}
+    extra = {**first, "name": "gx", "gpus_per_node": 2, "count": 1, **({"zone": "r1-c"} if seed % 3 == 0 else {})}
     (first if seed % 2 else extra)["intra_node"] = slow
     d["cluster"]["node_groups"].append(extra)
     return instance_from_dict(d)
