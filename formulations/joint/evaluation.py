@@ -53,7 +53,7 @@ def evaluate(inp: JointInputs, sol: JointSolution) -> dict[str, float]:
           for i in range(inp.P - 1)]
     dz_all = [1 if dr[i] or (zones[i] != zones[i + 1] and not (span[i] or span[i + 1])) else 0
               for i in range(inp.P - 1)]
-    dn = [max(dz[i], apart(inp, sol.replicas[i], sol.replicas[i + 1])) for i in range(inp.P - 1)]
+    dn = [max(dz[i], apart(inp, sol.replicas[i], sol.replicas[i + 1], i == 0)) for i in range(inp.P - 1)]
     c = [boundary_s(inp, dn[i], dz[i], dr[i]) for i in range(inp.P - 1)]
     for i in range(inp.P - 1):  # both sides in one zone, some pair on two nodes of it
         if dn[i] and len(zones[i]) == 1 and zones[i] == zones[i + 1]:

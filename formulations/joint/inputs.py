@@ -129,6 +129,10 @@ class Pool:
     # pools of one (type, zone) come in ascending TP, so that `to_plan` lists (and first fit places)
     # a stage's replicas of one group by ascending TP (`composition.apart` reads that order)
     node_gpus: int | None = None
+    # the GPUs of the node first fit gives this pool's replica when the group's nodes are all empty
+    # (the first of the type and zone in `hetplan.plan.placement_order` with t GPUs): stage 0's
+    # first replica of the group sits there (`composition._crowded`); None: not known
+    first_node_gpus: int | None = None
 
     @property
     def quota_key(self) -> tuple[str, str]:

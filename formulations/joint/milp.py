@@ -487,7 +487,11 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
       gpus[i,q] - n_q <= M_q (dn[i] + sum_{k, k' of q: t_k > t_k'} w[i,k,k']),  w[i,k,k'] <= u[i,k], u[i+1,k']
     with gpus[i,q] = sum_{k of q} t_k (x[i,k] + x[i+1,k]), n_q the GPUs of q's largest node and
     M_q = min(2 D max_k t_k, avail_q) - n_q: the first-fit rule (`composition._crowded`), off where a
-    left TP of q is above a right one (w = 1)."""
+    left TP of q is above a right one (w = 1). At boundary 0 the node is the first that first fit
+    gives stage 0's least TP of q (`composition._room`): per pool k of q with f_k = its
+    `first_node_gpus` below n_q,
+      gpus[0,q] - f_k <= M_k (dn[0] + 1 - u[0,k] + sum_{k' of q: t_k' < t_k} u[0,k'] + sum w[0,.,.])
+    (on where k is the least TP of q stage 0 uses), M_k = min(2 D max t, avail_q) - f_k."""
     if inp.inter is None:  # no c_inter (Sailor's composition): dn is dz, and no row or variable for it
         return
     m.dn = pyo.Var(B, domain=pyo.Binary)
@@ -496,11 +500,14 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
     m.apart = pyo.Constraint(B, m.K, [0, 1], rule=lambda m, i, k, side: m.dn[i] >= (
         m.u[i + side, k] - sum(m.u[i + 1 - side, o] for o in mates[k])))
     rows = []  # per group first fit's rule reads: its pools, n_q, M_q and its TP inversions (k, k')
+    firsts = []  # boundary 0: (the group's row, pool k, f_k, M_k) where f_k < n_q
     for ks in first_fit_groups(inp).values():
         n = inp.pools[ks[0]].node_gpus
-        big = min(2 * inp.D * max(inp.pools[k].tp for k in ks), inp.pools[ks[0]].avail_gpus) - n
-        if big > 0:
-            rows.append((ks, n, big, [(kl, kr) for kl in ks for kr in ks if inp.pools[kl].tp > inp.pools[kr].tp]))
+        most = min(2 * inp.D * max(inp.pools[k].tp for k in ks), inp.pools[ks[0]].avail_gpus)
+        room = [(k, inp.pools[k].first_node_gpus) for k in ks if (inp.pools[k].first_node_gpus or n) < n]
+        if most - n > 0 or (inp.P > 1 and any(most > f for _, f in room)):
+            rows.append((ks, n, most - n, [(kl, kr) for kl in ks for kr in ks if inp.pools[kl].tp > inp.pools[kr].tp]))
+            firsts += [(len(rows) - 1, k, f, most - f) for k, f in room if most > f and inp.P > 1]
     inversions = [(i, kl, kr) for i in B for *_, pairs in rows for kl, kr in pairs]
     m.inverted = pyo.Var(inversions, domain=pyo.NonNegativeReals)
     m.inverted_left = pyo.Constraint(inversions, rule=lambda m, i, kl, kr: m.inverted[i, kl, kr] <= m.u[i, kl])
@@ -508,9 +515,19 @@ def _apart_rows(m: pyo.ConcreteModel, inp: JointInputs, B: range) -> None:
 
     def crowded(m, i: int, j: int):
         ks, n, big, pairs = rows[j]
+        if big <= 0:  # a group in `rows` for its first node alone
+            return pyo.Constraint.Skip
         gpus = sum(inp.pools[k].tp * (m.x[i, k] + m.x[i + 1, k]) for k in ks)
         return gpus - n <= big * (m.dn[i] + sum(m.inverted[i, kl, kr] for kl, kr in pairs))
     m.crowded = pyo.Constraint(B, range(len(rows)), rule=crowded)
+
+    def crowded_first(m, r: int):
+        j, k, room, big = firsts[r]
+        ks, _, _, pairs = rows[j]
+        gpus = sum(inp.pools[o].tp * (m.x[0, o] + m.x[1, o]) for o in ks)
+        lower = sum(m.u[0, o] for o in ks if inp.pools[o].tp < inp.pools[k].tp)
+        return gpus - room <= big * (m.dn[0] + 1 - m.u[0, k] + lower + sum(m.inverted[0, kl, kr] for kl, kr in pairs))
+    m.crowded_first = pyo.Constraint(range(len(firsts)), rule=crowded_first)
 
 
 def _time_constraints(m: pyo.ConcreteModel, inp: JointInputs) -> None:

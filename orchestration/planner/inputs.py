@@ -132,7 +132,8 @@ class _Tables:
                         upd, fixed = (0.0,) * self.U, self.est.time.update_at_s(g, b, t)
                         send, recv = self.send_floor_s(g, z, t, b), _finite(self.send_floor_s(g, z, t, b, receiving=True))
                         away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
-                    pool = joint.Pool(g, z, region, t, avail, price, node_gpus=max(self.node_sizes(z, g), default=None))
+                    pool = joint.Pool(g, z, region, t, avail, price, node_gpus=max(self.node_sizes(z, g), default=None),
+                                      first_node_gpus=self.first_node_gpus(g, z, t))
                     for row, value in zip(rows, (pool, self.step(g, z, t, b),
                                                  upd, s_b, a_b, c_b, fixed, send, away, recv)):
                         row.append(value)
@@ -221,6 +222,11 @@ class _Tables:
             return [0.0] * len(sizes)
         nodes, like, cache = self._repeat[key]
         return _by_size(cache, sizes, lambda missing: floor(list(nodes), like, members, missing))
+
+    def first_node_gpus(self, g: str, z: str, t: int) -> int | None:
+        """GPUs of the first node of type g in zone z that first fit tries with t GPUs or more."""
+        return next((n.num_gpus for n in self.placement_order() if (n.gpu_type, n.zone) == (g, z)
+                     and n.num_gpus >= t), None)
 
     def placement_order(self) -> list:
         """The instance's nodes in the order first fit tries them (`hetplan.plan.placement_order`)."""
