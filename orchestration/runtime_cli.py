@@ -276,10 +276,9 @@ def register(app: typer.Typer) -> None:
         from hetplan.instance import load_instance
         from hetplan.orchestration.replan import ReplanOptions
         from hetplan.orchestration.elastic import ElasticOptions, read_events, run_elastic
-        from hetplan.orchestration.sailor_cli import load_any_plan
+        from hetplan.orchestration.sailor_cli import load_instance_and_plan
 
-        inst = load_instance(instance)
-        start = load_any_plan(plan, inst) if plan is not None else None
+        inst, start = load_instance_and_plan(instance, plan) if plan is not None else (load_instance(instance), None)
         opts = ElasticOptions(
             steps=steps, checkpoint_dir=ckpt, out_dir=out_dir,
             events=tuple(read_events(events)) if events else (),

@@ -68,7 +68,7 @@ class _Tables:
         # the group, bytes -> seconds), None where the group has no node
         self._repeat: dict = {}
         self._node_sets: dict = {}
-        self._order: list | None = None  # placement_order
+        self._order: dict | None = None  # placed_group: (gpu type, zone) -> nodes in placement order
         self._node_sizes: dict = {}  # (zone, gpu type) -> GPUs per node, largest first
         self._least_nodes: dict = {}  # `_least_nodes` answers
         self._tied: dict = {}  # tied_floors_s: (pools, D, bytes) -> floors
@@ -133,7 +133,7 @@ class _Tables:
                         send, recv = self.send_floor_s(g, z, t, b), _finite(self.send_floor_s(g, z, t, b, receiving=True))
                         away = tuple(_finite(self.send_floor_s(g, z, t, b, kind)) for kind in ("zone", "region"))
                     pool = joint.Pool(g, z, region, t, avail, price, node_gpus=max(self.node_sizes(z, g), default=None),
-                                      first_node_gpus=self.first_node_gpus(g, z, t))
+                                      first_node_gpus=getattr(self.first_node(g, z, t), "num_gpus", None))
                     for row, value in zip(rows, (pool, self.step(g, z, t, b),
                                                  upd, s_b, a_b, c_b, fixed, send, away, recv)):
                         row.append(value)
@@ -181,7 +181,7 @@ class _Tables:
         more (where a TP-t replica of the pool can sit); None for t = 1 (no all-reduce) or no node."""
         key = (g, z, t)
         if key not in self._tp_links:
-            links = [n.intra_node for n in self.inst.nodes if n.gpu_type == g and n.zone == z and n.num_gpus >= t]
+            links = [n.intra_node for n in self.placed_group(g, z) if n.num_gpus >= t]
             self._tp_links[key] = fastest_link(links) if t > 1 and links else None
         return self._tp_links[key]
 
@@ -223,16 +223,18 @@ class _Tables:
         nodes, like, cache = self._repeat[key]
         return _by_size(cache, sizes, lambda missing: floor(list(nodes), like, members, missing))
 
-    def first_node_gpus(self, g: str, z: str, t: int) -> int | None:
-        """GPUs of the first node of type g in zone z that first fit tries with t GPUs or more."""
-        return next((n.num_gpus for n in self.placement_order() if (n.gpu_type, n.zone) == (g, z)
-                     and n.num_gpus >= t), None)
-
-    def placement_order(self) -> list:
-        """The instance's nodes in the order first fit tries them (`hetplan.plan.placement_order`)."""
+    def placed_group(self, g: str, z: str) -> list:
+        """The nodes of type g in zone z in the order first fit tries them (`hetplan.plan.placement_order`)."""
         if self._order is None:
-            self._order = placement_order(self.inst.nodes)
-        return self._order
+            self._order = {}
+            for n in placement_order(self.inst.nodes):
+                self._order.setdefault((n.gpu_type, n.zone), []).append(n)
+        return self._order.get((g, z), [])
+
+    def first_node(self, g: str, z: str, t: int):
+        """The node of type g in zone z that first fit gives a TP-t replica when they are all empty:
+        the first of `placed_group` with t GPUs or more (None: none has)."""
+        return next((n for n in self.placed_group(g, z) if n.num_gpus >= t), None)
 
     def node_sizes(self, zone: str | None, gpu_type: str | None) -> list[int]:
         """GPUs per node of `zone` and `gpu_type` (None: any), largest first."""
@@ -671,11 +673,11 @@ def _first_placed_nodes(tables: _Tables, pools: tuple, pool: joint.Pool, least_t
     53.69 -> 2.60 %, /tmp/s65/ab.py.)"""
     key = ("first placed", pools, pool.gpu_type, pool.zone, pool.tp, least_tp, members)
     if key not in tables._node_sets:
-        group = [n for n in tables.placement_order() if (n.gpu_type, n.zone) == (pool.gpu_type, pool.zone)]
-        tps = {p.tp for p in pools if (p.gpu_type, p.zone) == (pool.gpu_type, pool.zone) and p.tp >= least_tp}
-        firsts = {next((n.node_id for n in group if n.num_gpus >= t), None) for t in tps}
+        tps = {p.tp for p in pools if p.quota_key == pool.quota_key and p.tp >= least_tp}
+        firsts = {getattr(tables.first_node(pool.gpu_type, pool.zone, t), "node_id", None) for t in tps}
         need = pool.tp + (members - 1) * least_tp
-        tables._node_sets[key] = _NodeSet((node_endpoint(n), n.num_gpus // least_tp) for n in group
+        tables._node_sets[key] = _NodeSet((node_endpoint(n), n.num_gpus // least_tp)
+                                          for n in tables.placed_group(pool.gpu_type, pool.zone)
                                           if n.node_id in firsts and n.num_gpus >= need)
     return tables._node_sets[key]
 
