@@ -178,13 +178,14 @@ def run_baseline(inst: Instance, est, sc: Scenario, time_limit_s: float | None) 
 
 
 def run_hetplan(inst: Instance, est, sc: Scenario, time_limit_s: float, workers: int = 2,
-                concurrent_milps: int = 2) -> Outcome:
+                concurrent_milps: int = 2, beyond_model: bool = True) -> Outcome:
     gc.collect()  # what earlier scenarios left is not this search's garbage (as in a fresh `hetplan solve`)
     t0 = time.perf_counter()
     try:
         res = hetplan_plan(inst, PlannerOptions(objective=sc.objective, max_cost_usd=sc.max_cost_usd,
                                                 min_iters_per_s=sc.min_iters_per_s, time_limit_s=time_limit_s,
-                                                workers=workers, concurrent_milps=concurrent_milps), est)
+                                                workers=workers, concurrent_milps=concurrent_milps,
+                                                beyond_model=beyond_model), est)
     except HetplanError as exc:
         return Outcome(time.perf_counter() - t0, note=f"hetplan: {type(exc).__name__}: {str(exc)[:80]}")
     md = res.plan.metadata
@@ -255,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="hetplan's processes (2: a forked helper refines bounds ahead of the search; 1: none)")
     ap.add_argument("--concurrent-milps", type=int, default=2,
                     help="hetplan's MILPs solving at once, each in a thread (1: one after another)")
+    ap.add_argument("--no-beyond-model", action="store_true",
+                    help="hetplan stops at its model's own gap (PlannerOptions.beyond_model off)")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
@@ -279,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         # each planner gets its own estimators: a set warmed by one search would speed up the other
         base = (Outcome(None, note="baseline not run") if args.no_baseline else
                 run_baseline(inst, build_estimators(inst), sc, args.baseline_time_limit))
-        het = run_hetplan(inst, build_estimators(inst), sc, limit, args.workers, args.concurrent_milps)
+        het = run_hetplan(inst, build_estimators(inst), sc, limit, args.workers, args.concurrent_milps,
+                          not args.no_beyond_model)
         print(f"  {sc.name}: baseline {cell(base.search_s, '.1f')} s {base.shape} it/s={cell(base.iters_per_s, '.4f')}"
               f" | hetplan {het.search_s:.1f} s {het.shape} it/s={cell(het.iters_per_s, '.4f')} {het.note}", flush=True)
         rows.append((sc, est_kind, base, het))

@@ -17,7 +17,7 @@ PLANNER_FLAGS = {"planner.objective": "--objective", "planner.max_cost_usd": "--
                  "planner.rel_gap": "--gap", "planner.max_stages": "--max-stages"}
 
 
-def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages):
+def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages, beyond_model=True):
     """PlannerOptions from the command line, refused (each by its flag) before anything is loaded."""
     from hetplan.errors import fields_as
     from hetplan.orchestration.planner import PlannerOptions
@@ -33,7 +33,7 @@ def _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_s
     with fields_as(PLANNER_FLAGS):
         return PlannerOptions(backend=solver, objective=objective, max_cost_usd=max_cost,
                               min_iters_per_s=min_throughput, time_limit_s=time_limit, rel_gap=gap,
-                              max_stages=max_stages, linearize=(solver != "scip"))
+                              max_stages=max_stages, linearize=(solver != "scip"), beyond_model=beyond_model)
 
 
 def _fmt(value, unit: str) -> str:
@@ -112,10 +112,18 @@ def _status_line(res, opts) -> str:
     if res.status == "time_limit":
         return (f"The time limit ({opts.time_limit_s:g} s) stopped the search at a gap of {asked}: the plan is the "
                 f"best found by then (status time_limit). ")
+    if res.status == "complete" and res.open_past_model:
+        from hetplan.orchestration.planner.search import MAX_FAMILY
+
+        return (f"Every outer choice was settled, and the gap stays at {asked}: the planner's model rates plans "
+                f"below the simulator, and past the model {res.open_past_model} outer choices still hold plans it "
+                f"rates under the target that were not all simulated (a MILP's limit, or more than "
+                f"{MAX_FAMILY} plans left out at once) (status complete). ")
     if res.status == "complete" and res.model_estimate is not None and res.model_estimate < res.model_objective:
         return (f"Every outer choice was settled, and the gap stays at {asked} because the planner's model rates "
                 f"this plan below the simulator ({res.model_estimate:.5g} against {res.model_objective:.5g}): no "
-                f"bound of the model passes the model's best plan (status complete). ")
+                f"bound of the model passes the model's best plan (status complete; with --beyond-model, the "
+                f"default, the search goes on past the model). ")
     return f"The search ended at a gap of {asked} (status {res.status}). "
 
 
@@ -148,11 +156,15 @@ def register(app: typer.Typer) -> None:
               max_stages: int = typer.Option(16, "--max-stages"),
               output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the plan JSON here"),
               plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG of one iteration's timeline"),
-              as_json: bool = typer.Option(False, "--json")) -> None:
+              as_json: bool = typer.Option(False, "--json"),
+              beyond_model: bool = typer.Option(
+                  True, "--beyond-model/--no-beyond-model",
+                  help="where the search ends above --gap because the model rates plans below the simulator, solve "
+                       "the outer choices under the target again and simulate what they find")) -> None:
         """Choose GPUs and a parallelization plan that optimise the objective, with a proven bound."""
         from hetplan.instance import load_instance
 
-        opts = _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages)
+        opts = _options(solver, objective, max_cost, min_throughput, time_limit, gap, max_stages, beyond_model)
         _check_outputs(output, plot)
         inst = load_instance(instance)
         from hetplan.errors import fields_as

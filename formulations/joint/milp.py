@@ -158,6 +158,7 @@ are weaker for deep pipelines than for the hetplan composition.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -284,6 +285,28 @@ def excludes_only(sol: JointSolution) -> bool:
     pool, its D replicas are all of that pool, so the same pools per stage mean the same counts
     (always with D = 1)."""
     return all(sum(1 for n in row if n) == 1 for row in sol.replicas)
+
+
+def excluded_counts(sol: JointSolution, most: int) -> list[tuple[tuple[int, ...], ...]] | None:
+    """The replica counts of every solution `sol`'s row of `_excluded_rows` leaves out, its own
+    included: the same pools per stage and layer split, each stage's replicas spread over its pools
+    in every way that gives each of them one at least (prod_i C(D - 1, |pools of i| - 1) of them);
+    None when that is more than `most`."""
+    per_stage, total = [], 1
+    for row in sol.replicas:
+        used, D = [k for k, n in enumerate(row) if n], sum(row)
+        total *= math.comb(D - 1, len(used) - 1)
+        if total > most:
+            return None
+        spreads = []
+        for cuts in itertools.combinations(range(1, D), len(used) - 1):  # D split into len(used) parts
+            parts = [b - a for a, b in zip((0, *cuts), (*cuts, D))]
+            spread = [0] * len(row)
+            for k, n in zip(used, parts):
+                spread[k] = n
+            spreads.append(tuple(spread))
+        per_stage.append(spreads)
+    return list(itertools.product(*per_stage))
 
 
 def in_model_units(inp: JointInputs) -> JointInputs:

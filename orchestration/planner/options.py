@@ -33,6 +33,9 @@ class PlannerOptions:
     climb_runs: int = 12  # then heuristic runs of the local search over the neighbouring choices (`_climb`)
     workers: int = 2  # processes refining bounds (2: a forked helper works ahead of the search; 1: none)
     concurrent_milps: int = 2  # choices' MILPs solving at once, each in a thread (HiGHS); 1: one after another
+    # a complete search whose simulated gap is above rel_gap solves the choices below its target again,
+    # simulating what their MILPs find (`search._beyond_the_model`); False: the model's own gap stands
+    beyond_model: bool = True
 
     def __post_init__(self) -> None:
         """Refuse what the search would divide by, loop on or silently read as something else (an
@@ -102,18 +105,23 @@ class PlannerResult:
     records: list[ComboRecord] = field(default_factory=list)
     # "complete": every outer choice was settled (solved, pruned or ruled out): `gap`, against the
     # simulated objective, is within rel_gap unless a MILP failed, or, where the simulator rates the
-    # plan more than rel_gap above the model's best plan, that excess (no bound of the model passes
-    # the model's best); "time_limit": the limit stopped the search first, the plan is the best
-    # found by then and `bound` / `gap` what had been proven
+    # plan more than rel_gap above the model's best plan, and past the model (`beyond_model`) choices
+    # were left open (`open_past_model`), what was proven; "time_limit": the limit stopped the search
+    # first, the plan is the best found by then and `bound` / `gap` what had been proven
     status: str = "complete"
     # the planner's model's own figure for the returned plan (`joint.evaluate`): at most
     # model_objective, below it where the model relaxes the simulator
     model_estimate: float | None = None
     plan_source: str = "milp"  # "heuristic": a heuristic found the returned plan (no MILP beat it)
+    # past the model (`PlannerOptions.beyond_model`): the outer choices left holding plans the model
+    # rates under the target that were not all simulated (a MILP's limit, too many plans left out at
+    # once, the deadline); None where the search did not go past the model
+    open_past_model: int | None = None
 
     def summary(self) -> dict:
         return {"objective": self.objective_kind, "status": self.status, "model_objective": self.model_objective,
                 "model_estimate": self.model_estimate, "plan_source": self.plan_source,
+                "open_past_model": self.open_past_model,
                 "bound": self.bound, "gap": self.gap, "greedy_objective": self.greedy_objective,
                 "combos_total": self.combos_total, "combos_pruned": self.combos_pruned, "combos_solved": self.combos_solved,
                 "build_s": self.build_s, "solve_s": self.solve_s, "wall_s": self.wall_s, "backend": self.backend,
