@@ -207,6 +207,8 @@ def test_a_plan_the_model_rates_below_the_simulator():
     res, best = assert_within_gap_of_the_optimum(inst, "max_throughput", beyond_model=True)
     assert alone.status == res.status == "complete" and alone.gap > 0.2  # the model alone: the case is still one
     assert res.report.iteration_time_s == pytest.approx(best.iteration_time_s, rel=1e-9)
+    scip = plan(inst, PlannerOptions(max_stages=3, workers=1, backend="scip", linearize=False))  # the other back-end
+    assert scip.bound <= best.iteration_time_s * (1 + 1e-9) and scip.gap <= 0.01 + 1e-9
 
 
 @pytest.mark.parametrize("replicas, most, count", [(((2, 1, 0), (0, 0, 3)), 10, 2), (((1, 1, 1), (3, 0, 0)), 10, 1),
