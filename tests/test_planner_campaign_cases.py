@@ -243,3 +243,33 @@ def test_the_bounds_past_the_model_starts_from():
                          ComboRecord(2, 2, 1, 0.3, "error:oops", bound=0.9),
                          ComboRecord(3, 1, 1, 0.2, "infeasible_by_bound")])
     assert got == {Combo(1, 1, 1): 0.7, Combo(2, 1, 1): 0.5, Combo(2, 2, 1): 0.3, Combo(3, 1, 1): math.inf}
+
+
+def test_past_the_model_the_time_limit_stops_with_a_valid_bound():
+    """helper-12's campaign seed 647 (GPT-Neo cut to 3 layers on 8 GPUs of two types in three zones):
+    the search settles every choice in about 0.5 s at a 24.3 % gap; past the model, choice P3 b1 D1
+    alone needs some 30 MILPs. Under a 2 s limit the deadline stops it: "time_limit", the choices
+    left open counted, the bound still below the enumerated optimum."""
+    inst = instance_from_dict(SEED_647)
+    best = optimum(score_space(inst, max_stages=3), "max_throughput")
+    res = plan(inst, PlannerOptions(max_stages=3, workers=1, time_limit_s=2.0))
+    assert res.status == "time_limit" and res.open_past_model and res.gap > 0.01
+    assert res.bound <= best.iteration_time_s * (1 + 1e-9) <= res.model_objective * (1 + 1e-9)
+
+
+SEED_647 = {
+    "name": "seed-647", "cluster": {"node_groups": [
+        group("g0", "A10G", 1, 1, "r1-b", 0.5),
+        {**group("g1", "A10G", 4, 1, "r2-a", 2.48), "intra_node": {"kind": "pcie", "bandwidth_GBps": 105.318,
+                                                                   "latency_s": 2e-06}},
+        group("g2", "RTX-4090", 2, 1, "r1-a", 3.67),
+        {**group("g3", "A10G", 1, 1, "r1-a", 0.0), "intra_node": {"kind": "pcie", "bandwidth_GBps": 355.987,
+                                                                  "latency_s": 8e-06}}],
+        "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 8.427, "latency_s": 2e-05},
+                    "inter_zone": {"kind": "ethernet", "bandwidth_GBps": 1.827, "latency_s": 0.0},
+                    "inter_region": {"kind": "wan", "bandwidth_GBps": 0.83, "latency_s": 0.038472},
+                    "zone_pairs": [{"zones": ["r2-a", "r1-b"], "bandwidth_GBps": 9.373, "latency_s": 0.000946}],
+                    "egress": {"inter_zone_usd_per_GB": 0.01, "inter_region_usd_per_GB": 0.0}}},
+    "workload": {"model": {"preset": "GPT-Neo-2.7B", "overrides": {"num_layers": 3, "tied_embeddings": False}},
+                 "global_batch_size": 8, "precision": "fp16", "optimizer": "adam", "zero_stage": 0,
+                 "recompute": "selective", "flash_attention": False}}

@@ -940,8 +940,8 @@ def _rescue(queue: list, objective: str, max_cost: float | None, min_its: float 
 MAX_FAMILY = 64
 # the MILPs of `_beyond_the_model` stop at their first plan under the cutoff (a relative gap no plan
 # misses): each plan under it is left out in turn whatever the order, so only the last solve, which
-# finds none, has to prove anything (measured: helper-12's seed 647, 16.0 s with 1.96 % left to 8.1 s
-# at 1.00 %; the 31 seeds of the commit before the same plans and gaps, 0.04-1.09 s each)
+# finds none, has to prove anything (measured: helper-12's seed 647, 14.7-16.0 s with 1.96-2.27 % left
+# to 7.9-8.1 s at 1.00 %; the 31 seeds of the commit before the same plans and gaps, 0.04-1.09 s each)
 FIRST_PLAN_GAP = 1.0
 
 
@@ -1017,14 +1017,18 @@ def _exhaust(out: _Outcome, combo: Combo, lb: float, inp: joint.JointInputs, tar
         got = _solve_choice(rec, inp, None, (t,), objective, milp, limit_s, deadline, lb, target=t,
                             exclude=tuple(left_out), milp_gap=FIRST_PLAN_GAP)
         family = None if got is None or got.solution is None else joint.excluded_counts(got.solution[1], MAX_FAMILY)
+        whole = True  # every plan of the family simulated (a plan of thousands of replicas takes seconds)
         for counts in family or ():
+            if deadline.remaining() < 0.1:
+                whole = False
+                break
             member = replace(got.solution[1], replicas=counts)
             out.best = joint.better(out.best, out.score((0.0, member, inp)))
         if got is None or got.bound >= t:  # no plan below the target but those left out (the cutoff is no row)
             bound = math.inf
             break
         bound = max(bound, got.bound)
-        if family is None:
+        if family is None or not whole:
             break
         left_out.append(got.solution[1])
     if bound < math.inf and deadline.remaining() < 0.1:  # the time limit left it open: "time_limit"
