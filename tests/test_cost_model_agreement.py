@@ -198,6 +198,9 @@ def planner_findings(seed: int, sweep: str, which: tuple[int, ...]) -> list[str]
             out.append(f"{run}: plan {got:.6g} = {got / opt:.3f} x optimum {opt:.6g} with gap {res.gap:.4f}")
         if res.report.constraint_violations:
             out.append(f"{run}: returned plan breaks {res.report.constraint_violations}")
+        # past the model (`PlannerOptions.beyond_model`) a settled search proves the gap asked for
+        if res.status == "complete" and not res.open_past_model and res.gap > 0.01 + BOUND_TOL:
+            out.append(f"{run}: complete at a gap of {res.gap:.4f} with no choice left open past the model")
     return out
 
 
