@@ -194,21 +194,24 @@ def test_a_plan_the_model_rates_below_the_simulator():
     that model figure: "complete", a 27.2 % gap and a plan 21.9 % slower than the optimum (0.056959 s).
     Past the model (`search._beyond_the_model`) the choices below the target are solved again and
     what their MILPs find is simulated: the optimum, within 1 %."""
-    inst = instance_from_dict({
-        "name": "beyond-the-model", "cluster": {"node_groups": [
-            {**group("g0", "T4", 2, 1, "r1-a", 1.0), "intra_node": {"kind": "pcie", "bandwidth_GBps": 174.249,
-                                                                       "latency_s": 5e-06}},
-            group("g1", "T4", 2, 1, "r1-a", 0.0), group("g2", "H20", 2, 1, "r1-a", 2.46)],
-            "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 35.18, "latency_s": 8.5e-05}}},
-        "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3, "tied_embeddings": False}},
-                     "global_batch_size": 8, "precision": "fp16", "optimizer": "sgd", "zero_stage": 2,
-                     "recompute": "none", "flash_attention": False}})
+    inst = instance_from_dict(SEED_406)
     alone = plan(inst, PlannerOptions(max_stages=3, workers=1, beyond_model=False))
     res, best = assert_within_gap_of_the_optimum(inst, "max_throughput", beyond_model=True)
     assert alone.status == res.status == "complete" and alone.gap > 0.2  # the model alone: the case is still one
     assert res.report.iteration_time_s == pytest.approx(best.iteration_time_s, rel=1e-9)
     scip = plan(inst, PlannerOptions(max_stages=3, workers=1, backend="scip", linearize=False))  # the other back-end
     assert scip.bound <= best.iteration_time_s * (1 + 1e-9) and scip.gap <= 0.01 + 1e-9
+
+
+SEED_406 = {
+    "name": "beyond-the-model", "cluster": {"node_groups": [
+        {**group("g0", "T4", 2, 1, "r1-a", 1.0), "intra_node": {"kind": "pcie", "bandwidth_GBps": 174.249,
+                                                                   "latency_s": 5e-06}},
+        group("g1", "T4", 2, 1, "r1-a", 0.0), group("g2", "H20", 2, 1, "r1-a", 2.46)],
+        "network": {"inter_node": {"kind": "ethernet", "bandwidth_GBps": 35.18, "latency_s": 8.5e-05}}},
+    "workload": {"model": {"preset": "OPT-350M", "overrides": {"num_layers": 3, "tied_embeddings": False}},
+                 "global_batch_size": 8, "precision": "fp16", "optimizer": "sgd", "zero_stage": 2,
+                 "recompute": "none", "flash_attention": False}}
 
 
 @pytest.mark.parametrize("replicas, most, count", [(((2, 1, 0), (0, 0, 3)), 10, 2), (((1, 1, 1), (3, 0, 0)), 10, 1),
@@ -243,6 +246,23 @@ def test_the_bounds_past_the_model_starts_from():
                          ComboRecord(2, 2, 1, 0.3, "error:oops", bound=0.9),
                          ComboRecord(3, 1, 1, 0.2, "infeasible_by_bound")])
     assert got == {Combo(1, 1, 1): 0.7, Combo(2, 1, 1): 0.5, Combo(2, 2, 1): 0.3, Combo(3, 1, 1): math.inf}
+
+
+def test_past_the_model_a_choice_left_open_keeps_its_bound_and_is_said(monkeypatch):
+    """Seed 406 with no family small enough to simulate (MAX_FAMILY = 0): every choice under the
+    target stays open past the model, the search is still complete, its bound at least the model's
+    and below the optimum, and `solve` says why the gap stays above the one asked."""
+    import hetplan.orchestration.planner.search as search
+    from hetplan.orchestration.planner_cli import _status_line
+
+    monkeypatch.setattr(search, "MAX_FAMILY", 0)
+    inst = instance_from_dict(SEED_406)
+    alone = plan(inst, PlannerOptions(max_stages=3, workers=1, beyond_model=False))
+    res = plan(inst, PlannerOptions(max_stages=3, workers=1))
+    assert res.status == "complete" and res.open_past_model and res.bound >= alone.bound * (1 - 1e-9)
+    assert res.bound <= optimum(score_space(inst, max_stages=3), "max_throughput").iteration_time_s * (1 + 1e-9)
+    assert (f"past the model {res.open_past_model} outer choices still hold plans it rates under the target"
+            in _status_line(res, PlannerOptions()))
 
 
 def test_past_the_model_the_time_limit_stops_with_a_valid_bound():
