@@ -293,3 +293,23 @@ SEED_647 = {
     "workload": {"model": {"preset": "GPT-Neo-2.7B", "overrides": {"num_layers": 3, "tied_embeddings": False}},
                  "global_batch_size": 8, "precision": "fp16", "optimizer": "adam", "zero_stage": 0,
                  "recompute": "selective", "flash_attention": False}}
+
+
+def test_the_campaign_benchmark_reports_both_modes(capsys):
+    """benchmarks/planner_campaign.py --json on one mixed instance: its four runs twice (model only,
+    past the model), each with its optimum, no bound above it, and past the model none complete above
+    the gap with nothing left open."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import planner_campaign
+
+    assert planner_campaign.main(["--sweeps", "mixed", "--seeds", "1", "--first", "2003", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 8 and {r["beyond_model"] for r in rows} == {False, True}
+    assert all(r["bound_ok"] and r["over"] >= -1e-9 for r in rows)
+    past = [r for r in rows if r["beyond_model"]]
+    assert all(r["gap"] <= 0.01 + 1e-9 or r["open_past_model"] or r["status"] != "complete" for r in past)
+    assert max(r["over"] for r in rows if not r["beyond_model"]) > 1  # seed 2003: the model alone, 3.37x
