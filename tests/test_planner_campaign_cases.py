@@ -313,3 +313,30 @@ def test_the_campaign_benchmark_reports_both_modes(capsys):
     past = [r for r in rows if r["beyond_model"]]
     assert all(r["gap"] <= 0.01 + 1e-9 or r["open_past_model"] or r["status"] != "complete" for r in past)
     assert max(r["over"] for r in rows if not r["beyond_model"]) > 1  # seed 2003: the model alone, 3.37x
+
+
+def test_a_pool_pattern_left_out_whatever_its_split():
+    """`joint.build(exclude_pools=)` leaves out every plan with a solution's pools per stage (the MILP's
+    next plan uses other pools somewhere), and `joint.every_split` lists every contiguous split, as a
+    brute force over cut points does, or None past its limit."""
+    from itertools import product
+
+    from hetplan.estimators import build_estimators
+    from hetplan.formulations import joint
+    from hetplan.orchestration.planner import Combo, joint_inputs
+    from hetplan.orchestration.planner.inputs import _quotas, _Tables
+    from hetplan.solvers import solve
+
+    inst = instance_from_dict(SEED_406)
+    tables = _Tables(inst, build_estimators(inst))
+    inp = joint_inputs(inst, tables, _quotas(inst, PlannerOptions()), Combo(3, 1, 1), "max_throughput", None, None,
+                       (1, 2))
+    pattern = lambda sol: tuple(tuple(n > 0 for n in row) for row in sol.replicas)  # noqa: E731
+    first = joint.build(inp)
+    assert solve(first, backend="highs").status.has_solution
+    sol = joint.decode(first, inp)
+    again = joint.build(inp, exclude_pools=(sol,))
+    assert solve(again, backend="highs").status.has_solution
+    assert pattern(joint.decode(again, inp)) != pattern(sol)
+    splits = [tuple(zip((0, *c), (*c, 5))) for c in product(range(1, 5), repeat=2) if c[0] < c[1]]
+    assert sorted(joint.every_split(5, 3, 6)) == sorted(splits) and joint.every_split(5, 3, 5) is None

@@ -62,11 +62,11 @@ __all__ = ["ULP_SLACK", "COST_SCALE", "TIME_UNITS_PER_S", "model_coef", "Deadlin
            "replica_rate_usd_per_s", "iteration_cost_usd",
            "sailor_sends", "to_plan", "evaluate", "evaluate_placed", "better", "objective_within_limits",
            "solution_blocks", "build", "in_model_units", "objective_value", "NoStageChoice", "decode",
-           "warm_start", "excludes_only", "excluded_counts", "greedy", "promise_s", "POLISH_EVALS", "polish",
-           "dp_heuristic"]
+           "warm_start", "excludes_only", "excluded_counts", "every_split", "greedy", "promise_s", "POLISH_EVALS",
+           "polish", "dp_heuristic"]
 
 _MILP_NAMES = frozenset({"build", "in_model_units", "objective_value", "NoStageChoice", "decode", "warm_start",
-                         "excludes_only", "excluded_counts"})
+                         "excludes_only", "excluded_counts", "every_split"})
 
 
 def __getattr__(name: str):

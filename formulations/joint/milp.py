@@ -179,7 +179,8 @@ from hetplan.formulations.joint.composition import (boundary_s, bottleneck_terms
 def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | None = None,
           cost_cutoff_usd: float | None = None, layers: str = "auto", budget: bool = True,
           extra_ceiling_s: float | None = None, nodes: bool = True,
-          exclude: tuple[JointSolution, ...] = ()) -> pyo.ConcreteModel:
+          exclude: tuple[JointSolution, ...] = (), exclude_pools: tuple[JointSolution, ...] = ()
+          ) -> pyo.ConcreteModel:
     """The MILP (or MINLP when `linearize=False` and cost enters) for one outer choice.
 
     `time_cutoff_s` / `cost_cutoff_usd`: only plans at least this good are wanted (an incumbent's
@@ -201,7 +202,8 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
     its plan is that model's optimum where `evaluate` rates it at the relaxation's figure).
 
     `exclude`: solutions whose pools per stage and layer split no plan of the model may repeat
-    (`_excluded_rows`); the search's answer to a plan the simulator refused."""
+    (`_excluded_rows`); the search's answer to a plan the simulator refused. `exclude_pools`: solutions
+    whose pools per stage no plan may repeat, whatever its layer split."""
     if extra_ceiling_s is not None and time_cutoff_s is None:
         raise ValueError("extra_ceiling_s holds only below a time cutoff: pass time_cutoff_s")
     if layers == "auto":
@@ -254,19 +256,23 @@ def build(inp: JointInputs, *, linearize: bool = True, time_cutoff_s: float | No
         m.extra_ceiling = pyo.Constraint(expr=m.sigma + m.mu <= extra_ceiling_s * TIME_UNITS_PER_S)
     _cost_and_objective(m, inp, linearize, Zs)
     _scale_rows(m, ("egress_def", "ring_egress_def"), COST_SCALE)  # USD rows in micro-dollars
-    _excluded_rows(m, inp, exclude)
+    _excluded_rows(m, inp, exclude, exclude_pools)
     return m
 
 
-def _excluded_rows(m: pyo.ConcreteModel, inp: JointInputs, exclude: tuple[JointSolution, ...]) -> None:
+def _excluded_rows(m: pyo.ConcreteModel, inp: JointInputs, exclude: tuple[JointSolution, ...],
+                   exclude_pools: tuple[JointSolution, ...] = ()) -> None:
     """For each excluded solution s: sum over (i, k) of (1 - u[i,k] where s uses pool k in stage i,
     u[i,k] where not) + sum over stages of (1 - [stage i's layers as in s]) >= 1, i.e. a plan differs
     from s in some stage's pools or layers (u[i,k] = 1 exactly when x[i,k] > 0: use_hi, use_lo). With
-    D > 1 it also leaves out plans that differ from s in replica counts alone (`excludes_only`)."""
+    D > 1 it also leaves out plans that differ from s in replica counts alone (`excludes_only`). For
+    one of `exclude_pools` the row has no layer terms: a plan differs from s in some stage's pools."""
     rows = []
-    for sol in exclude:
+    for sol in (*exclude, *exclude_pools):
         terms = [1 - m.u[i, k] if sol.replicas[i][k] else m.u[i, k] for i in range(inp.P) for k in range(inp.K)]
-        if m.layers == "blocks":
+        if any(sol is other for other in exclude_pools):
+            pass
+        elif m.layers == "blocks":
             counts = solution_blocks(inp, sol)
             if counts is None or any((i, n) not in m.nb for i, n in enumerate(counts)):
                 continue  # outside this model's space already
@@ -307,6 +313,14 @@ def excluded_counts(sol: JointSolution, most: int) -> list[tuple[tuple[int, ...]
             spreads.append(tuple(spread))
         per_stage.append(spreads)
     return list(itertools.product(*per_stage))
+
+
+def every_split(U: int, P: int, most: int) -> list[tuple[tuple[int, int], ...]] | None:
+    """Every split of units 0..U-1 into P contiguous non-empty ranges, in stage order (a superset of
+    the model's: the compact form's rules only drop some); None when there are more than `most`."""
+    if math.comb(U - 1, P - 1) > most:
+        return None
+    return [tuple(zip((0, *cuts), (*cuts, U))) for cuts in itertools.combinations(range(1, U), P - 1)]
 
 
 def in_model_units(inp: JointInputs) -> JointInputs:

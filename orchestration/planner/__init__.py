@@ -70,19 +70,22 @@ simulator's, then meets the requested one wherever the model can prove it (bench
 one run each: the gap within 1 % on 14 of 17 scenarios instead of 6, searches 43.2 -> 67.8 s in
 all, opt350-2zones-budget 4.6 -> 28.8 s with two MILPs the bounds had closed before).
 
-Past the model (`beyond_model`, on by default; `search._beyond_the_model`): a search that settled every
-choice with the simulated gap still above rel_gap (the simulator rated the model's best plan more
-than rel_gap above the model) goes on with the time left. Each choice whose proven model bound is
-under the target t = best (1 - rel_gap) is solved again with t as cutoff; every plan its MILP finds
-is simulated together with the plans its exclusion row leaves out (the same pools per stage and
-layer split, `joint.excluded_counts`, at most MAX_FAMILY of them), which are then left out, until
-the MILP has no plan under t. Every plan of the choice is then at least t by the simulator, so the
-reported bound may pass the model's best plan; choices left open (a MILP's limit, more plans than
-MAX_FAMILY, the deadline) keep their bounds (`PlannerResult.open_past_model`). It runs only where
-the search ended above the gap: on the 17 scenarios of benchmarks/planner.py it never does. On
-helper-12's random campaign (max_stages 3, the enumerated optimum beside it; /tmp/s66, session 66):
-31 seeds that ended "complete" above 1 %, 6 of them with plans 0.10-21.87 % slower than the
-optimum, all end at the optimum within 1 % (0.05-1.18 s each).
+Past the model (`beyond_model`, on by default; `search._beyond_the_model`): a search that settled
+every choice with the simulated gap still above rel_gap (the simulator rated the model's best plan
+more than rel_gap above the model) goes on with the time left. Each choice whose proven model bound
+is under the target t = best (1 - rel_gap) is solved again with t as cutoff; every plan its MILP
+finds is simulated together with the plans its exclusion row leaves out (the same pools per stage
+with every split of the units, `joint.every_split`, and every spread of the replicas over the pools,
+`joint.excluded_counts`, where that is at most MAX_FAMILY plans; else on its own split), which are
+then left out (`joint.build(exclude_pools=)`, `exclude=`), until the MILP has no plan under t. Every
+plan of the choice is then at least t by the simulator, so the reported bound may pass the model's
+best plan; choices left open (a MILP's limit, more plans than MAX_FAMILY, the deadline) keep their
+bounds (`PlannerResult.open_past_model`). It runs only where the search ended above the gap: on the
+17 scenarios of benchmarks/planner.py it never does. On helper-12's random campaign (max_stages 3,
+the enumerated optimum beside it; /tmp/s66, session 66): of 31 seeds, 27 ended "complete" above 1 %,
+6 of them with plans 0.10-21.87 % slower than the optimum; all end at the optimum within 1 %
+(0.04-0.89 s each). benchmarks/planner_campaign.py measures it on the tests' random instances, with
+and without.
 
 With `estimators: {preset: sailor}` the model is Sailor's composition (formulations/joint/milp.py,
 "Sailor's composition"), every plan is scored by `simulate_sailor`, and a stage spread over zones

@@ -951,15 +951,15 @@ def _beyond_the_model(out: _Outcome, inputs_of: dict, tables: _Tables, objective
     lead) below what the simulator says, and every choice was closed at the lead's model figure. Each
     choice whose proven model bound is below the target t = best (1 - rel_gap) is solved again with
     t as cutoff; each plan its MILP finds is simulated with its whole family (the plans its exclusion
-    row leaves out: the same pools per stage and layer split, `joint.excluded_counts`), which is then
-    left out (`joint.build(exclude=)`), until the MILP has no plan below t. Every plan of that choice
+    row leaves out, `_family`), which is then left out (`joint.build(exclude_pools=, exclude=)`),
+    until the MILP has no plan below t. Every plan of that choice
     is then at least t: those left out were simulated (each at least the best, which is at least t),
     the others have model figures, and so simulated ones, at least t. The bound proven
     (`_Outcome.proven`) is the least of t and the bounds of the choices left open: a MILP stopped at
     its limit (`combo_time_limit_s` for all the solves of one choice), a family of more than
     MAX_FAMILY plans, the deadline (the search is then "time_limit"). Measured (helper-12's campaign
     seed 406, /tmp/s66): the search ended "complete" at 0.1 s with a 27.2 % gap and a plan 21.9 %
-    slower than the enumerated optimum, and now ends at that optimum within 1 % in 0.5 s."""
+    slower than the enumerated optimum, and now ends at that optimum within 1 % in 0.3-0.5 s."""
     if not opts.beyond_model or out.best is None or out.timed_out or out.best[0] <= 0:
         return
     target = lambda: out.best[0] * (1 - opts.rel_gap)  # noqa: E731 (the best may improve on the way)
@@ -1006,7 +1006,8 @@ def _exhaust(out: _Outcome, combo: Combo, lb: float, inp: joint.JointInputs, tar
     """`_beyond_the_model` on one choice: the bound it leaves it with (at least the target when
     every plan below the target was simulated)."""
     rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")  # the choice's own record keeps its fate
-    left_out: list[joint.JointSolution] = []
+    left_out: list[joint.JointSolution] = []  # with their layer split
+    by_pools: list[joint.JointSolution] = []  # whatever the split
     bound = lb
     until = time.perf_counter() + opts.combo_time_limit_s
     while True:
@@ -1015,14 +1016,14 @@ def _exhaust(out: _Outcome, combo: Combo, lb: float, inp: joint.JointInputs, tar
             break
         t = target()
         got = _solve_choice(rec, inp, None, (t,), objective, milp, limit_s, deadline, lb, target=t,
-                            exclude=tuple(left_out), milp_gap=FIRST_PLAN_GAP)
-        family = None if got is None or got.solution is None else joint.excluded_counts(got.solution[1], MAX_FAMILY)
+                            exclude=tuple(left_out), milp_gap=FIRST_PLAN_GAP, exclude_pools=tuple(by_pools))
+        sol = None if got is None or got.solution is None else got.solution[1]
+        family, every = _family(sol, inp)
         whole = True  # every plan of the family simulated (a plan of thousands of replicas takes seconds)
-        for counts in family or ():
+        for member in family or ():
             if deadline.remaining() < 0.1:
                 whole = False
                 break
-            member = replace(got.solution[1], replicas=counts)
             out.best = joint.better(out.best, out.score((0.0, member, inp)))
         if got is None or got.bound >= t:  # no plan below the target but those left out (the cutoff is no row)
             bound = math.inf
@@ -1030,7 +1031,7 @@ def _exhaust(out: _Outcome, combo: Combo, lb: float, inp: joint.JointInputs, tar
         bound = max(bound, got.bound)
         if family is None or not whole:
             break
-        left_out.append(got.solution[1])
+        (by_pools if every else left_out).append(sol)
     if bound < math.inf and deadline.remaining() < 0.1:  # the time limit left it open: "time_limit"
         out.cut = True
     rec_of = [r for r in out.records if (r.P, r.b, r.D) == (combo.P, combo.b, combo.D)]
@@ -1040,6 +1041,22 @@ def _exhaust(out: _Outcome, combo: Combo, lb: float, inp: joint.JointInputs, tar
         rec_of[-1].build_s += rec.build_s
         rec_of[-1].solve_s += rec.solve_s
     return bound
+
+
+def _family(sol: joint.JointSolution | None, inp: joint.JointInputs) -> tuple[list | None, bool]:
+    """The plans an exclusion row of `sol` leaves out, to simulate, and whether the row is the one
+    without layer terms: every split of units with every spread of the replicas over each stage's
+    pools where that is at most MAX_FAMILY plans (one MILP then leaves out a pattern of pools per
+    stage, not one split: measured, mixed seed 2019 of tests/test_cost_model_agreement.py, max
+    throughput, 81 -> 50 MILPs and 7.6 -> 4.2 s; helper-12's seed 647 7.9 -> 5.9 s), else every spread
+    on `sol`'s split; (None, False) where even that is more (or there is no solution)."""
+    counts = None if sol is None else joint.excluded_counts(sol, MAX_FAMILY)
+    if counts is None:
+        return None, False
+    splits = joint.every_split(inp.U, inp.P, MAX_FAMILY // len(counts))
+    if splits is None:
+        return [replace(sol, replicas=c) for c in counts], False
+    return [replace(sol, ranges=r, replicas=c) for r in splits for c in counts], True
 
 
 def _result(instance: Instance, objective: str, limits: tuple[float | None, float | None],
@@ -1123,7 +1140,8 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
                   objective: str, milp: _MilpSettings, limit_s: float, deadline: joint.Deadline,
                   lb: float | None = None, interrupt: Callable[[], bool] | None = None,
                   target: float | None = None, exclude: tuple[joint.JointSolution, ...] = (),
-                  milp_gap: float | None = None) -> _ChoiceResult | None:
+                  milp_gap: float | None = None, exclude_pools: tuple[joint.JointSolution, ...] = ()
+                  ) -> _ChoiceResult | None:
     """Build and solve one choice's MILP with the search's `target` as cutoff (the incumbent `best`
     without one), warm-started from `found` (objective, solution) when it is within the cutoff;
     update `rec`. Returns the choice's proven bound, what it found (`solution`) and whether the MILP
@@ -1133,7 +1151,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
     incumbent) is all a choice must be proven against: a plan below the incumbent but not the target
     would leave the gap within rel_gap. Measured: Sailor's GPT-Neo on 5 zones x 32 A100, P5 b2 D16,
     HiGHS proves no plan below 12.992 s in 11.7 s, below the incumbent's 13.1213 s in 14.4 s.
-    `milp_gap`: the MILP's own relative gap instead of `_milp_gap`'s."""
+    `milp_gap`: the MILP's own relative gap instead of `_milp_gap`'s; `exclude_pools` as in `joint.build`."""
     import pyomo.environ as pyo  # here, not at the top: a search that solves no MILP never loads Pyomo
     from hetplan.solvers import SolveOptions, solve
 
@@ -1163,7 +1181,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
         try:
             model = joint.build(inp, linearize=milp.linear, time_cutoff_s=cutoff if objective != "min_cost" else None,
                                 cost_cutoff_usd=cutoff if objective == "min_cost" else None, budget=budget,
-                                extra_ceiling_s=ceiling, nodes=nodes, exclude=exclude)
+                                extra_ceiling_s=ceiling, nodes=nodes, exclude=exclude, exclude_pools=exclude_pools)
         except joint.NoStageChoice:  # some stage position fits no pool (within the cutoff): nothing to solve
             rec.status, rec.bound = "infeasible", cutoff
             return _closed_at(cutoff, lead, rec, inp, found)
