@@ -30,12 +30,12 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _plan_enumerator import optimum  # noqa: E402
 from tables import print_rows  # noqa: E402
-from test_cost_model_agreement import BOUND_TOL, SWEEPS, max_stages, runs, scored  # noqa: E402
+from test_cost_model_agreement import BOUND_TOL, SWEEPS, runs, scored, solve  # noqa: E402
 
 from hetplan.errors import HetplanError  # noqa: E402
-from hetplan.orchestration.planner import PlannerOptions, plan  # noqa: E402
+from hetplan.orchestration.planner import PlannerOptions  # noqa: E402
 
-GAP = 0.01
+GAP = PlannerOptions.rel_gap  # the gap the runs ask for (the default)
 
 
 @dataclass
@@ -61,9 +61,7 @@ def one(sweep: str, seed: int) -> list[Outcome]:
         for beyond in (False, True):
             t0 = time.perf_counter()
             try:
-                res = plan(inst, PlannerOptions(objective=run.objective, max_cost_usd=run.max_cost,
-                                                min_iters_per_s=run.min_its, workers=1, time_limit_s=60,
-                                                max_stages=max_stages(inst), rel_gap=GAP, beyond_model=beyond))
+                res = solve(inst, run, beyond_model=beyond)
             except HetplanError as exc:
                 out.append(Outcome(sweep, seed, name, beyond, f"error: {type(exc).__name__}",
                                    wall_s=time.perf_counter() - t0))

@@ -155,10 +155,11 @@ class Run:
     min_its: float | None = None
 
 
-def solve(inst: Instance, run: Run) -> PlannerResult:
-    """The planner in one process (the helper changes nothing but the wall time) with P < U."""
+def solve(inst: Instance, run: Run, **options) -> PlannerResult:
+    """The planner in one process (the helper changes nothing but the wall time) with P < U; `options`:
+    more PlannerOptions fields (benchmarks/planner_campaign.py sets beyond_model)."""
     return plan(inst, PlannerOptions(objective=run.objective, max_cost_usd=run.max_cost, min_iters_per_s=run.min_its,
-                                     workers=1, time_limit_s=60, max_stages=max_stages(inst)))
+                                     workers=1, time_limit_s=60, max_stages=max_stages(inst), **options))
 
 
 def runs(items: list[Scored]) -> list[Run]:

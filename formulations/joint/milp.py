@@ -268,22 +268,29 @@ def _excluded_rows(m: pyo.ConcreteModel, inp: JointInputs, exclude: tuple[JointS
     D > 1 it also leaves out plans that differ from s in replica counts alone (`excludes_only`). For
     one of `exclude_pools` the row has no layer terms: a plan differs from s in some stage's pools."""
     rows = []
-    for sol in (*exclude, *exclude_pools):
+    for sol, with_split in [(s, True) for s in exclude] + [(s, False) for s in exclude_pools]:
         terms = [1 - m.u[i, k] if sol.replicas[i][k] else m.u[i, k] for i in range(inp.P) for k in range(inp.K)]
-        if any(sol is other for other in exclude_pools):
-            pass
-        elif m.layers == "blocks":
-            counts = solution_blocks(inp, sol)
-            if counts is None or any((i, n) not in m.nb for i, n in enumerate(counts)):
+        if with_split:
+            split = _split_terms(m, inp, sol)
+            if split is None:
                 continue  # outside this model's space already
-            terms += [1 - m.nb[i, n] for i, n in enumerate(counts)]
-        else:
-            terms += [1 - m.y[i, l] for i, (start, end) in enumerate(sol.ranges) for l in range(start, end)]
+            terms += split
         rows.append(sum(terms) >= 1)
     if rows:
         m.excluded = pyo.ConstraintList()
         for row in rows:
             m.excluded.add(row)
+
+
+def _split_terms(m: pyo.ConcreteModel, inp: JointInputs, sol: JointSolution) -> list | None:
+    """The terms of `_excluded_rows` that are 0 exactly for `sol`'s layer split; None where the
+    model has no such split."""
+    if m.layers != "blocks":
+        return [1 - m.y[i, l] for i, (start, end) in enumerate(sol.ranges) for l in range(start, end)]
+    counts = solution_blocks(inp, sol)
+    if counts is None or any((i, n) not in m.nb for i, n in enumerate(counts)):
+        return None
+    return [1 - m.nb[i, n] for i, n in enumerate(counts)]
 
 
 def excludes_only(sol: JointSolution) -> bool:
@@ -305,11 +312,10 @@ def excluded_counts(sol: JointSolution, most: int) -> list[tuple[tuple[int, ...]
         if total > most:
             return None
         spreads = []
-        for cuts in itertools.combinations(range(1, D), len(used) - 1):  # D split into len(used) parts
-            parts = [b - a for a, b in zip((0, *cuts), (*cuts, D))]
+        for ranges in _pieces(D, len(used)):  # D replicas split into len(used) parts
             spread = [0] * len(row)
-            for k, n in zip(used, parts):
-                spread[k] = n
+            for k, (a, b) in zip(used, ranges):
+                spread[k] = b - a
             spreads.append(tuple(spread))
         per_stage.append(spreads)
     return list(itertools.product(*per_stage))
@@ -320,7 +326,13 @@ def every_split(U: int, P: int, most: int) -> list[tuple[tuple[int, int], ...]] 
     the model's: the compact form's rules only drop some); None when there are more than `most`."""
     if math.comb(U - 1, P - 1) > most:
         return None
-    return [tuple(zip((0, *cuts), (*cuts, U))) for cuts in itertools.combinations(range(1, U), P - 1)]
+    return list(_pieces(U, P))
+
+
+def _pieces(total: int, parts: int):
+    """Every way to cut 0..total-1 into `parts` contiguous non-empty ranges (start, end)."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        yield tuple(zip((0, *cuts), (*cuts, total)))
 
 
 def in_model_units(inp: JointInputs) -> JointInputs:
