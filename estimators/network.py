@@ -33,7 +33,7 @@ from itertools import groupby
 
 from hetplan.catalog import LinkSpec
 from hetplan.errors import EstimatorError
-from hetplan.estimators.base import Endpoint, least_nodes, spans_pair
+from hetplan.estimators.base import Endpoint, fastest_link, least_nodes, spans_pair
 from hetplan.instance import Instance, Network
 
 
@@ -197,7 +197,8 @@ class AlphaBetaComm:
             links = [self.link(a[0], b[-1]) for a in by_zone.values() for b in by_zone.values()
                      if (a is not b or len(a) >= 2) and spans_pair(spans, a[0], b[-1])]
             if links:
-                cross = (max(x.bandwidth_GBps for x in links) * 1e9, min(x.latency_s for x in links))
+                fast = fastest_link(links)
+                cross = (fast.bandwidth_GBps * 1e9, fast.latency_s)
                 if self.allreduce != "hierarchical":
                     rings.append((members, _shared_node_bandwidth_Bps(nodes, members, cross[0]), cross[1]))
                 if self.allreduce != "ring":
