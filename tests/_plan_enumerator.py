@@ -41,6 +41,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator
 
+from hetplan.estimators import build_estimators
 from hetplan.instance import Instance
 from hetplan.plan import Plan, Replica, Stage
 from hetplan.simulator import simulate
@@ -202,9 +203,9 @@ def space(instance: Instance, tp_choices: tuple[int, ...] = TP_CHOICES,
 
 def score_space(instance: Instance, **space_args) -> list[Scored]:
     """R10: every plan of `space` that fits in memory, simulated."""
-    out = []
+    out, est = [], build_estimators(instance)  # once: a Sailor preset reads its profile files
     for P, b, D, plan in space(instance, **space_args):
-        rep = simulate(instance, plan)
+        rep = simulate(instance, plan, est)
         if not rep.oom_ranks:
             out.append(Scored(rep.plan, P, b, D, rep.iteration_time_s, rep.cost_per_iteration_usd))
     return out

@@ -262,7 +262,7 @@ def random_plans(inst: Instance, count: int, seed: int, max_gpus: int = 512) -> 
     opts = PlannerOptions()
     quotas = _quotas(inst, opts)
     combos = [c for c in enumerate_combos(inst, quotas, opts) if c.P * c.D <= max_gpus]
-    view, out = ModelView(inst), []
+    view, out, est = ModelView(inst), [], build_estimators(inst)  # once: a Sailor preset reads files
     for _ in range(50 * count):
         if len(out) >= count:
             break
@@ -275,7 +275,7 @@ def random_plans(inst: Instance, count: int, seed: int, max_gpus: int = 512) -> 
         if sol is None:
             continue
         try:
-            rep = simulate(inst, joint.to_plan(sol, inp))
+            rep = simulate(inst, joint.to_plan(sol, inp), est)
         except PlanError:
             continue
         if not rep.oom_ranks:
