@@ -30,12 +30,14 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _plan_enumerator import optimum  # noqa: E402
 from tables import print_rows  # noqa: E402
-from test_cost_model_agreement import BOUND_TOL, SWEEPS, runs, scored, solve  # noqa: E402
+from test_cost_model_agreement import (BOUND_TOL, FAST_SEEDS, MIXED_SEEDS, SLOW_SEEDS, SWEEPS, runs,  # noqa: E402
+                                       scored, solve)
 
 from hetplan.errors import HetplanError  # noqa: E402
 from hetplan.orchestration.planner import PlannerOptions  # noqa: E402
 
 GAP = PlannerOptions.rel_gap  # the gap the runs ask for (the default)
+FIRST_SEED = {"fast": FAST_SEEDS.start, "slow": SLOW_SEEDS.start, "mixed": MIXED_SEEDS.start}  # the tests' ranges
 
 
 @dataclass
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweeps", default="fast,mixed", help=f"comma-separated, of {', '.join(SWEEPS)}")
     ap.add_argument("--seeds", type=int, default=40, help="instances per sweep")
     ap.add_argument("--first", type=int, default=None,
-                    help="first seed (default: the sweep's own range in the tests: fast 0, slow 1000, mixed 2000)")
+                    help="first seed (default: the sweep's own range in the tests: "
+                         + ", ".join(f"{k} {v}" for k, v in FIRST_SEED.items()) + ")")
     ap.add_argument("--json", action="store_true", help="print every run as JSON instead of the table")
     args = ap.parse_args(argv)
     sweeps = args.sweeps.split(",")
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     for sweep in sweeps:
-        first = args.first if args.first is not None else {"fast": 0, "slow": 1000, "mixed": 2000}[sweep]
+        first = args.first if args.first is not None else FIRST_SEED[sweep]
         for seed in range(first, first + args.seeds):
             rows += one(sweep, seed)
             print(f"  {sweep} {seed}", file=sys.stderr, flush=True)
