@@ -88,19 +88,28 @@ class RunOptions:
     replan_time_limit_s: float = 1.0
 
 
+RANK_FILE_KINDS = ("steps", "hb", "ready")  # the files a worker writes per rank: rank<N>.<kind>
+
+
+def rank_file(progress_dir: str | Path, spec_rank: int, kind: str) -> Path:
+    """rank<N>.<kind> in `progress_dir`: the one naming of per-rank files (a launcher adds kinds of its
+    own, runtime/local.py, and clears them all by this pattern)."""
+    return Path(progress_dir) / f"rank{spec_rank}.{kind}"
+
+
 def progress_path(progress_dir: str | Path, spec_rank: int) -> Path:
     """Steps a rank has completed, so a launcher can say when a rank died (runtime/local.py)."""
-    return Path(progress_dir) / f"rank{spec_rank}.steps"
+    return rank_file(progress_dir, spec_rank, "steps")
 
 
 def heartbeat_path(progress_dir: str | Path, spec_rank: int) -> Path:
     """Touched by a rank's heartbeat thread: a stopped or wedged process stops touching it."""
-    return Path(progress_dir) / f"rank{spec_rank}.hb"
+    return rank_file(progress_dir, spec_rank, "hb")
 
 
 def ready_path(progress_dir: str | Path, spec_rank: int) -> Path:
     """Written once a rank has built its stage and loaded its checkpoint: {"load_s", "ready_at"}."""
-    return Path(progress_dir) / f"rank{spec_rank}.ready"
+    return rank_file(progress_dir, spec_rank, "ready")
 
 
 def steps_log_path(progress_dir: str | Path) -> Path:

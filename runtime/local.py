@@ -26,7 +26,8 @@ from hetplan.errors import RunFailedError
 from hetplan.instance import Instance, load_instance
 from hetplan.plan import Plan, load_plan
 from hetplan.runtime._forkserver import DIE_WITH_PARENT_ENV, PARENT_ENV, die_with_parent
-from hetplan.runtime.execute import RunOptions, heartbeat_path, progress_path, run_worker, steps_log_path
+from hetplan.runtime.execute import (RANK_FILE_KINDS, RunOptions, heartbeat_path, progress_path, rank_file, run_worker,
+    steps_log_path)
 from hetplan.runtime.spec import LaunchSpec, build_spec, load_spec
 
 
@@ -67,7 +68,7 @@ def _local_env() -> dict[str, str]:
 def _started_path(out_dir: Path, rank: int) -> Path:
     """Written by a rank's first line of hetplan code: a rank that exits without it never got past
     multiprocessing's bootstrap (the missing `if __name__ == '__main__':` guard)."""
-    return out_dir / f"rank{rank}.pid"
+    return rank_file(out_dir, rank, "pid")
 
 
 def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_path: str, threads: int,
@@ -91,7 +92,8 @@ def _child(spec_path: str, opts: RunOptions, rank: int, init_method: str, err_pa
         sys.exit(1)
 
 
-RANK_FILE = re.compile(r"rank\d+\.(err|pid|steps|hb|ready)")  # what a local run writes per rank
+LAUNCHER_KINDS = ("err", "pid")  # the per-rank files this launcher writes beside the worker's own
+RANK_FILE = re.compile(rf"rank\d+\.({'|'.join(LAUNCHER_KINDS + RANK_FILE_KINDS)})")  # what a local run writes per rank
 
 
 def clear_rank_files(out_dir: Path) -> None:
@@ -159,7 +161,7 @@ class LocalWorkers:
         self.spec, self.opts, self.out_dir = spec, opts, out_dir
         # absolute: in file://run/store the first word would be read as a host name (rendezvous hangs)
         self.store = out_dir.resolve() / f"store-{os.getpid()}-{time.monotonic_ns()}"
-        errs = [out_dir / f"rank{r}.err" for r in range(spec.world_size)]
+        errs = [rank_file(out_dir, r, "err") for r in range(spec.world_size)]
         # rank 0 appends its steps: a folder reused (run's segment_000 of an earlier run) kept the
         # earlier rows, and `run --json` reported their losses as this run's
         steps_log_path(out_dir).unlink(missing_ok=True)
@@ -244,11 +246,11 @@ def _failure_message(spec: LaunchSpec, opts: RunOptions, failed: list[int], code
     others then fail on broken connections, which says nothing of the cause. Next a rank that
     raised (its traceback is in rank<r>.err); the guard hint only for a rank that never started."""
     killed = [r for r in failed if (codes[r] or 0) < 0]
-    raised = [r for r in failed if (out_dir / f"rank{r}.err").exists()]
+    raised = [r for r in failed if rank_file(out_dir, r, "err").exists()]
     if killed:
         return _death_message(spec, opts, killed[0], codes[killed[0]] or 0, out_dir)
     if raised:
-        err = out_dir / f"rank{raised[0]}.err"
+        err = rank_file(out_dir, raised[0], "err")
         lines = err.read_text().strip().splitlines()
         return f"rank {raised[0]} failed: {lines[-1] if lines else 'no message'} (traceback in {err})"
     r = failed[0]
