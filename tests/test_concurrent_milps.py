@@ -174,7 +174,7 @@ def test_two_milps_at_once_prove_what_one_at_a_time_proves(objective, monkeypatc
     launch = S._Flight.launch
     both = threading.Barrier(2, timeout=30)  # the first MILP ends only once the second has started
 
-    def counted(flight, job, limit_s):
+    def counted(flight, job, limit_s, stale=None):
         def held(interrupt):
             if len(launched) <= 2:
                 try:
@@ -184,7 +184,7 @@ def test_two_milps_at_once_prove_what_one_at_a_time_proves(objective, monkeypatc
             return job(interrupt=interrupt)
 
         launched.append(job)
-        launch(flight, held, limit_s)
+        launch(flight, held, limit_s, stale)
         most[0] = max(most[0], len(flight.threads))
 
     monkeypatch.setattr(S._Flight, "launch", counted)
@@ -244,3 +244,74 @@ def test_the_milp_gap_reaches_the_search_target_from_the_cutoff():
     assert S._milp_gap(milp, 2.0, 1.5) == 0.01  # the search's gap at most
     assert S._milp_gap(milp, 2.0, 2.0) == pytest.approx(0.001)  # target at the cutoff: no exact proof
     assert S._milp_gap(S._MilpSettings("highs", True, 0.0), 2.0, 1.9) == 0.0
+
+
+def test_a_stale_cutoff_is_a_fall_of_the_target_below_the_milps_cutoff():
+    """`_cutoff` is what `_solve_choice` cuts at (the lead's objective or the target, the lesser);
+    `_stale` says a MILP is better solved again once the target falls STALE_DROP below it."""
+    assert S._cutoff(None, None) is None and S._cutoff((10.0, None, None), None) == 10.0
+    assert S._cutoff((10.0, None, None), 9.9) == 9.9 and S._cutoff(None, 9.9) == 9.9
+    assert S.STALE_DROP == 0.005
+    assert not S._stale(10.0, None) and not S._stale(10.0, 9.96)  # no target; 0.4 % lower
+    assert S._stale(10.0, 9.94) and S._stale(None, 5.0)  # 0.6 % lower; a first target
+
+
+def test_a_stale_cutoff_stops_a_running_milp_and_its_result_says_so():
+    """A MILP in a flight whose cutoff goes stale stops at HiGHS's next callback and its result is
+    marked stale (the search then queues its choice again); stopped by `close` it is not."""
+    from hetplan.orchestration.planner.options import ComboRecord
+
+    def job(seed, interrupt):
+        res = solve(market_split(seed), backend="highs",
+                    options=SolveOptions(time_limit_s=60, interrupt=interrupt, diagnose_infeasible=False))
+        return S._ChoiceResult(0.0, ComboRecord(seed, 1, 1, 0.0, res.termination), None, None, None)
+
+    fallen = threading.Event()
+    flight = S._Flight(2)
+    flight.launch(lambda interrupt: job(5, interrupt), 60.0, stale=fallen.is_set)
+    time.sleep(0.5)
+    fallen.set()
+    (got,) = flight.collect(block=True)
+    assert got.stale and "interrupt" in got.record.status.lower()
+    flight.launch(lambda interrupt: job(6, interrupt), 60.0, stale=lambda: False)
+    time.sleep(0.5)
+    threads = list(flight.threads)
+    flight.stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    (got,) = flight.collect(block=True)
+    assert not got.stale and "interrupt" in got.record.status.lower()
+
+
+@pytest.mark.parametrize("objective", ["max_throughput", "min_cost"])
+def test_a_choice_stopped_at_a_stale_cutoff_is_solved_again_and_keeps_one_record(objective, monkeypatch):
+    """Every choice's first MILP stops at once as if its cutoff were stale (the tiny MILPs end before
+    HiGHS's first callback, so the stop is the job's): each goes back in the queue and is solved
+    again from there, with the target of then, not once the queue is empty; the search ends as the
+    one without stops does (same plan, bounds that hold on each other's plan), with one record and
+    one count per choice."""
+    opts = dict(max_stages=3, time_limit_s=120, rel_gap=0.0, workers=1, objective=objective, concurrent_milps=2)
+    plain = plan(tiny_three_types(), PlannerOptions(**opts))
+    launch = S._Flight.launch
+    launched: list = []
+
+    def stale_first(flight, job, limit_s, stale=None):
+        rec, inp = job.args[:2]  # _solve_choice(rec, inp, ...)
+        first = all(r is not rec for r, _ in launched)
+        launched.append((rec, flight.unbounded.is_set()))
+
+        def stopped_at_once(interrupt):  # what a MILP stopped at its first callback gives
+            rec.status = "solved:time_limit_no_solution"
+            return S._ChoiceResult(rec.lower_bound, rec, inp, None, None, stale=True)
+        launch(flight, stopped_at_once if first else job, limit_s, stale)
+
+    monkeypatch.setattr(S._Flight, "launch", stale_first)
+    stopped = plan(tiny_three_types(), PlannerOptions(**opts))
+    solved = [r for r in stopped.records if r.status.startswith("solved")]
+    assert stopped.status == "complete" and len(launched) > stopped.combos_solved >= 2
+    assert len({(r.P, r.b, r.D) for r in solved}) == len(solved) == stopped.combos_solved
+    assert all(r.status != "solved:time_limit_no_solution" for r in solved)
+    assert not any(lifted for _, lifted in launched)  # solved again from the queue, not after it (`_finish`)
+    tol = 1e-6
+    assert stopped.model_objective >= plain.bound * (1 - tol) and plain.model_objective >= stopped.bound * (1 - tol)
+    assert stopped.model_objective == pytest.approx(plain.model_objective, rel=1e-4)

@@ -125,6 +125,16 @@ c_opt350_het_2zones_128x4 7.61 -> 1.14 %, the others the same plans, gaps and MI
 noise of their times (145.2 -> 147.2 s in all, most of it the three at 30 s); benchmarks/planner.py
 --no-baseline 58.2 -> 45.4 s, opt350-2zones-budget 23.10 -> 11.13 s (its two MILPs no longer stop at
 5 s to be solved again from the start).
+A MILP whose cutoff the search's target has since passed by STALE_DROP (0.5 %) stops at HiGHS's
+next callback, and its choice goes back in the queue at the bound it has, to be solved again from
+there at the target of then (`_stale`, `_Search._settle`; one record and one count per choice): a
+cutoff above the target keeps in plans that cannot decide the search, and the MILP takes longer to
+prove that no plan is below it. Measured, one process per run, old / new / new / old
+(`plan(..., time_limit_s=T)`): spot_trace_2type at 60 s, gap 4.19 / 4.19 -> 3.56 / 3.56 % (P8 b1 D4,
+launched at the cutoff 0.29904 s, stops 10 s later when the target is 0.29600 s, and is then proven
+infeasible in 14 s; without the stop it ran 39 s at its first cutoff, no answer); zorse_4type_2region at
+30 s, autohet_3type, a100_v100_one_zone and elastic_small: no MILP stopped, the same plans and
+gaps; benchmarks/planner.py --no-baseline 21.97 / 21.75 -> 21.45 / 21.71 s, the same plans.
 
 Time limit: `time_limit_s` bounds the whole call (measured within 10 % + 1 s where the final
 plan's simulation is short). One `joint.Deadline` is checked by the preparation of the choices'

@@ -492,6 +492,8 @@ class _Search:
         self.dp_runs_left = opts.heuristic_choices  # stage-DP runs for the first choices the strong bound keeps
         self.strongest_for: dict[Combo, float | None] = {}  # the target each choice's strongest bound had
         self.dived = False  # whether the heuristics dived before the first MILP
+        self.restarted: dict[Combo, ComboRecord] = {}  # choices queued again after a stale cutoff (`_settle`)
+        self.finishing = False  # `_finish`: no queue is taken any more
         self.helper = self.refiner = None
         self.flight = _Flight(opts.concurrent_milps, functools.partial(_parallel_solves, milp.backend))
 
@@ -511,6 +513,7 @@ class _Search:
         """Nothing queued: the MILPs still running give their plans and bounds, their own limits
         lifted (`_Flight.lift`), and a free slot takes a choice whose MILP stopped at its limit
         (`_resume_unfinished`). No dive: no MILP follows."""
+        self.finishing = True
         self.flight.lift()
         self._resume_unfinished()
         while self.flight.threads:
@@ -639,16 +642,22 @@ class _Search:
         """The choice's MILP with the target as cutoff, warm-started from its heuristic plan."""
         lb, _, _, _, _, combo, inp = entry
         out = self.out
-        rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
-        out.records.append(rec)
-        out.solved += 1
+        rec = self.restarted.pop(combo, None)  # a choice solved again keeps its record and its count
+        if rec is None:
+            rec = ComboRecord(combo.P, combo.b, combo.D, lb, "")
+            out.records.append(rec)
+            out.solved += 1
+        rec.lower_bound = lb
         if with_dp and found is not None:  # a plan of the first heuristics, not offered yet
             out.found((*found, inp), heuristic=True)
+        target = self._target_now()
         job = functools.partial(_solve_choice, rec, inp, found, out.lead, self.objective, self.milp,
-                                deadline=self.deadline, target=self._target_now())
+                                deadline=self.deadline, target=target)
         limit_s = self.opts.combo_time_limit_s
         if self.flight.slots > 1:  # its wall-clock limit is the search's deadline; its own limit is CPU time
-            self.flight.launch(functools.partial(job, limit_s=math.inf), limit_s)
+            cutoff = _cutoff(out.lead, target)
+            self.flight.launch(functools.partial(job, limit_s=math.inf), limit_s,
+                               stale=lambda: _stale(cutoff, self._target_now()))
         else:
             self._settle(job(limit_s=limit_s))
 
@@ -656,7 +665,12 @@ class _Search:
         """What one choice's MILP gave (None: nothing in the choice beats its cutoff)."""
         out = self.out
         item = self._past_refusals(item) if item is not None else None
-        if item is not None:
+        if item is not None and item.stale and not self.finishing:  # solved again at the target of now
+            out.found(item.solution)
+            combo = Combo(item.record.P, item.record.b, item.record.D)
+            self.restarted[combo] = item.record
+            heapq.heappush(self.queue, (item.bound, combo.P, combo.D, combo.b, 3, combo, item.inputs))
+        elif item is not None:
             out.found(item.solution)
             _file(item, out.unfinished, out.open_bounds)
             if dive and item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
@@ -717,9 +731,11 @@ class _Search:
             if not out.unfinished:
                 return
             item = out.unfinished.pop(0)
+            target = self._target_now()
             job = functools.partial(_solve_choice, item.record, item.inputs, item.start, out.lead, self.objective,
-                                    self.milp, math.inf, self.deadline, item.bound, target=self._target_now())
-            self.flight.launch(job, math.inf)
+                                    self.milp, math.inf, self.deadline, item.bound, target=target)
+            cutoff = _cutoff(out.lead, target)
+            self.flight.launch(job, math.inf, stale=lambda: _stale(cutoff, self._target_now()))
 
     def close(self) -> None:
         self.flight.close()
@@ -794,8 +810,9 @@ class _Flight:
     """The choices' MILPs (`_solve_choice`), up to `slots` at once, each in a thread of its own
     while the search goes on (HiGHS solves without the GIL). A MILP launched while another runs has
     the target of its launch as cutoff: valid whatever the other finds, since a cutoff above the
-    final target only keeps more plans in. With one slot `_Search.solve` does not use it: it
-    solves each MILP itself, one after another."""
+    final target only keeps more plans in; once the target falls STALE_DROP below it, the MILP stops
+    and its choice goes back in the queue (`_stale`, `_Search._settle`). With one slot
+    `_Search.solve` does not use it: it solves each MILP itself, one after another."""
 
     def __init__(self, slots: int, parallel: Callable[[], bool] = lambda: True):
         self._asked, self._parallel = slots, parallel
@@ -813,14 +830,18 @@ class _Flight:
     def full(self) -> bool:
         return len(self.threads) >= self.slots
 
-    def launch(self, job: Callable[..., "_ChoiceResult | None"], limit_s: float) -> None:
+    def launch(self, job: Callable[..., "_ChoiceResult | None"], limit_s: float,
+               stale: Callable[[], bool] | None = None) -> None:
         """Run `job(interrupt=...)` in a thread, in the caller's context (its deadline scope), its
-        MILP stopped by `close` or after `limit_s` seconds of its thread's CPU time (`_CpuBudget`)."""
+        MILP stopped by `close`, after `limit_s` seconds of its thread's CPU time (`_CpuBudget`) or
+        when `stale()` says its cutoff is stale (its result then says so: `_ChoiceResult.stale`)."""
         context = contextvars.copy_context()
 
         def work() -> None:
+            budget = _CpuBudget(limit_s, self.stop, self.unbounded, stale)
             try:
-                got = (True, context.run(job, interrupt=_CpuBudget(limit_s, self.stop, self.unbounded)))
+                value = context.run(job, interrupt=budget)
+                got = (True, replace(value, stale=True) if budget.went_stale and value is not None else value)
             except BaseException as exc:  # noqa: BLE001  re-raised by `collect` in the search's thread
                 got = (False, exc)
             self.results.put((thread, got))
@@ -873,15 +894,41 @@ class _CpuBudget:
     d_opt350_het_32_96_maxthr_budget0.5, a MILP that ends in 4.8 s alone stopped at a 5 s wall-clock
     limit and was solved again)."""
 
-    def __init__(self, limit_s: float, stop: threading.Event, unbounded: threading.Event | None = None):
+    def __init__(self, limit_s: float, stop: threading.Event, unbounded: threading.Event | None = None,
+                 stale: Callable[[], bool] | None = None):
         self.limit_s, self.stop, self.start = limit_s, stop, None
         self.unbounded = unbounded or threading.Event()
+        self.stale, self.went_stale = stale, False
 
     def __call__(self) -> bool:
         now = time.thread_time()
         if self.start is None:
             self.start = now
+        if self.stale is not None and not self.stop.is_set() and self.stale():
+            self.went_stale = True
+            return True
         return self.stop.is_set() or (now - self.start > self.limit_s and not self.unbounded.is_set())
+
+
+# A MILP running in a thread is stopped and its choice solved again when the search's target has
+# fallen this far (relative) below the MILP's cutoff (`_stale`).
+STALE_DROP = 0.005
+
+
+def _cutoff(lead: tuple | None, target: float | None) -> float | None:
+    """A choice's MILP cuts at the search's target, or at the lead's objective without one (None:
+    neither, no cutoff)."""
+    values = [v for v in (None if lead is None else lead[0], target) if v is not None]
+    return min(values, default=None)
+
+
+def _stale(cutoff: float | None, target: float | None) -> bool:
+    """Whether a MILP with this cutoff is better solved again with the search's `target` of now: a
+    cutoff above the target keeps in plans that cannot decide the search, and they make the MILP
+    slower to prove that nothing is below the target (measured: spot_trace_2type, P8 b1 D4 ran 39 s
+    without a plan at the cutoff 0.29904 s of its launch, where alone at the later 0.29600 s HiGHS
+    proves it infeasible in 10.8 s)."""
+    return target is not None and (cutoff is None or target < cutoff * (1 - STALE_DROP))
 
 
 def _parallel_solves(backend: str) -> bool:
@@ -1130,6 +1177,7 @@ class _ChoiceResult:
     start: tuple | None  # (objective, solution) to warm-start from
     solution: tuple | None  # (objective, solution, inputs) found, or None
     open: bool = True
+    stale: bool = False  # stopped because the search's target fell below its cutoff (`_stale`)
 
 
 # how many plans of one choice the simulator may refuse before the choice is left (`_past_refusals`)
@@ -1157,7 +1205,7 @@ def _solve_choice(rec: ComboRecord, inp: joint.JointInputs, found: tuple | None,
 
     lb = rec.lower_bound if lb is None else lb
     lead = best[0] if best else None
-    cutoff = lead if target is None or lead is None else min(lead, target)
+    cutoff = _cutoff(best, target)
     # under a budget that no plan within the cutoff reaches in the bounds' DPs, the model without the
     # budget row first (a relaxation, `joint.build(budget=False)`), solved again with the row only
     # where its plan breaks the budget (measured, HiGHS alone: Sailor's OPT-350M on 2 zones of 128
