@@ -655,9 +655,7 @@ class _Search:
                                 deadline=self.deadline, target=target)
         limit_s = self.opts.combo_time_limit_s
         if self.flight.slots > 1:  # its wall-clock limit is the search's deadline; its own limit is CPU time
-            cutoff = _cutoff(out.lead, target)
-            self.flight.launch(functools.partial(job, limit_s=math.inf), limit_s,
-                               stale=lambda: _stale(cutoff, self._target_now()))
+            self.flight.launch(functools.partial(job, limit_s=math.inf), limit_s, stale=self._stale_from(target))
         else:
             self._settle(job(limit_s=limit_s))
 
@@ -665,17 +663,17 @@ class _Search:
         """What one choice's MILP gave (None: nothing in the choice beats its cutoff)."""
         out = self.out
         item = self._past_refusals(item) if item is not None else None
-        if item is not None and item.stale and not self.finishing:  # solved again at the target of now
+        if item is not None:
             out.found(item.solution)
-            combo = Combo(item.record.P, item.record.b, item.record.D)
-            self.restarted[combo] = item.record
-            heapq.heappush(self.queue, (item.bound, combo.P, combo.D, combo.b, 3, combo, item.inputs))
-        elif item is not None:
-            out.found(item.solution)
-            _file(item, out.unfinished, out.open_bounds)
-            if dive and item.open and item.solution is None:  # a hard MILP: look for a better incumbent first
-                _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
-                      self.opts.heuristic_choices, out, self.opts.combo_time_limit_s, self.opts.rel_gap)
+            if item.stale and not self.finishing:  # solved again at the target of now
+                combo = Combo(item.record.P, item.record.b, item.record.D)
+                self.restarted[combo] = item.record
+                heapq.heappush(self.queue, (item.bound, combo.P, combo.D, combo.b, 3, combo, item.inputs))
+            else:
+                _file(item, out.unfinished, out.open_bounds)
+                if dive and item.open and item.solution is None:  # a hard MILP: a better incumbent first
+                    _dive(self.queue, self.tables, self.objective, self.max_cost, self.min_its, self.greedies,
+                          self.opts.heuristic_choices, out, self.opts.combo_time_limit_s, self.opts.rel_gap)
         self._follow()
 
     def _past_refusals(self, item: "_ChoiceResult") -> "_ChoiceResult | None":
@@ -734,8 +732,12 @@ class _Search:
             target = self._target_now()
             job = functools.partial(_solve_choice, item.record, item.inputs, item.start, out.lead, self.objective,
                                     self.milp, math.inf, self.deadline, item.bound, target=target)
-            cutoff = _cutoff(out.lead, target)
-            self.flight.launch(job, math.inf, stale=lambda: _stale(cutoff, self._target_now()))
+            self.flight.launch(job, math.inf, stale=self._stale_from(target))
+
+    def _stale_from(self, target: float | None) -> Callable[[], bool]:
+        """Asked by a MILP launched now with `target` (`_Flight.launch`): whether its cutoff is stale."""
+        cutoff = _cutoff(self.out.lead, target)
+        return lambda: _stale(cutoff, self._target_now())
 
     def close(self) -> None:
         self.flight.close()
